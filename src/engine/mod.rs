@@ -1,0 +1,228 @@
+//! How I/O is submitted: the [`IoEngine`] trait and its implementations.
+//!
+//! The store decides *which file and where*; an engine moves the bytes. A call hands an engine
+//! a whole batch of requests (the reads or writes of one `get_many`/`put_many`) and returns
+//! when every request has completed, with one result per request in order. Because the call
+//! does not return before completion, buffers are borrowed for its duration: an engine that
+//! submits asynchronously (io_uring, NIXL) may hand their addresses to the kernel or to a
+//! transfer library and must have reaped every completion before it returns. Async callers
+//! reach engines through the store's async API, which moves owned buffers to a blocking thread
+//! and hands them back with the result.
+
+use std::fmt;
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::BorrowedFd;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use crate::error::Error;
+
+mod fault;
+mod psync;
+
+pub use fault::{FaultPlan, FaultyEngine};
+pub use psync::PsyncEngine;
+
+/// What one request does.
+#[derive(Debug)]
+pub enum IoKind<'a> {
+    /// Fill these buffers, in order, from consecutive file bytes.
+    Read(Vec<IoSliceMut<'a>>),
+    /// Write these buffers, in order, to consecutive file bytes.
+    Write(Vec<IoSlice<'a>>),
+}
+
+/// One positioned, vectored transfer on one open file.
+#[derive(Debug)]
+pub struct IoRequest<'a> {
+    /// The open file (from the store's open-file cache, or freshly opened).
+    pub fd: BorrowedFd<'a>,
+    /// File offset of the first byte.
+    pub offset: u64,
+    /// Read or write, and the buffers.
+    pub kind: IoKind<'a>,
+}
+
+impl<'a> IoRequest<'a> {
+    /// A read of `bufs` at `offset`.
+    pub fn read(fd: BorrowedFd<'a>, offset: u64, bufs: Vec<IoSliceMut<'a>>) -> Self {
+        IoRequest {
+            fd,
+            offset,
+            kind: IoKind::Read(bufs),
+        }
+    }
+
+    /// A write of `bufs` at `offset`.
+    pub fn write(fd: BorrowedFd<'a>, offset: u64, bufs: Vec<IoSlice<'a>>) -> Self {
+        IoRequest {
+            fd,
+            offset,
+            kind: IoKind::Write(bufs),
+        }
+    }
+
+    /// Total bytes the request asks for.
+    pub fn len(&self) -> usize {
+        match &self.kind {
+            IoKind::Read(b) => b.iter().map(|s| s.len()).sum(),
+            IoKind::Write(b) => b.iter().map(|s| s.len()).sum(),
+        }
+    }
+
+    /// True when the request moves no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Moves bytes between memory and open files, a batch at a time.
+///
+/// Contract, for every engine:
+/// - `submit` returns exactly one result per request, in request order, and only after every
+///   request has completed (buffers are borrowed, not owned, for that reason);
+/// - a read transfers until its buffers are full or the file ends and returns the byte count
+///   (short only at end of file);
+/// - a write transfers every byte or returns an error; after an error, how many bytes reached
+///   the file is unspecified (the store unlinks the file);
+/// - `EINTR` and short transfers are retried inside the engine, never surfaced.
+pub trait IoEngine: Send + Sync + fmt::Debug {
+    /// The engine's name, as `--ioengine` spells it.
+    fn name(&self) -> &'static str;
+
+    /// Runs a batch; see the trait's contract.
+    fn submit(&self, batch: &mut [IoRequest<'_>]) -> Vec<io::Result<usize>>;
+}
+
+/// The engines that can be chosen by configuration.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EngineKind {
+    /// `pread`/`pwrite` (vectored) from the calling thread.
+    #[default]
+    Psync,
+}
+
+impl EngineKind {
+    /// Builds the engine.
+    pub fn build(self) -> Result<Arc<dyn IoEngine>, Error> {
+        match self {
+            EngineKind::Psync => Ok(Arc::new(PsyncEngine::new())),
+        }
+    }
+}
+
+impl FromStr for EngineKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "psync" => Ok(EngineKind::Psync),
+            "io_uring" | "nixl" => Err(Error::Config(format!(
+                "I/O engine {s:?} is not built into this version; available: psync"
+            ))),
+            _ => Err(Error::Config(format!(
+                "unknown I/O engine {s:?}; available: psync"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EngineKind::Psync => "psync",
+        })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod contract {
+    //! The contract every engine passes; each engine's tests call [`run_all`].
+    use super::*;
+    use std::fs::File;
+    use std::os::fd::AsFd;
+
+    pub(crate) fn run_all(engine: &dyn IoEngine) {
+        round_trip_batch(engine);
+        short_read_at_eof(engine);
+        bad_fd_is_an_error(engine);
+    }
+
+    fn round_trip_batch(engine: &dyn IoEngine) {
+        let dir = tempfile::tempdir().unwrap();
+        let files: Vec<File> = (0..5)
+            .map(|i| {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(dir.path().join(i.to_string()))
+                    .unwrap()
+            })
+            .collect();
+        let datas: Vec<Vec<u8>> = (0..5).map(|i| vec![i as u8 + 1; 1000 * (i + 1)]).collect();
+        let head = [0xAAu8; 7];
+        let mut reqs: Vec<IoRequest<'_>> = files
+            .iter()
+            .zip(&datas)
+            .map(|(f, d)| IoRequest::write(f.as_fd(), 3, vec![IoSlice::new(&head), IoSlice::new(d)]))
+            .collect();
+        let res = engine.submit(&mut reqs);
+        drop(reqs);
+        for (r, d) in res.iter().zip(&datas) {
+            assert_eq!(*r.as_ref().unwrap(), 7 + d.len());
+        }
+        let mut outs: Vec<Vec<u8>> = datas.iter().map(|d| vec![0u8; d.len()]).collect();
+        let mut heads = vec![[0u8; 7]; 5];
+        let mut reqs: Vec<IoRequest<'_>> = files
+            .iter()
+            .zip(outs.iter_mut().zip(heads.iter_mut()))
+            .map(|(f, (o, h))| {
+                IoRequest::read(f.as_fd(), 3, vec![IoSliceMut::new(h), IoSliceMut::new(o)])
+            })
+            .collect();
+        let res = engine.submit(&mut reqs);
+        drop(reqs);
+        for ((r, d), (o, h)) in res.iter().zip(&datas).zip(outs.iter().zip(&heads)) {
+            assert_eq!(*r.as_ref().unwrap(), 7 + d.len());
+            assert_eq!(o, d);
+            assert_eq!(h, &head);
+        }
+    }
+
+    fn short_read_at_eof(engine: &dyn IoEngine) {
+        let mut f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut f, &[5u8; 100]).unwrap();
+        let mut a = [0u8; 60];
+        let mut b = [0u8; 60];
+        let mut reqs = vec![IoRequest::read(
+            f.as_fd(),
+            10,
+            vec![IoSliceMut::new(&mut a), IoSliceMut::new(&mut b)],
+        )];
+        let res = engine.submit(&mut reqs);
+        assert_eq!(*res[0].as_ref().unwrap(), 90);
+        drop(reqs);
+        assert_eq!(a, [5u8; 60]);
+        assert_eq!(&b[..30], &[5u8; 30]);
+        assert_eq!(&b[30..], &[0u8; 30]);
+    }
+
+    fn bad_fd_is_an_error(engine: &dyn IoEngine) {
+        // A read-only file refuses writes: the error comes back per request.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("ro");
+        std::fs::write(&p, b"x").unwrap();
+        let ro = File::open(&p).unwrap();
+        let rw = tempfile::tempfile().unwrap();
+        let mut reqs = vec![
+            IoRequest::write(ro.as_fd(), 0, vec![IoSlice::new(b"abc")]),
+            IoRequest::write(rw.as_fd(), 0, vec![IoSlice::new(b"abc")]),
+        ];
+        let res = engine.submit(&mut reqs);
+        assert_eq!(res.len(), 2);
+        assert!(res[0].is_err());
+        assert_eq!(*res[1].as_ref().unwrap(), 3);
+    }
+}

@@ -1,0 +1,138 @@
+//! The one error type of the crate.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Everything that can go wrong in tierkv.
+///
+/// A missing block is never an error: lookups report it as a miss. Errors carry the path or
+/// key they concern.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A worker id, hash or key that cannot name a block (it would be ambiguous, or escape the
+    /// cache root). Nothing was read or written.
+    #[error("invalid key: {reason}")]
+    InvalidKey {
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// A block larger than the configured maximum. Nothing was written.
+    #[error("block {key} is {len} bytes, over the configured maximum of {max} bytes")]
+    TooLarge {
+        /// The key of the rejected block.
+        key: String,
+        /// Its length.
+        len: usize,
+        /// The configured maximum (`StoreConfig::max_block_size`).
+        max: usize,
+    },
+    /// The caller's buffer cannot hold the stored block. Nothing was copied.
+    #[error("buffer of {have} bytes is too small for block {key} of {need} bytes")]
+    BufferTooSmall {
+        /// The key that was read.
+        key: String,
+        /// Bytes the block holds.
+        need: usize,
+        /// Bytes the buffer holds.
+        have: usize,
+    },
+    /// The filesystem is full (ENOSPC or EDQUOT). Nothing partial was left behind.
+    #[error("no space left on the filesystem while writing {path}")]
+    NoSpace {
+        /// The file that could not be written.
+        path: PathBuf,
+    },
+    /// The process or system open-file limit was hit even after the open-file cache was
+    /// emptied.
+    #[error("too many open files while opening {path} (open-file cache already emptied)")]
+    TooManyOpenFiles {
+        /// The file that could not be opened.
+        path: PathBuf,
+    },
+    /// A block file failed its header or checksum check. Lookups never return this (a corrupt
+    /// block is a miss); tools that inspect a tree do.
+    #[error("corrupt block file {path}: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The tree was written with a different layout than the one configured.
+    #[error("layout mismatch in {path}: the tree has {found}, the configuration asks for {configured}")]
+    LayoutMismatch {
+        /// The layout file.
+        path: PathBuf,
+        /// The layout recorded in the tree.
+        found: String,
+        /// The layout in the configuration.
+        configured: String,
+    },
+    /// Another store (in this or another process) holds this worker's directory.
+    #[error("worker directory {path} is in use by another store")]
+    WorkerBusy {
+        /// The worker's directory.
+        path: PathBuf,
+    },
+    /// The configuration is inconsistent.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// Any other I/O error, with the path it concerns.
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Classifies an I/O error on `path`: ENOSPC/EDQUOT become [`Error::NoSpace`],
+    /// EMFILE/ENFILE [`Error::TooManyOpenFiles`], the rest [`Error::Io`].
+    pub fn from_io(path: impl Into<PathBuf>, source: io::Error) -> Self {
+        let path = path.into();
+        match source.raw_os_error() {
+            Some(code) if code == rustix::io::Errno::NOSPC.raw_os_error() => {
+                Error::NoSpace { path }
+            }
+            Some(code) if code == rustix::io::Errno::DQUOT.raw_os_error() => {
+                Error::NoSpace { path }
+            }
+            Some(code)
+                if code == rustix::io::Errno::MFILE.raw_os_error()
+                    || code == rustix::io::Errno::NFILE.raw_os_error() =>
+            {
+                Error::TooManyOpenFiles { path }
+            }
+            _ => Error::Io { path, source },
+        }
+    }
+
+    pub(crate) fn invalid_key(reason: impl Into<String>) -> Self {
+        Error::InvalidKey {
+            reason: reason.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_errno() {
+        let e = Error::from_io("/x", io::Error::from_raw_os_error(28));
+        assert!(matches!(e, Error::NoSpace { .. }), "{e}");
+        let e = Error::from_io("/x", io::Error::from_raw_os_error(24));
+        assert!(matches!(e, Error::TooManyOpenFiles { .. }), "{e}");
+        let e = Error::from_io("/x", io::Error::from_raw_os_error(5));
+        assert!(matches!(e, Error::Io { .. }), "{e}");
+        assert!(e.to_string().contains("/x"));
+    }
+}

@@ -1,0 +1,271 @@
+//! Keys: a worker id (one tensor-parallel rank) plus a 32-byte blake3 hash of a block chain.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+
+/// Longest accepted worker id, in bytes.
+pub const MAX_WORKER_ID_LEN: usize = 64;
+
+/// The id of one worker (a tensor-parallel rank, or any engine process that must not share
+/// blocks with another). It names a directory, so it is validated: 1 to 64 characters out of
+/// `[A-Za-z0-9_.-]`, and never `.` or `..`. Cheap to clone.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkerId(Arc<str>);
+
+impl WorkerId {
+    /// Validates `id`; anything that is not a plain directory name is [`Error::InvalidKey`].
+    pub fn new(id: &str) -> Result<Self> {
+        validate_worker_id(id)?;
+        Ok(WorkerId(Arc::from(id)))
+    }
+
+    /// The id as a string (also its directory name).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Checks a worker id without allocating.
+pub(crate) fn validate_worker_id(id: &str) -> Result<()> {
+    if id.is_empty() || id.len() > MAX_WORKER_ID_LEN {
+        return Err(Error::invalid_key(format!(
+            "worker id must be 1 to {MAX_WORKER_ID_LEN} bytes, got {} bytes",
+            id.len()
+        )));
+    }
+    if id == "." || id == ".." {
+        return Err(Error::invalid_key(format!("worker id {id:?} is reserved")));
+    }
+    if let Some(c) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
+    {
+        return Err(Error::invalid_key(format!(
+            "worker id {id:?} contains {c:?}; allowed are [A-Za-z0-9_.-]"
+        )));
+    }
+    Ok(())
+}
+
+impl FromStr for WorkerId {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        WorkerId::new(s)
+    }
+}
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "WorkerId({:?})", &*self.0)
+    }
+}
+
+/// A 32-byte blake3 hash naming one block's content chain.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockHash(pub [u8; 32]);
+
+/// Domain separation for [`BlockHash::chain`], so chain hashes never collide with other blake3
+/// uses of the same bytes.
+const CHAIN_DOMAIN: &[u8] = b"tierkv.block-chain.v1";
+
+impl BlockHash {
+    /// The hash of one block of a prefix chain: blake3 over a domain tag, the parent block's
+    /// hash (32 zero bytes for the first block), the number of tokens, and the token ids as
+    /// little-endian `u32`. Equal prefixes give equal hashes; a block's hash depends on every
+    /// token before it. docs/format.md gives the exact bytes.
+    pub fn chain(parent: Option<&BlockHash>, tokens: &[u32]) -> BlockHash {
+        let mut h = blake3::Hasher::new();
+        h.update(CHAIN_DOMAIN);
+        h.update(parent.map_or(&[0u8; 32], |p| &p.0));
+        h.update(&(tokens.len() as u64).to_le_bytes());
+        for t in tokens {
+            h.update(&t.to_le_bytes());
+        }
+        BlockHash(*h.finalize().as_bytes())
+    }
+
+    /// The hashes of every *full* block of `tokens`, `block_tokens` tokens each, chained from
+    /// the first. A trailing partial block gets no hash (engines do not cache it).
+    ///
+    /// # Panics
+    /// If `block_tokens` is 0.
+    pub fn chain_all(tokens: &[u32], block_tokens: usize) -> Vec<BlockHash> {
+        assert!(block_tokens > 0, "block_tokens must be positive");
+        let mut out = Vec::with_capacity(tokens.len() / block_tokens);
+        let mut parent: Option<BlockHash> = None;
+        for block in tokens.chunks_exact(block_tokens) {
+            let h = BlockHash::chain(parent.as_ref(), block);
+            out.push(h);
+            parent = Some(h);
+        }
+        out
+    }
+
+    /// Lower-case hex, 64 characters (the block's file name).
+    pub fn to_hex(&self) -> String {
+        let mut s = String::with_capacity(64);
+        for b in self.0 {
+            s.push(HEX[(b >> 4) as usize] as char);
+            s.push(HEX[(b & 15) as usize] as char);
+        }
+        s
+    }
+
+    /// Writes the 64 hex characters into `out`.
+    pub(crate) fn write_hex(&self, out: &mut [u8; 64]) {
+        for (i, b) in self.0.iter().enumerate() {
+            out[2 * i] = HEX[(b >> 4) as usize];
+            out[2 * i + 1] = HEX[(b & 15) as usize];
+        }
+    }
+
+    /// Parses 64 lower-case hex characters (the only spelling the store writes).
+    pub fn from_hex(s: &str) -> Result<BlockHash> {
+        let b = s.as_bytes();
+        if b.len() != 64 {
+            return Err(Error::invalid_key(format!(
+                "block hash must be 64 hex characters, got {}",
+                b.len()
+            )));
+        }
+        let mut out = [0u8; 32];
+        for (i, pair) in b.chunks_exact(2).enumerate() {
+            let hi = hex_val(pair[0]);
+            let lo = hex_val(pair[1]);
+            match (hi, lo) {
+                (Some(hi), Some(lo)) => out[i] = (hi << 4) | lo,
+                _ => {
+                    return Err(Error::invalid_key(format!(
+                        "block hash {s:?} is not lower-case hex"
+                    )));
+                }
+            }
+        }
+        Ok(BlockHash(out))
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+fn hex_val(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    }
+}
+
+impl fmt::Display for BlockHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for BlockHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BlockHash({})", self.to_hex())
+    }
+}
+
+impl From<[u8; 32]> for BlockHash {
+    fn from(b: [u8; 32]) -> Self {
+        BlockHash(b)
+    }
+}
+
+/// The key of one stored block: which worker, and which block chain.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct BlockKey {
+    /// The worker (rank) that owns the block.
+    pub worker: WorkerId,
+    /// The block's chain hash.
+    pub hash: BlockHash,
+}
+
+impl BlockKey {
+    /// A key from its parts.
+    pub fn new(worker: WorkerId, hash: BlockHash) -> Self {
+        BlockKey { worker, hash }
+    }
+}
+
+impl fmt::Display for BlockKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.worker, self.hash)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn worker_ids() {
+        for ok in ["0", "rank-3", "tp_0.pp_1", "A", &"x".repeat(64)] {
+            WorkerId::new(ok).unwrap();
+        }
+        for bad in ["", ".", "..", "a/b", "../x", "a b", "é", "a\0", &"x".repeat(65)] {
+            let e = WorkerId::new(bad).unwrap_err();
+            assert!(matches!(e, Error::InvalidKey { .. }), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn equal_prefixes_equal_keys() {
+        let a: Vec<u32> = (0..64).collect();
+        let mut b = a.clone();
+        b[40] = 9999;
+        let ha = BlockHash::chain_all(&a, 16);
+        let hb = BlockHash::chain_all(&b, 16);
+        assert_eq!(ha.len(), 4);
+        assert_eq!(ha[..2], hb[..2]);
+        assert_ne!(ha[2], hb[2]);
+        assert_ne!(ha[3], hb[3], "a change propagates down the chain");
+        // A partial trailing block has no hash.
+        assert_eq!(BlockHash::chain_all(&a[..47], 16).len(), 2);
+        // The chain is the documented composition.
+        assert_eq!(ha[1], BlockHash::chain(Some(&ha[0]), &a[16..32]));
+    }
+
+    #[test]
+    fn chain_hash_is_stable() {
+        // Pinned so that a change of the documented byte layout cannot go unnoticed: stored
+        // trees would stop hitting.
+        let h = BlockHash::chain(None, &[1, 2, 3]);
+        let mut manual = blake3::Hasher::new();
+        manual.update(b"tierkv.block-chain.v1");
+        manual.update(&[0u8; 32]);
+        manual.update(&3u64.to_le_bytes());
+        for t in [1u32, 2, 3] {
+            manual.update(&t.to_le_bytes());
+        }
+        assert_eq!(h.0, *manual.finalize().as_bytes());
+    }
+
+    proptest! {
+        #[test]
+        fn hex_round_trip(bytes in any::<[u8; 32]>()) {
+            let h = BlockHash(bytes);
+            let s = h.to_hex();
+            prop_assert_eq!(BlockHash::from_hex(&s).unwrap(), h);
+            let mut buf = [0u8; 64];
+            h.write_hex(&mut buf);
+            prop_assert_eq!(std::str::from_utf8(&buf).unwrap(), s.as_str());
+        }
+
+        #[test]
+        fn from_hex_never_panics(s in ".{0,80}") {
+            let _ = BlockHash::from_hex(&s);
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! tierkv: the disk tier ("G3") of an LLM inference engine's KV cache.
+//!
+//! An engine computes the attention KV of each block of prompt tokens once; tierkv keeps those
+//! blocks as files, one per block, so that a later request with the same prefix loads them
+//! instead of recomputing. A [`Store`] serves one worker (tensor-parallel rank) under a root
+//! directory shared with other workers.
+//!
+//! The modules follow the architecture:
+//! - where bytes live: [`layout`] (the sharded directory tree) and [`format`] (the block file);
+//! - how I/O is submitted: [`engine`] (the [`IoEngine`](engine::IoEngine) trait, psync);
+//! - what is kept: [`store`] (put/get semantics, the open-file cache, counters);
+//! - what users run: the `tierkv-bench` tool in `tools/`.
+//!
+//! ```
+//! use tierkv::{BlockHash, Lookup, Store, StoreConfig, WorkerId};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let store = Store::open(dir.path(), WorkerId::new("rank0")?, StoreConfig::default())?;
+//! // Hash a prompt's block chain: equal prefixes give equal keys.
+//! let tokens: Vec<u32> = (0..64).collect();
+//! let keys: Vec<_> = BlockHash::chain_all(&tokens, 16).into_iter().map(|h| store.key(h)).collect();
+//! let blocks: Vec<Vec<u8>> = (0..4).map(|i| vec![i as u8; 1024]).collect();
+//! let items: Vec<_> = keys.iter().cloned().zip(blocks.iter().map(Vec::as_slice)).collect();
+//! for r in store.put_many(&items) {
+//!     r?;
+//! }
+//! assert_eq!(store.contains_prefix(&keys)?, 4);
+//! let mut bufs = vec![vec![0u8; 1024]; 4];
+//! let found = store.get_many(&keys, &mut bufs);
+//! assert!(matches!(found[2], Ok(Lookup::Hit(1024))));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod buf;
+pub mod engine;
+mod error;
+pub mod format;
+mod key;
+pub mod layout;
+pub mod store;
+
+pub use error::{Error, Result};
+pub use key::{BlockHash, BlockKey, MAX_WORKER_ID_LEN, WorkerId};
+pub use layout::Layout;
+pub use store::{Lookup, Store, StoreConfig, StoreStats, VerifyMode};

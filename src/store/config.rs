@@ -1,0 +1,154 @@
+//! Store configuration.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::engine::EngineKind;
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+
+/// When payload checksums are verified on reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VerifyMode {
+    /// Every read hashes the payload.
+    Always,
+    /// Never (a torn or bit-rotted file is served as it is).
+    Never,
+    /// The first read through each newly opened descriptor verifies; later reads through the
+    /// same cached descriptor trust it. Block files are immutable once published, so this
+    /// catches every torn file a crash can leave, at the cost of one hash per open. The
+    /// default (docs/format.md has the measured cost of each mode).
+    #[default]
+    OnOpen,
+}
+
+impl FromStr for VerifyMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "always" => Ok(VerifyMode::Always),
+            "never" => Ok(VerifyMode::Never),
+            "on-open" | "once" => Ok(VerifyMode::OnOpen),
+            _ => Err(Error::Config(format!(
+                "unknown verify mode {s:?}; use always, never or on-open"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for VerifyMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            VerifyMode::Always => "always",
+            VerifyMode::Never => "never",
+            VerifyMode::OnOpen => "on-open",
+        })
+    }
+}
+
+/// Default largest block: 256 MiB.
+pub const DEFAULT_MAX_BLOCK_SIZE: usize = 256 << 20;
+/// Largest default open-file cache.
+pub const DEFAULT_FD_CACHE_MAX: usize = 4096;
+
+/// How a [`Store`](crate::Store) is opened. `StoreConfig::default()` suits most callers; each
+/// `with_*` setter documents its default.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct StoreConfig {
+    /// The shard tree. `None` (default): the layout recorded in the tree, or
+    /// [`Layout::default`] for a new tree. `Some`: must match a recorded layout.
+    pub layout: Option<Layout>,
+    /// Open-file cache capacity. `None` (default): a quarter of the soft `RLIMIT_NOFILE`, at
+    /// most 4096. `Some(0)` opens and closes a file per access.
+    pub fd_cache: Option<usize>,
+    /// Largest accepted block payload (default 256 MiB).
+    pub max_block_size: Option<usize>,
+    /// When checksums are verified (default [`VerifyMode::OnOpen`]).
+    pub verify: VerifyMode,
+    /// Use `O_DIRECT` for block I/O, through aligned bounce buffers (default off).
+    pub direct_io: bool,
+    /// `fdatasync` each block before publishing it and `fsync` its directory after (default
+    /// off: a crash may lose recent blocks, never serve a torn one).
+    pub sync_writes: bool,
+    /// The I/O engine (default psync).
+    pub engine: EngineKind,
+    /// Leave temp files of crashed stores in place when opening (default off: they are
+    /// removed; the worker lock guarantees no live store owns them).
+    pub keep_temp_files: bool,
+}
+
+impl StoreConfig {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the shard tree layout (default: recorded in the tree, else depth 1, fan-out 256).
+    pub fn with_layout(mut self, layout: Layout) -> Self {
+        self.layout = Some(layout);
+        self
+    }
+
+    /// Sets the open-file cache capacity (default: `RLIMIT_NOFILE` / 4, at most 4096; 0
+    /// disables it).
+    pub fn with_fd_cache(mut self, capacity: usize) -> Self {
+        self.fd_cache = Some(capacity);
+        self
+    }
+
+    /// Sets the largest accepted block (default 256 MiB).
+    pub fn with_max_block_size(mut self, bytes: usize) -> Self {
+        self.max_block_size = Some(bytes);
+        self
+    }
+
+    /// Sets when checksums are verified (default on-open).
+    pub fn with_verify(mut self, verify: VerifyMode) -> Self {
+        self.verify = verify;
+        self
+    }
+
+    /// Turns `O_DIRECT` on or off (default off).
+    pub fn with_direct_io(mut self, on: bool) -> Self {
+        self.direct_io = on;
+        self
+    }
+
+    /// Turns durable writes on or off (default off).
+    pub fn with_sync_writes(mut self, on: bool) -> Self {
+        self.sync_writes = on;
+        self
+    }
+
+    /// Chooses the I/O engine (default psync).
+    pub fn with_engine(mut self, engine: EngineKind) -> Self {
+        self.engine = engine;
+        self
+    }
+
+    /// The effective maximum block size.
+    pub fn max_block_size(&self) -> usize {
+        self.max_block_size.unwrap_or(DEFAULT_MAX_BLOCK_SIZE)
+    }
+
+    /// The effective open-file cache capacity for the current `RLIMIT_NOFILE`.
+    pub fn fd_cache_capacity(&self) -> usize {
+        self.fd_cache.unwrap_or_else(|| {
+            let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+                .current
+                .unwrap_or(1 << 20);
+            ((soft / 4) as usize).min(DEFAULT_FD_CACHE_MAX)
+        })
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if let Some(l) = &self.layout {
+            l.validate()?;
+        }
+        if self.max_block_size() as u64 > (1u64 << 40) {
+            return Err(Error::Config("max_block_size above 1 TiB".into()));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,246 @@
+//! The open-file cache: a sharded LRU (the `lru` crate) of open block files.
+//!
+//! Entries are `Arc`s: evicting an entry drops the cache's reference, and the descriptor is
+//! closed when the last reader using it drops its own. The capacity adapts down when the
+//! process meets its open-file limit (EMFILE/ENFILE).
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use lru::LruCache;
+
+use crate::format::Header;
+use crate::key::BlockHash;
+
+/// An open, validated block file.
+#[derive(Debug)]
+pub(crate) struct OpenBlock {
+    /// The descriptor (read-only).
+    pub fd: OwnedFd,
+    /// Its header, read and checked when it was opened.
+    pub header: Header,
+    /// True once the payload checksum was verified through this descriptor.
+    pub verified: AtomicBool,
+}
+
+type Shard = Mutex<LruCache<BlockHash, Arc<OpenBlock>>>;
+
+/// Counters the cache keeps itself.
+#[derive(Debug, Default)]
+pub(crate) struct FdCacheCounters {
+    pub evictions: AtomicUsize,
+    pub shrinks: AtomicUsize,
+}
+
+/// A bounded, sharded LRU of open block files. The bound is global (an atomic count); when
+/// it is exceeded, the least recently used entry of the inserting shard goes, which keeps the
+/// capacity exact and the order close to a global LRU without a global lock.
+#[derive(Debug)]
+pub(crate) struct FdCache {
+    shards: Box<[Shard]>,
+    /// Entries allowed in all (0 disables the cache).
+    cap: AtomicUsize,
+    /// Entries held in all.
+    len: AtomicUsize,
+    pub counters: FdCacheCounters,
+}
+
+impl FdCache {
+    /// A cache of `capacity` descriptors (0 disables it).
+    pub fn new(capacity: usize) -> Self {
+        // One shard per 256 entries, at most 16, so small caches stay exact LRUs.
+        let n = (capacity / 256).clamp(1, 16).next_power_of_two().min(16);
+        let shards = (0..n).map(|_| Mutex::new(LruCache::unbounded())).collect();
+        FdCache {
+            shards,
+            cap: AtomicUsize::new(capacity),
+            len: AtomicUsize::new(0),
+            counters: FdCacheCounters::default(),
+        }
+    }
+
+    fn shard(&self, hash: &BlockHash) -> &Shard {
+        &self.shards[hash.0[31] as usize % self.shards.len()]
+    }
+
+    /// Current capacity (entries).
+    pub fn capacity(&self) -> usize {
+        self.cap.load(Ordering::Relaxed)
+    }
+
+    /// True when caching is disabled.
+    pub fn is_disabled(&self) -> bool {
+        self.capacity() == 0
+    }
+
+    /// Entries held now.
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// The entry for `hash`, marked most recently used.
+    pub fn get(&self, hash: &BlockHash) -> Option<Arc<OpenBlock>> {
+        if self.is_disabled() {
+            return None;
+        }
+        lock(self.shard(hash)).get(hash).cloned()
+    }
+
+    /// Inserts (or replaces) the entry for `hash`, evicting the least recently used entries
+    /// over capacity. Evicted descriptors close outside the lock, once no reader holds them.
+    pub fn insert(&self, hash: BlockHash, block: Arc<OpenBlock>) {
+        let cap = self.capacity();
+        if cap == 0 {
+            return;
+        }
+        let mut evicted = Vec::new();
+        {
+            let mut s = lock(self.shard(&hash));
+            match s.put(hash, block) {
+                Some(old) => evicted.push(old),
+                None => {
+                    self.len.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            while self.len() > cap {
+                match s.pop_lru() {
+                    Some((_, b)) => {
+                        self.len.fetch_sub(1, Ordering::Relaxed);
+                        evicted.push(b);
+                        self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+                    }
+                    None => break,
+                }
+            }
+        }
+        drop(evicted);
+    }
+
+    /// Drops the entry for `hash` (the key was removed or replaced).
+    pub fn invalidate(&self, hash: &BlockHash) {
+        let old = lock(self.shard(hash)).pop(hash);
+        if old.is_some() {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+        drop(old);
+    }
+
+    /// Drops the entry for `hash` only if it is `block` (a newer entry stays).
+    pub fn invalidate_if(&self, hash: &BlockHash, block: &Arc<OpenBlock>) {
+        let mut s = lock(self.shard(hash));
+        if s.peek(hash).is_some_and(|b| Arc::ptr_eq(b, block)) {
+            let old = s.pop(hash);
+            self.len.fetch_sub(1, Ordering::Relaxed);
+            drop(s);
+            drop(old);
+        }
+    }
+
+    /// Reacts to EMFILE/ENFILE: lowers the capacity to three quarters of what is held now and
+    /// evicts down to it. Returns how many entries were evicted (0: nothing left to give back).
+    pub fn shrink(&self) -> usize {
+        let held = self.len();
+        let new_cap = held * 3 / 4;
+        self.cap.store(new_cap, Ordering::Relaxed);
+        self.counters.shrinks.fetch_add(1, Ordering::Relaxed);
+        let mut evicted = Vec::new();
+        'outer: while self.len() > new_cap {
+            let mut progressed = false;
+            for shard in self.shards.iter() {
+                if self.len() <= new_cap {
+                    break 'outer;
+                }
+                if let Some((_, b)) = lock(shard).pop_lru() {
+                    self.len.fetch_sub(1, Ordering::Relaxed);
+                    evicted.push(b);
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                break;
+            }
+        }
+        let n = evicted.len();
+        self.counters.evictions.fetch_add(n, Ordering::Relaxed);
+        drop(evicted);
+        tracing::warn!(
+            held,
+            new_capacity = new_cap,
+            "open-file limit reached: shrinking the open-file cache"
+        );
+        n
+    }
+}
+
+fn lock(s: &Shard) -> std::sync::MutexGuard<'_, LruCache<BlockHash, Arc<OpenBlock>>> {
+    // A panic while holding the lock leaves the LRU consistent (no invariant spans the
+    // critical sections), so a poisoned lock is still usable.
+    s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block() -> Arc<OpenBlock> {
+        let f = tempfile::tempfile().unwrap();
+        Arc::new(OpenBlock {
+            fd: f.into(),
+            header: Header::for_payload(BlockHash([0; 32]), b""),
+            verified: AtomicBool::new(false),
+        })
+    }
+
+    fn h(i: u8) -> BlockHash {
+        let mut b = [0u8; 32];
+        b[0] = i;
+        b[31] = i;
+        BlockHash(b)
+    }
+
+    #[test]
+    fn lru_order_and_capacity() {
+        let c = FdCache::new(3);
+        assert_eq!(c.capacity(), 3);
+        for i in 0..3 {
+            c.insert(h(i), block());
+        }
+        assert!(c.get(&h(0)).is_some()); // 0 becomes most recent
+        c.insert(h(3), block()); // evicts 1
+        assert!(c.get(&h(1)).is_none());
+        assert!(c.get(&h(0)).is_some());
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.counters.evictions.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn evicted_entry_stays_open_while_used() {
+        let c = FdCache::new(1);
+        c.insert(h(1), block());
+        let held = c.get(&h(1)).unwrap();
+        c.insert(h(2), block());
+        assert!(c.get(&h(1)).is_none());
+        // The reader's reference keeps the descriptor valid.
+        rustix::fs::fstat(&held.fd).unwrap();
+        assert_eq!(Arc::strong_count(&held), 1);
+    }
+
+    #[test]
+    fn disabled_and_shrink() {
+        let c = FdCache::new(0);
+        c.insert(h(1), block());
+        assert!(c.get(&h(1)).is_none());
+        let c = FdCache::new(1000);
+        for i in 0..200u8 {
+            c.insert(h(i), block());
+        }
+        let before = c.len();
+        assert!(c.shrink() > 0);
+        assert!(c.len() <= before * 3 / 4);
+        assert!(c.capacity() <= before * 3 / 4);
+        let b = c.get(&h(199));
+        c.invalidate(&h(199));
+        assert!(b.is_none() || c.get(&h(199)).is_none());
+    }
+}

@@ -1,0 +1,149 @@
+//! The scan of a worker's tree when a store opens: counts block files, removes temp files left
+//! by a crashed store, and counts (never touches) foreign files and symlinks.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::layout::{EntryName, Layout};
+
+/// What a scan found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Block files (by name; contents are not read).
+    pub blocks: u64,
+    /// Temp files removed (or found, when not removing).
+    pub temp: u64,
+    /// Files or directories that do not belong to the layout (left alone).
+    pub foreign: u64,
+    /// Symlinks anywhere in the tree (never followed, left alone).
+    pub symlinks: u64,
+    /// Errors met while scanning (unreadable directories), with their paths.
+    pub errors: Vec<(PathBuf, String)>,
+}
+
+impl SweepReport {
+    fn merge(&mut self, o: SweepReport) {
+        self.blocks += o.blocks;
+        self.temp += o.temp;
+        self.foreign += o.foreign;
+        self.symlinks += o.symlinks;
+        self.errors.extend(o.errors);
+    }
+}
+
+/// Scans the worker directory `dir` laid out as `layout`; removes temp files when
+/// `remove_temp`. Top-level shard directories are scanned by parallel threads.
+pub fn sweep(dir: &Path, layout: Layout, remove_temp: bool) -> SweepReport {
+    let mut report = SweepReport::default();
+    let mut subdirs = Vec::new();
+    scan_dir(dir, 0, layout, remove_temp, &mut report, &mut subdirs);
+    if subdirs.is_empty() {
+        return report;
+    }
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, 8)
+        .min(subdirs.len());
+    let queue = Mutex::new(subdirs);
+    let parts: Vec<SweepReport> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut r = SweepReport::default();
+                    loop {
+                        let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                        let Some(d) = next else { break };
+                        let mut nested = Vec::new();
+                        scan_dir(&d, 1, layout, remove_temp, &mut r, &mut nested);
+                        // Deeper levels are scanned by the same thread, depth first.
+                        let mut stack: Vec<(PathBuf, u8)> =
+                            nested.into_iter().map(|p| (p, 2)).collect();
+                        while let Some((p, lvl)) = stack.pop() {
+                            let mut more = Vec::new();
+                            scan_dir(&p, lvl, layout, remove_temp, &mut r, &mut more);
+                            stack.extend(more.into_iter().map(|m| (m, lvl + 1)));
+                        }
+                    }
+                    r
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("sweep thread panicked"))
+            .collect()
+    });
+    for p in parts {
+        report.merge(p);
+    }
+    report
+}
+
+/// Scans one directory at `level` (0 = the worker directory). Shard subdirectories to
+/// descend into are pushed on `subdirs`.
+fn scan_dir(
+    dir: &Path,
+    level: u8,
+    layout: Layout,
+    remove_temp: bool,
+    r: &mut SweepReport,
+    subdirs: &mut Vec<PathBuf>,
+) {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) => {
+            r.errors.push((dir.to_path_buf(), e.to_string()));
+            return;
+        }
+    };
+    let is_leaf = level == layout.depth;
+    for entry in entries {
+        let entry = match entry {
+            Ok(e) => e,
+            Err(e) => {
+                r.errors.push((dir.to_path_buf(), e.to_string()));
+                continue;
+            }
+        };
+        // file_type() does not follow symlinks.
+        let ft = match entry.file_type() {
+            Ok(t) => t,
+            Err(e) => {
+                r.errors.push((entry.path(), e.to_string()));
+                continue;
+            }
+        };
+        let name = entry.file_name();
+        let name = name.to_str().unwrap_or("");
+        if ft.is_symlink() {
+            r.symlinks += 1;
+            continue;
+        }
+        if ft.is_dir() {
+            if !is_leaf && layout.is_shard_dir(name) {
+                subdirs.push(entry.path());
+            } else {
+                r.foreign += 1;
+            }
+            continue;
+        }
+        if !ft.is_file() {
+            r.foreign += 1;
+            continue;
+        }
+        match Layout::classify(name) {
+            EntryName::Block(_) if is_leaf => r.blocks += 1,
+            EntryName::Temp if is_leaf => {
+                r.temp += 1;
+                if remove_temp {
+                    if let Err(e) = fs::remove_file(entry.path()) {
+                        r.errors.push((entry.path(), e.to_string()));
+                    }
+                }
+            }
+            EntryName::Meta if level == 0 => {}
+            _ => r.foreign += 1,
+        }
+    }
+}

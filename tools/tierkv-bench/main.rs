@@ -1,0 +1,433 @@
+//! tierkv-bench: a fio-style benchmark of the tierkv block store.
+//!
+//! Keys derive from the block index and the worker id, so a `--rw write` run and a later
+//! `--rw read` run on the same `--dir` (separate processes) use the same blocks.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use hdrhistogram::Histogram;
+use serde_json::json;
+use tierkv::{BlockHash, BlockKey, Layout, Lookup, Store, StoreConfig, VerifyMode, WorkerId};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Rw {
+    /// Write every block, in index order.
+    Write,
+    /// Read every block, in index order.
+    Read,
+    /// Read every block once per loop, in a random order.
+    Randread,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum OutputFormat {
+    Normal,
+    Json,
+}
+
+/// A fio-style benchmark of the tierkv block store.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Args {
+    /// Cache root directory. Default: a fresh temporary directory, removed at exit.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Keep the temporary directory (its path is printed).
+    #[arg(long)]
+    keep: bool,
+    /// I/O pattern.
+    #[arg(long, value_enum, default_value_t = Rw::Randread)]
+    rw: Rw,
+    /// Block size: bytes, or with a suffix (4k = 4KiB, 64KiB, 1MiB, 1m).
+    #[arg(long, default_value = "64KiB", value_parser = parse_size)]
+    bs: u64,
+    /// Number of blocks.
+    #[arg(long, default_value_t = 4096)]
+    nblocks: u64,
+    /// Passes over the blocks (fio's `loops`).
+    #[arg(long, default_value_t = 1)]
+    loops: u64,
+    /// Blocks per store call (a batch of `get_many`/`put_many`).
+    #[arg(long, default_value_t = 1)]
+    iodepth: usize,
+    /// Worker id (tensor-parallel rank).
+    #[arg(long, default_value = "0")]
+    worker: String,
+    /// Shard directory levels (0 = one flat directory). Default: the tree's, else 1.
+    #[arg(long)]
+    layout_depth: Option<u8>,
+    /// Directories per shard level: 16, 256 or 4096.
+    #[arg(long, default_value_t = 256)]
+    layout_fanout: u32,
+    /// Open-file cache size (0 = open and close the file on every access).
+    #[arg(long)]
+    fd_cache: Option<usize>,
+    /// Checksum verification on reads: always, never, on-open.
+    #[arg(long, default_value = "on-open")]
+    verify: VerifyMode,
+    /// Use O_DIRECT.
+    #[arg(long)]
+    direct: bool,
+    /// Reads: don't write missing blocks first (they count as misses).
+    #[arg(long)]
+    no_layout: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Normal)]
+    output_format: OutputFormat,
+}
+
+/// Parses `4096`, `4k`, `64KiB`, `1MiB`, `1m`, `2GiB` (fio's convention: k = 1024).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return Err(format!("bad size unit in {s:?}; use k, KiB, m, MiB, g, GiB")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
+}
+
+/// The hash of block `index` of `worker`.
+fn block_hash(worker: &str, index: u64) -> BlockHash {
+    let mut h = blake3::Hasher::new();
+    h.update(b"tierkv-bench.v1");
+    h.update(worker.as_bytes());
+    h.update(&[0]);
+    h.update(&index.to_le_bytes());
+    BlockHash(*h.finalize().as_bytes())
+}
+
+/// The payload of block `index`: a pattern with the index stamped in front.
+fn fill_block(buf: &mut [u8], index: u64) {
+    let stamp = index.to_le_bytes();
+    let n = buf.len().min(8);
+    buf[..n].copy_from_slice(&stamp[..n]);
+}
+
+struct Run {
+    ops: u64,
+    hits: u64,
+    misses: u64,
+    errors: u64,
+    bytes: u64,
+    elapsed: Duration,
+    lat: Histogram<u64>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tierkv-bench: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    if args.iodepth == 0 {
+        return Err("--iodepth must be at least 1".into());
+    }
+    let worker = WorkerId::new(&args.worker)?;
+    let tmp;
+    let root = match &args.dir {
+        Some(d) => d.clone(),
+        None => {
+            tmp = tempfile::Builder::new().prefix("tierkv-bench.").tempdir()?;
+            if args.keep {
+                tmp.keep()
+            } else {
+                tmp.path().to_path_buf()
+            }
+        }
+    };
+    let mut config = StoreConfig::new().with_verify(args.verify).with_direct_io(args.direct);
+    if let Some(d) = args.layout_depth {
+        config = config.with_layout(Layout::new(d, args.layout_fanout)?);
+    }
+    if let Some(n) = args.fd_cache {
+        config = config.with_fd_cache(n);
+    }
+    let bs = usize::try_from(args.bs)?;
+    config = config.with_max_block_size(bs.max(tierkv::store::DEFAULT_MAX_BLOCK_SIZE));
+    let store = Store::open(&root, worker.clone(), config)?;
+    let keys: Vec<BlockKey> = (0..args.nblocks)
+        .map(|i| store.key(block_hash(worker.as_str(), i)))
+        .collect();
+
+    if args.rw != Rw::Write && !args.no_layout {
+        lay_out(&store, &keys, bs)?;
+    }
+    let before = store.stats();
+    let run = match args.rw {
+        Rw::Write => write(&store, &keys, bs, args),
+        Rw::Read | Rw::Randread => read(&store, &keys, bs, args),
+    };
+    let after = store.stats();
+    report(args, &store, &root, &run, &before, &after)?;
+    if args.keep && args.dir.is_none() {
+        eprintln!("tierkv-bench: kept {}", root.display());
+    }
+    Ok(())
+}
+
+/// Writes the blocks that are missing (fio's "laying out IO file").
+fn lay_out(store: &Store, keys: &[BlockKey], bs: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let present = store.contains_many(keys);
+    let missing: Vec<usize> = present
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| !matches!(p, Ok(true)))
+        .map(|(i, _)| i)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("tierkv-bench: laying out {} blocks of {bs} bytes", missing.len());
+    let mut data = vec![0xA5u8; bs];
+    for &i in &missing {
+        fill_block(&mut data, i as u64);
+        store.put(&keys[i], &data)?;
+    }
+    Ok(())
+}
+
+fn write(store: &Store, keys: &[BlockKey], bs: usize, args: &Args) -> Run {
+    let mut lat = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram");
+    let mut datas: Vec<Vec<u8>> = (0..args.iodepth).map(|_| vec![0xA5u8; bs]).collect();
+    let (mut ops, mut errors) = (0u64, 0u64);
+    let start = Instant::now();
+    for _ in 0..args.loops {
+        for (c, chunk) in keys.chunks(args.iodepth).enumerate() {
+            let base = (c * args.iodepth) as u64;
+            for (j, d) in datas.iter_mut().enumerate().take(chunk.len()) {
+                fill_block(d, base + j as u64);
+            }
+            let items: Vec<(BlockKey, &[u8])> = chunk
+                .iter()
+                .cloned()
+                .zip(datas.iter().map(Vec::as_slice))
+                .collect();
+            let t = Instant::now();
+            let res = store.put_many(&items);
+            lat.saturating_record(t.elapsed().as_nanos() as u64);
+            for r in res {
+                ops += 1;
+                if let Err(e) = r {
+                    errors += 1;
+                    tracing::warn!(error = %e, "put failed");
+                }
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    Run {
+        ops,
+        hits: 0,
+        misses: 0,
+        errors,
+        bytes: (ops - errors) * bs as u64,
+        elapsed,
+        lat,
+    }
+}
+
+fn read(store: &Store, keys: &[BlockKey], bs: usize, args: &Args) -> Run {
+    let mut lat = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram");
+    let mut bufs: Vec<Vec<u8>> = (0..args.iodepth).map(|_| vec![0u8; bs]).collect();
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    let mut rng = fastrand::Rng::with_seed(0x7165_726b);
+    let (mut ops, mut hits, mut misses, mut errors, mut bytes) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut batch: Vec<BlockKey> = Vec::with_capacity(args.iodepth);
+    let start = Instant::now();
+    for _ in 0..args.loops {
+        if args.rw == Rw::Randread {
+            rng.shuffle(&mut order);
+        }
+        for chunk in order.chunks(args.iodepth) {
+            batch.clear();
+            batch.extend(chunk.iter().map(|&i| keys[i].clone()));
+            let t = Instant::now();
+            let res = store.get_many(&batch, &mut bufs[..chunk.len()]);
+            lat.saturating_record(t.elapsed().as_nanos() as u64);
+            for r in res {
+                ops += 1;
+                match r {
+                    Ok(Lookup::Hit(n)) => {
+                        hits += 1;
+                        bytes += n as u64;
+                    }
+                    Ok(Lookup::Miss) => misses += 1,
+                    Err(e) => {
+                        errors += 1;
+                        tracing::warn!(error = %e, "read failed");
+                    }
+                }
+            }
+        }
+    }
+    Run {
+        ops,
+        hits,
+        misses,
+        errors,
+        bytes,
+        elapsed: start.elapsed(),
+        lat,
+    }
+}
+
+fn human_bytes(b: f64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1}{}", units[u])
+}
+
+fn human_count(n: f64) -> String {
+    if n >= 1e6 {
+        format!("{:.2}M", n / 1e6)
+    } else if n >= 1e3 {
+        format!("{:.1}k", n / 1e3)
+    } else {
+        format!("{n:.0}")
+    }
+}
+
+fn report(
+    args: &Args,
+    store: &Store,
+    root: &std::path::Path,
+    run: &Run,
+    before: &tierkv::StoreStats,
+    after: &tierkv::StoreStats,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let secs = run.elapsed.as_secs_f64().max(1e-9);
+    let ops_per_sec = run.ops as f64 / secs;
+    let bw = run.bytes as f64 / secs;
+    let corrupt = after.corrupt - before.corrupt;
+    let fd_hits = after.fd_cache_hits - before.fd_cache_hits;
+    let fd_misses = after.fd_cache_misses - before.fd_cache_misses;
+    let fd_ratio = if fd_hits + fd_misses > 0 {
+        fd_hits as f64 / (fd_hits + fd_misses) as f64
+    } else {
+        0.0
+    };
+    let l = &run.lat;
+    let q = |p: f64| l.value_at_quantile(p) as f64 / 1e3;
+    let direction = if args.rw == Rw::Write { "write" } else { "read" };
+    match args.output_format {
+        OutputFormat::Json => {
+            let doc = json!({
+                "rw": format!("{:?}", args.rw).to_lowercase(),
+                "bs": args.bs,
+                "nblocks": args.nblocks,
+                "loops": args.loops,
+                "iodepth": args.iodepth,
+                "worker": args.worker,
+                "engine": store.engine_name(),
+                "layout": {"depth": store.layout().depth, "fanout": store.layout().fanout},
+                "fd_cache_capacity": after.fd_cache_capacity,
+                "verify": args.verify.to_string(),
+                "direct": args.direct,
+                "dir": root.display().to_string(),
+                "ops": run.ops,
+                "elapsed_s": secs,
+                "ops_per_sec": ops_per_sec,
+                "bw_bytes_per_sec": bw,
+                "bytes": run.bytes,
+                "hits": run.hits,
+                "misses": run.misses,
+                "errors": run.errors,
+                "corrupt": corrupt,
+                "fd_cache": {"hits": fd_hits, "misses": fd_misses, "hit_ratio": fd_ratio,
+                             "evictions": after.fd_cache_evictions - before.fd_cache_evictions},
+                "lat_us": {"min": l.min() as f64 / 1e3, "mean": l.mean() / 1e3, "p50": q(0.5),
+                           "p90": q(0.9), "p99": q(0.99), "p99.9": q(0.999), "max": l.max() as f64 / 1e3},
+                "store": after,
+            });
+            println!("{}", serde_json::to_string_pretty(&doc)?);
+        }
+        OutputFormat::Normal => {
+            println!(
+                "tierkv-bench: rw={:?} bs={} nblocks={} loops={} iodepth={} engine={} layout=({}) fd-cache={} verify={}{}",
+                args.rw,
+                human_bytes(args.bs as f64),
+                args.nblocks,
+                args.loops,
+                args.iodepth,
+                store.engine_name(),
+                store.layout(),
+                after.fd_cache_capacity,
+                args.verify,
+                if args.direct { " direct" } else { "" },
+            );
+            println!(
+                "  {direction}: IOPS={}, BW={}/s, {} ops in {:.3}s",
+                human_count(ops_per_sec),
+                human_bytes(bw),
+                run.ops,
+                secs
+            );
+            println!(
+                "    lat per call (usec): min={:.1}, avg={:.1}, p50={:.1}, p90={:.1}, p99={:.1}, p99.9={:.1}, max={:.1}",
+                l.min() as f64 / 1e3,
+                l.mean() / 1e3,
+                q(0.5),
+                q(0.9),
+                q(0.99),
+                q(0.999),
+                l.max() as f64 / 1e3
+            );
+            if direction == "read" {
+                println!(
+                    "  hits={} misses={} corrupt={} errors={} bytes={}",
+                    run.hits, run.misses, corrupt, run.errors, run.bytes
+                );
+                println!(
+                    "  fd-cache: hits={fd_hits} misses={fd_misses} hit-ratio={fd_ratio:.3} evictions={}",
+                    after.fd_cache_evictions - before.fd_cache_evictions
+                );
+            } else {
+                println!("  puts={} errors={} bytes={}", run.ops - run.errors, run.errors, run.bytes);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("4k").unwrap(), 4096);
+        assert_eq!(parse_size("64KiB").unwrap(), 65536);
+        assert_eq!(parse_size("1MiB").unwrap(), 1 << 20);
+        assert_eq!(parse_size("2g").unwrap(), 2 << 30);
+        assert!(parse_size("4q").is_err());
+        assert!(parse_size("").is_err());
+    }
+}
