@@ -60,7 +60,9 @@ pub enum Error {
         reason: String,
     },
     /// The tree was written with a different layout than the one configured.
-    #[error("layout mismatch in {path}: the tree has {found}, the configuration asks for {configured}")]
+    #[error(
+        "layout mismatch in {path}: the tree has {found}, the configuration asks for {configured}"
+    )]
     LayoutMismatch {
         /// The layout file.
         path: PathBuf,

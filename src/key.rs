@@ -214,7 +214,17 @@ mod tests {
         for ok in ["0", "rank-3", "tp_0.pp_1", "A", &"x".repeat(64)] {
             WorkerId::new(ok).unwrap();
         }
-        for bad in ["", ".", "..", "a/b", "../x", "a b", "é", "a\0", &"x".repeat(65)] {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "../x",
+            "a b",
+            "é",
+            "a\0",
+            &"x".repeat(65),
+        ] {
             let e = WorkerId::new(bad).unwrap_err();
             assert!(matches!(e, Error::InvalidKey { .. }), "{bad:?}: {e}");
         }

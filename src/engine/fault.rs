@@ -41,6 +41,7 @@ pub struct FaultyEngine {
     plan: FaultPlan,
     writes: AtomicU64,
     reads: AtomicU64,
+    partial_bytes: AtomicU64,
 }
 
 impl FaultyEngine {
@@ -51,12 +52,18 @@ impl FaultyEngine {
             plan,
             writes: AtomicU64::new(0),
             reads: AtomicU64::new(0),
+            partial_bytes: AtomicU64::new(0),
         }
     }
 
     /// Writes seen so far.
     pub fn writes_seen(&self) -> u64 {
         self.writes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes that failing writes really wrote before failing.
+    pub fn partial_bytes_written(&self) -> u64 {
+        self.partial_bytes.load(Ordering::Relaxed)
     }
 }
 
@@ -81,7 +88,8 @@ impl IoEngine for FaultyEngine {
             if let IoKind::Write(bufs) = &req.kind {
                 // Write a prefix of the bytes for real, then fail.
                 let total: usize = bufs.iter().map(|b| b.len()).sum();
-                let mut budget = (total as f64 * self.plan.partial_fraction.clamp(0.0, 1.0)) as usize;
+                let mut budget =
+                    (total as f64 * self.plan.partial_fraction.clamp(0.0, 1.0)) as usize;
                 let mut prefix: Vec<IoSlice<'_>> = Vec::new();
                 for b in bufs {
                     if budget == 0 {
@@ -93,7 +101,9 @@ impl IoEngine for FaultyEngine {
                 }
                 if !prefix.is_empty() {
                     let mut r = [IoRequest::write(req.fd, req.offset, prefix)];
-                    let _ = self.inner.submit(&mut r);
+                    if let Some(Ok(n)) = self.inner.submit(&mut r).pop() {
+                        self.partial_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    }
                 }
             }
             out.push(Err(io::Error::from_raw_os_error(self.plan.errno)));

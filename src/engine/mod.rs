@@ -166,7 +166,9 @@ pub(crate) mod contract {
         let mut reqs: Vec<IoRequest<'_>> = files
             .iter()
             .zip(&datas)
-            .map(|(f, d)| IoRequest::write(f.as_fd(), 3, vec![IoSlice::new(&head), IoSlice::new(d)]))
+            .map(|(f, d)| {
+                IoRequest::write(f.as_fd(), 3, vec![IoSlice::new(&head), IoSlice::new(d)])
+            })
             .collect();
         let res = engine.submit(&mut reqs);
         drop(reqs);

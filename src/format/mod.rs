@@ -134,7 +134,8 @@ impl Header {
 
     /// True when `payload` matches the checksum.
     pub fn verify(&self, payload: &[u8]) -> bool {
-        payload.len() as u64 == self.payload_len && blake3::hash(payload).as_bytes() == &self.checksum
+        payload.len() as u64 == self.payload_len
+            && blake3::hash(payload).as_bytes() == &self.checksum
     }
 }
 
@@ -179,7 +180,10 @@ mod tests {
         let mut b = good;
         b[24] ^= 1; // payload_len changed without the check value
         assert_eq!(Header::decode(&b), Err(HeaderError::HeaderCheck));
-        assert_eq!(Header::decode(&good[..100]), Err(HeaderError::Truncated(100)));
+        assert_eq!(
+            Header::decode(&good[..100]),
+            Err(HeaderError::Truncated(100))
+        );
     }
 
     proptest! {

@@ -264,8 +264,14 @@ mod tests {
     fn classify_names() {
         let hex = "0123456789abcdef".repeat(4);
         assert!(matches!(Layout::classify(&hex), EntryName::Block(_)));
-        assert_eq!(Layout::classify(&format!(".tmp.{hex}.12.3")), EntryName::Temp);
-        assert_eq!(Layout::classify(&format!(".tmp.{hex}.12")), EntryName::Foreign);
+        assert_eq!(
+            Layout::classify(&format!(".tmp.{hex}.12.3")),
+            EntryName::Temp
+        );
+        assert_eq!(
+            Layout::classify(&format!(".tmp.{hex}.12")),
+            EntryName::Foreign
+        );
         assert_eq!(Layout::classify(&hex.to_uppercase()), EntryName::Foreign);
         assert_eq!(Layout::classify("notes.txt"), EntryName::Foreign);
         assert_eq!(Layout::classify("LAYOUT"), EntryName::Meta);
@@ -276,7 +282,10 @@ mod tests {
         let l = Layout::new(2, 4096).unwrap();
         assert_eq!(Layout::from_file_text(&l.to_file_text()), Some(l));
         assert_eq!(Layout::from_file_text("depth=9\nfanout=256\n"), None);
-        assert_eq!("1x16".parse::<Layout>().unwrap(), Layout::new(1, 16).unwrap());
+        assert_eq!(
+            "1x16".parse::<Layout>().unwrap(),
+            Layout::new(1, 16).unwrap()
+        );
         assert_eq!("0".parse::<Layout>().unwrap(), Layout::new(0, 256).unwrap());
         assert!("1x100".parse::<Layout>().is_err());
         assert!(Layout::new(5, 256).is_err());

@@ -17,7 +17,10 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 impl Store {
     /// [`Store::put_many`] for async callers. Returns the results and the items, so their
     /// buffers can be reused.
-    pub async fn put_many_async<D>(&self, items: Vec<(BlockKey, D)>) -> (Vec<Result<()>>, Vec<(BlockKey, D)>)
+    pub async fn put_many_async<D>(
+        &self,
+        items: Vec<(BlockKey, D)>,
+    ) -> (Vec<Result<()>>, Vec<(BlockKey, D)>)
     where
         D: AsRef<[u8]> + Send + 'static,
     {
@@ -31,7 +34,11 @@ impl Store {
 
     /// [`Store::get_many`] for async callers: takes the buffers by value and hands them back
     /// with the results (the `BufResult` shape of io_uring APIs).
-    pub async fn get_many_async<B>(&self, keys: Vec<BlockKey>, mut bufs: Vec<B>) -> (Vec<Result<Lookup>>, Vec<B>)
+    pub async fn get_many_async<B>(
+        &self,
+        keys: Vec<BlockKey>,
+        mut bufs: Vec<B>,
+    ) -> (Vec<Result<Lookup>>, Vec<B>)
     where
         B: AsMut<[u8]> + Send + 'static,
     {

@@ -1,8 +1,8 @@
 //! The store: one worker's blocks under a root directory.
 
 use std::io::{IoSlice, IoSliceMut};
-use std::os::unix::fs::DirBuilderExt;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -53,7 +53,7 @@ impl Lookup {
     }
 
     /// The block length for a hit.
-    pub fn len(&self) -> Option<usize> {
+    pub fn hit_len(&self) -> Option<usize> {
         match self {
             Lookup::Hit(n) => Some(*n),
             Lookup::Miss => None,
@@ -169,7 +169,10 @@ impl Store {
             tracing::warn!(path = %p.display(), error = %e, "could not scan part of the tree");
         }
         if report.temp > 0 {
-            tracing::info!(count = report.temp, "removed temp files of an unfinished put");
+            tracing::info!(
+                count = report.temp,
+                "removed temp files of an unfinished put"
+            );
         }
         if report.foreign + report.symlinks > 0 {
             tracing::warn!(
@@ -232,7 +235,9 @@ impl Store {
 
     /// The path a block is (or would be) stored at.
     pub fn path_of(&self, hash: &BlockHash) -> PathBuf {
-        self.inner.dir.join(self.inner.layout.rel_path(hash).as_str())
+        self.inner
+            .dir
+            .join(self.inner.layout.rel_path(hash).as_str())
     }
 
     /// A snapshot of the counters.
@@ -353,7 +358,11 @@ impl Store {
     /// A missing file is a miss, never an error, even if it was deleted behind the store's back
     /// after being read before. A corrupt file (bad header, wrong length, checksum mismatch
     /// when verified) is a miss too; it is removed, counted and logged.
-    pub fn get_many<B: AsMut<[u8]>>(&self, keys: &[BlockKey], bufs: &mut [B]) -> Vec<Result<Lookup>> {
+    pub fn get_many<B: AsMut<[u8]>>(
+        &self,
+        keys: &[BlockKey],
+        bufs: &mut [B],
+    ) -> Vec<Result<Lookup>> {
         let inner = &*self.inner;
         if keys.len() != bufs.len() {
             return keys
@@ -381,18 +390,36 @@ impl Store {
                 let req = match plan {
                     ReadPlan::Done(_) => continue,
                     ReadPlan::Cached { block, bounce } => match bounce {
-                        Some(b) => IoRequest::read(block.fd.as_fd(), PAYLOAD_OFFSET, vec![IoSliceMut::new(b)]),
+                        Some(b) => IoRequest::read(
+                            block.fd.as_fd(),
+                            PAYLOAD_OFFSET,
+                            vec![IoSliceMut::new(b)],
+                        ),
                         None => {
                             let n = block.header.payload_len as usize;
-                            IoRequest::read(block.fd.as_fd(), PAYLOAD_OFFSET, vec![IoSliceMut::new(&mut buf[..n])])
+                            IoRequest::read(
+                                block.fd.as_fd(),
+                                PAYLOAD_OFFSET,
+                                vec![IoSliceMut::new(&mut buf[..n])],
+                            )
                         }
                     },
-                    ReadPlan::Fresh { fd, head, tail, bounce, .. } => match bounce {
-                        Some(b) => IoRequest::read((&*fd).as_fd(), 0, vec![IoSliceMut::new(b)]),
+                    ReadPlan::Fresh {
+                        fd,
+                        head,
+                        tail,
+                        bounce,
+                        ..
+                    } => match bounce {
+                        Some(b) => IoRequest::read((*fd).as_fd(), 0, vec![IoSliceMut::new(b)]),
                         None => IoRequest::read(
-                            (&*fd).as_fd(),
+                            (*fd).as_fd(),
                             0,
-                            vec![IoSliceMut::new(head), IoSliceMut::new(buf), IoSliceMut::new(tail)],
+                            vec![
+                                IoSliceMut::new(head),
+                                IoSliceMut::new(buf),
+                                IoSliceMut::new(tail),
+                            ],
                         ),
                     },
                 };
@@ -573,7 +600,12 @@ impl Inner {
         match self.open_beneath(rel.as_str(), self.read_flags(), Mode::empty()) {
             Ok(fd) => {
                 let (head, bounce) = if self.direct {
-                    (Vec::new(), Some(AlignedBuf::zeroed(align_up(PAYLOAD_OFFSET as usize + buf_len + 1))))
+                    (
+                        Vec::new(),
+                        Some(AlignedBuf::zeroed(align_up(
+                            PAYLOAD_OFFSET as usize + buf_len + 1,
+                        ))),
+                    )
                 } else {
                     (vec![0u8; PAYLOAD_OFFSET as usize], None)
                 };
@@ -609,7 +641,12 @@ impl Inner {
                 let n = io.map_err(|e| Error::from_io(self.path(rel.as_str()), e))?;
                 let len = block.header.payload_len as usize;
                 if n != len {
-                    return Ok(self.corrupt(&rel, &block.fd, Some(&block), format!("payload is {n} bytes, header says {len}")));
+                    return Ok(self.corrupt(
+                        &rel,
+                        &block.fd,
+                        Some(&block),
+                        format!("payload is {n} bytes, header says {len}"),
+                    ));
                 }
                 if let Some(b) = bounce {
                     buf[..len].copy_from_slice(&b[..len]);
@@ -621,7 +658,12 @@ impl Inner {
                 };
                 if check {
                     if !block.header.verify(&buf[..len]) {
-                        return Ok(self.corrupt(&rel, &block.fd, Some(&block), "payload checksum mismatch".into()));
+                        return Ok(self.corrupt(
+                            &rel,
+                            &block.fd,
+                            Some(&block),
+                            "payload checksum mismatch".into(),
+                        ));
                     }
                     block.verified.store(true, Ordering::Relaxed);
                 }
@@ -635,16 +677,26 @@ impl Inner {
                 bounce,
             } => {
                 let n = io.map_err(|e| Error::from_io(self.path(rel.as_str()), e))?;
-                let header_bytes: &[u8] = match &bounce {
-                    Some(b) => &b[..n.min(HEADER_LEN)],
-                    None => &head[..n.min(HEADER_LEN)],
+                let head_bytes: &[u8] = match &bounce {
+                    Some(b) => &b[..n.min(PAYLOAD_OFFSET as usize)],
+                    None => &head[..n.min(PAYLOAD_OFFSET as usize)],
                 };
-                let header = match Header::decode(header_bytes) {
+                let header = match Header::decode(head_bytes) {
                     Ok(h) => h,
                     Err(e) => return Ok(self.corrupt(&rel, &fd, None, e.to_string())),
                 };
+                if head_bytes.len() < PAYLOAD_OFFSET as usize
+                    || head_bytes[HEADER_LEN..].iter().any(|&b| b != 0)
+                {
+                    return Ok(self.corrupt(&rel, &fd, None, "header padding is not zero".into()));
+                }
                 if header.key != key.hash {
-                    return Ok(self.corrupt(&rel, &fd, None, format!("header names block {}", header.key)));
+                    return Ok(self.corrupt(
+                        &rel,
+                        &fd,
+                        None,
+                        format!("header names block {}", header.key),
+                    ));
                 }
                 let len = header.payload_len as usize;
                 if header.payload_len > buf.len() as u64 {
@@ -659,7 +711,16 @@ impl Inner {
                     // Shorter: truncated. Longer (bytes beyond the payload, caught by the
                     // one-byte tail): appended to.
                     let _ = tail;
-                    return Ok(self.corrupt(&rel, &fd, None, format!("file is {}{} bytes, header says {expect}", if n > expect { "over " } else { "" }, n)));
+                    return Ok(self.corrupt(
+                        &rel,
+                        &fd,
+                        None,
+                        format!(
+                            "file is {}{} bytes, header says {expect}",
+                            if n > expect { "over " } else { "" },
+                            n
+                        ),
+                    ));
                 }
                 if let Some(b) = &bounce {
                     buf[..len].copy_from_slice(&b[PAYLOAD_OFFSET as usize..expect]);
@@ -683,7 +744,13 @@ impl Inner {
 
     /// Handles a corrupt file: removes it if the path still names the same file, counts it,
     /// logs it, and reports a miss.
-    fn corrupt(&self, rel: &RelPath, fd: &OwnedFd, cached: Option<&Arc<OpenBlock>>, reason: String) -> Lookup {
+    fn corrupt(
+        &self,
+        rel: &RelPath,
+        fd: &OwnedFd,
+        cached: Option<&Arc<OpenBlock>>,
+        reason: String,
+    ) -> Lookup {
         let path = self.path(rel.as_str());
         tracing::warn!(path = %path.display(), %reason, "corrupt block file: removed, counted as a miss");
         Counters::add(&self.counters.corrupt, 1);
@@ -716,7 +783,11 @@ impl Inner {
         let header = Header::for_payload(key.hash, data).encode();
         let rel = self.layout.rel_path(&key.hash);
         let seq = self.temp_seq.fetch_add(1, Ordering::Relaxed);
-        let name = format!("{TEMP_PREFIX}{}.{}.{seq}", rel.file_name(), std::process::id());
+        let name = format!(
+            "{TEMP_PREFIX}{}.{}.{seq}",
+            rel.file_name(),
+            std::process::id()
+        );
         let temp_rel = if rel.dir().is_empty() {
             name
         } else {
@@ -769,24 +840,43 @@ impl Inner {
 
     /// Completes one write: checks the engine's result, sizes and syncs the file, renames it
     /// into place; on any failure unlinks the temp file.
-    fn publish(&self, plan: WritePlan, io: std::io::Result<usize>, len: usize, dirs_to_sync: &mut Vec<String>) -> Result<()> {
+    fn publish(
+        &self,
+        plan: WritePlan,
+        io: std::io::Result<usize>,
+        len: usize,
+        dirs_to_sync: &mut Vec<String>,
+    ) -> Result<()> {
         let temp_path = || self.path(&plan.temp_rel);
         let outcome = (|| -> Result<()> {
             let n = io.map_err(|e| Error::from_io(temp_path(), e))?;
             let total = PAYLOAD_OFFSET as usize + len;
             if plan.bounce.is_some() {
                 if n != align_up(total) {
-                    return Err(Error::from_io(temp_path(), std::io::ErrorKind::WriteZero.into()));
+                    return Err(Error::from_io(
+                        temp_path(),
+                        std::io::ErrorKind::WriteZero.into(),
+                    ));
                 }
-                rustix::fs::ftruncate(&plan.fd, total as u64).map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
+                rustix::fs::ftruncate(&plan.fd, total as u64)
+                    .map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
             } else if n != total {
-                return Err(Error::from_io(temp_path(), std::io::ErrorKind::WriteZero.into()));
+                return Err(Error::from_io(
+                    temp_path(),
+                    std::io::ErrorKind::WriteZero.into(),
+                ));
             }
             if self.sync_writes {
-                rustix::fs::fdatasync(&plan.fd).map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
+                rustix::fs::fdatasync(&plan.fd)
+                    .map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
             }
-            rustix::fs::renameat(&self.dirfd, plan.temp_rel.as_str(), &self.dirfd, plan.rel.as_str())
-                .map_err(|e| Error::from_io(self.path(plan.rel.as_str()), io_err(e)))?;
+            rustix::fs::renameat(
+                &self.dirfd,
+                plan.temp_rel.as_str(),
+                &self.dirfd,
+                plan.rel.as_str(),
+            )
+            .map_err(|e| Error::from_io(self.path(plan.rel.as_str()), io_err(e)))?;
             Ok(())
         })();
         let hash = plan.header_key();
@@ -803,7 +893,9 @@ impl Inner {
                 Ok(())
             }
             Err(e) => {
-                if let Err(ue) = rustix::fs::unlinkat(&self.dirfd, plan.temp_rel.as_str(), AtFlags::empty()) {
+                if let Err(ue) =
+                    rustix::fs::unlinkat(&self.dirfd, plan.temp_rel.as_str(), AtFlags::empty())
+                {
                     if ue != Errno::NOENT {
                         tracing::warn!(path = %temp_path().display(), error = %ue, "could not unlink temp file after a failed put");
                     }
@@ -822,7 +914,9 @@ impl Inner {
                     tracing::warn!(dir = %self.path(d).display(), error = %e, "fsync of directory failed");
                 }
             }
-            Err(e) => tracing::warn!(dir = %self.path(d).display(), error = %e, "could not open directory to fsync"),
+            Err(e) => {
+                tracing::warn!(dir = %self.path(d).display(), error = %e, "could not open directory to fsync")
+            }
         }
     }
 
@@ -836,7 +930,8 @@ impl Inner {
         }
         let rel = self.layout.rel_path(&key.hash);
         match rustix::fs::statat(&self.dirfd, rel.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => Ok(rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile
+            Ok(st) => Ok(rustix::fs::FileType::from_raw_mode(st.st_mode)
+                == rustix::fs::FileType::RegularFile
                 && st.st_size as u64 >= PAYLOAD_OFFSET),
             Err(Errno::NOENT | Errno::NOTDIR) => Ok(false),
             Err(e) => Err(Error::from_io(self.path(rel.as_str()), io_err(e))),

@@ -51,11 +51,11 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     loops: u64,
     /// Blocks per store call (a batch of `get_many`/`put_many`).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     iodepth: usize,
     /// Worker id (tensor-parallel rank).
     #[arg(long, default_value = "0")]
-    worker: String,
+    worker: WorkerId,
     /// Shard directory levels (0 = one flat directory). Default: the tree's, else 1.
     #[arg(long)]
     layout_depth: Option<u8>,
@@ -90,9 +90,14 @@ fn parse_size(s: &str) -> Result<u64, String> {
         "k" | "kb" | "kib" => 1 << 10,
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
-        _ => return Err(format!("bad size unit in {s:?}; use k, KiB, m, MiB, g, GiB")),
+        _ => {
+            return Err(format!(
+                "bad size unit in {s:?}; use k, KiB, m, MiB, g, GiB"
+            ));
+        }
     };
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} overflows"))
 }
 
 /// The hash of block `index` of `worker`.
@@ -141,10 +146,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    if args.iodepth == 0 {
-        return Err("--iodepth must be at least 1".into());
-    }
-    let worker = WorkerId::new(&args.worker)?;
+    let worker = args.worker.clone();
     let tmp;
     let root = match &args.dir {
         Some(d) => d.clone(),
@@ -157,7 +159,9 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     };
-    let mut config = StoreConfig::new().with_verify(args.verify).with_direct_io(args.direct);
+    let mut config = StoreConfig::new()
+        .with_verify(args.verify)
+        .with_direct_io(args.direct);
     if let Some(d) = args.layout_depth {
         config = config.with_layout(Layout::new(d, args.layout_fanout)?);
     }
@@ -199,7 +203,10 @@ fn lay_out(store: &Store, keys: &[BlockKey], bs: usize) -> Result<(), Box<dyn st
     if missing.is_empty() {
         return Ok(());
     }
-    eprintln!("tierkv-bench: laying out {} blocks of {bs} bytes", missing.len());
+    eprintln!(
+        "tierkv-bench: laying out {} blocks of {bs} bytes",
+        missing.len()
+    );
     let mut data = vec![0xA5u8; bs];
     for &i in &missing {
         fill_block(&mut data, i as u64);
@@ -335,7 +342,11 @@ fn report(
     };
     let l = &run.lat;
     let q = |p: f64| l.value_at_quantile(p) as f64 / 1e3;
-    let direction = if args.rw == Rw::Write { "write" } else { "read" };
+    let direction = if args.rw == Rw::Write {
+        "write"
+    } else {
+        "read"
+    };
     match args.output_format {
         OutputFormat::Json => {
             let doc = json!({
@@ -344,7 +355,7 @@ fn report(
                 "nblocks": args.nblocks,
                 "loops": args.loops,
                 "iodepth": args.iodepth,
-                "worker": args.worker,
+                "worker": args.worker.as_str(),
                 "engine": store.engine_name(),
                 "layout": {"depth": store.layout().depth, "fanout": store.layout().fanout},
                 "fd_cache_capacity": after.fd_cache_capacity,
@@ -409,7 +420,12 @@ fn report(
                     after.fd_cache_evictions - before.fd_cache_evictions
                 );
             } else {
-                println!("  puts={} errors={} bytes={}", run.ops - run.errors, run.errors, run.bytes);
+                println!(
+                    "  puts={} errors={} bytes={}",
+                    run.ops - run.errors,
+                    run.errors,
+                    run.bytes
+                );
             }
         }
     }

@@ -1,0 +1,154 @@
+//! tierkv-bench: a short run of each mode, separate write and read processes, bad input.
+
+use std::process::Command;
+
+const BENCH: &str = env!("CARGO_BIN_EXE_tierkv-bench");
+
+fn run_json(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(BENCH)
+        .args(args)
+        .args(["--output-format", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn write_then_read_in_separate_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let w = run_json(&[
+        "--dir",
+        d,
+        "--rw",
+        "write",
+        "--bs",
+        "4k",
+        "--nblocks",
+        "200",
+        "--worker",
+        "rank3",
+    ]);
+    assert_eq!(w["ops"], 200);
+    assert_eq!(w["errors"], 0);
+    assert_eq!(w["bytes"], 200 * 4096);
+    for rw in ["read", "randread"] {
+        let r = run_json(&[
+            "--dir",
+            d,
+            "--rw",
+            rw,
+            "--bs",
+            "4k",
+            "--nblocks",
+            "200",
+            "--worker",
+            "rank3",
+            "--loops",
+            "3",
+            "--no-layout",
+        ]);
+        assert_eq!(r["hits"], 600, "{rw}");
+        assert_eq!(r["misses"], 0);
+        assert_eq!(r["corrupt"], 0);
+        assert_eq!(r["bytes"], 600 * 4096);
+        assert!(r["ops_per_sec"].as_f64().unwrap() > 0.0);
+        assert_eq!(
+            r["fd_cache"]["misses"], 200,
+            "one open per block, then cached"
+        );
+    }
+    // Another worker's keys are different blocks: all misses without a layout step.
+    let r = run_json(&[
+        "--dir",
+        d,
+        "--rw",
+        "read",
+        "--bs",
+        "4k",
+        "--nblocks",
+        "50",
+        "--worker",
+        "rank4",
+        "--no-layout",
+    ]);
+    assert_eq!(
+        (r["hits"].as_u64(), r["misses"].as_u64()),
+        (Some(0), Some(50))
+    );
+}
+
+#[test]
+fn naive_mode_and_iodepth() {
+    let r = run_json(&[
+        "--bs",
+        "4k",
+        "--nblocks",
+        "100",
+        "--loops",
+        "2",
+        "--fd-cache",
+        "0",
+        "--layout-depth",
+        "0",
+        "--iodepth",
+        "8",
+    ]);
+    assert_eq!(r["layout"]["depth"], 0);
+    assert_eq!(r["fd_cache"]["hits"], 0);
+    assert_eq!(r["fd_cache"]["misses"], 200);
+    assert_eq!(r["hits"], 200);
+    // The temporary directory is gone after the run.
+    assert!(!std::path::Path::new(r["dir"].as_str().unwrap()).exists());
+}
+
+#[test]
+fn keep_keeps_the_temporary_directory() {
+    let r = run_json(&["--rw", "write", "--bs", "1k", "--nblocks", "10", "--keep"]);
+    let dir = std::path::PathBuf::from(r["dir"].as_str().unwrap());
+    assert!(dir.join("v1").join("0").is_dir());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn normal_output_reads_like_fio() {
+    let out = Command::new(BENCH)
+        .args(["--bs", "4k", "--nblocks", "20"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("read: IOPS="), "{text}");
+    assert!(text.contains("hits=20 misses=0 corrupt=0"), "{text}");
+    assert!(text.contains("p99="), "{text}");
+}
+
+#[test]
+fn bad_options_exit_2_with_a_message() {
+    for args in [
+        &["--rw", "sideways"][..],
+        &["--bs", "4q"],
+        &["--iodepth", "0"],
+        &["--verify", "sometimes"],
+        &["--no-such-option"],
+    ] {
+        let out = Command::new(BENCH).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(!out.stderr.is_empty());
+    }
+    // A bad worker id is refused before anything is created.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BENCH)
+        .args(["--worker", "../escape", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid key"));
+    assert!(!dir.path().join("v1").exists());
+}

@@ -1,0 +1,100 @@
+//! Helpers shared by the behaviour tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use tierkv::{BlockHash, BlockKey, Store, StoreConfig, WorkerId};
+
+pub fn worker(id: &str) -> WorkerId {
+    WorkerId::new(id).unwrap()
+}
+
+pub fn hash(i: u64) -> BlockHash {
+    BlockHash::chain(None, &[i as u32, (i >> 32) as u32, 0xC0FFEE])
+}
+
+pub fn keys(store: &Store, n: u64) -> Vec<BlockKey> {
+    (0..n).map(|i| store.key(hash(i))).collect()
+}
+
+/// Deterministic block contents that differ per key and per version.
+pub fn payload(i: u64, version: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|j| {
+            (j as u64)
+                .wrapping_mul(31)
+                .wrapping_add(i * 7 + version as u64) as u8
+        })
+        .collect()
+}
+
+pub fn open(root: &Path, w: &str) -> Store {
+    Store::open(root, worker(w), StoreConfig::default()).unwrap()
+}
+
+/// Every regular file under `dir`, recursively (symlinks not followed).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                stack.push(e.path());
+            } else if t.is_file() {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+pub fn temp_files_under(dir: &Path) -> Vec<PathBuf> {
+    files_under(dir)
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with(".tmp.")
+        })
+        .collect()
+}
+
+/// Checks every file named like a block under `dir`: header, exact length, checksum, and that
+/// the header names the file. Returns the number of block files.
+pub fn check_all_blocks(dir: &Path) -> usize {
+    let mut n = 0;
+    for p in files_under(dir) {
+        let name = p.file_name().unwrap().to_str().unwrap().to_string();
+        let Ok(h) = BlockHash::from_hex(&name) else {
+            continue;
+        };
+        let bytes = std::fs::read(&p).unwrap();
+        let header = tierkv::format::Header::decode(&bytes)
+            .unwrap_or_else(|e| panic!("{}: bad header: {e}", p.display()));
+        assert_eq!(header.key, h, "{}: header names another block", p.display());
+        assert_eq!(
+            bytes.len() as u64,
+            header.file_len(),
+            "{}: torn file",
+            p.display()
+        );
+        assert!(
+            header.verify(&bytes[tierkv::format::PAYLOAD_OFFSET as usize..]),
+            "{}: checksum mismatch",
+            p.display()
+        );
+        n += 1;
+    }
+    n
+}
+
+/// The process umask, read without changing it.
+pub fn umask() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("Umask:")).unwrap();
+    u32::from_str_radix(line.split_whitespace().nth(1).unwrap(), 8).unwrap()
+}

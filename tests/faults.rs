@@ -1,0 +1,168 @@
+//! Fault injection: writes that fail half way, a full disk (injected and real), read errors.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use tierkv::engine::{FaultPlan, FaultyEngine, IoEngine, PsyncEngine};
+use tierkv::{Error, Lookup, Store, StoreConfig};
+
+fn faulty_store(dir: &std::path::Path, plan: FaultPlan) -> (Store, Arc<FaultyEngine>) {
+    let engine = Arc::new(FaultyEngine::new(Arc::new(PsyncEngine::new()), plan));
+    let store = Store::open_with_engine(
+        dir,
+        worker("w"),
+        StoreConfig::default(),
+        engine.clone() as Arc<dyn IoEngine>,
+    )
+    .unwrap();
+    (store, engine)
+}
+
+#[test]
+fn a_write_failing_half_way_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, engine) = faulty_store(dir.path(), FaultPlan::enospc_half_way_from(1));
+    let ks = keys(&store, 3);
+    let datas: Vec<Vec<u8>> = (0..3).map(|i| payload(i, 0, 100_000)).collect();
+    let items: Vec<_> = ks
+        .iter()
+        .cloned()
+        .zip(datas.iter().map(Vec::as_slice))
+        .collect();
+    let res = store.put_many(&items);
+    assert_eq!(engine.writes_seen(), 3);
+    // The two failing writes really wrote half their bytes (header + half the payload).
+    assert_eq!(engine.partial_bytes_written(), 2 * ((4096 + 100_000) / 2));
+    assert!(res[0].is_ok());
+    for r in &res[1..] {
+        match r {
+            Err(Error::NoSpace { path }) => assert!(path.to_str().unwrap().contains(".tmp.")),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        temp_files_under(store.dir()).is_empty(),
+        "temp files unlinked"
+    );
+    assert!(!store.path_of(&ks[1].hash).exists());
+    assert_eq!(check_all_blocks(store.dir()), 1);
+    // Reads keep working.
+    let mut b = vec![0u8; 100_000];
+    assert_eq!(store.get(&ks[0], &mut b).unwrap(), Lookup::Hit(100_000));
+    assert_eq!(store.get(&ks[1], &mut b).unwrap(), Lookup::Miss);
+    assert_eq!(store.stats().put_errors, 2);
+}
+
+#[test]
+fn a_failed_overwrite_keeps_the_old_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = faulty_store(dir.path(), FaultPlan::enospc_half_way_from(1));
+    let k = store.key(hash(1));
+    store.put(&k, &payload(1, 1, 50_000)).unwrap();
+    assert!(matches!(
+        store.put(&k, &payload(1, 2, 50_000)),
+        Err(Error::NoSpace { .. })
+    ));
+    let mut b = vec![0u8; 50_000];
+    assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Hit(50_000));
+    assert_eq!(b, payload(1, 1, 50_000));
+    assert!(temp_files_under(store.dir()).is_empty());
+}
+
+#[test]
+fn read_errors_are_errors_not_misses_and_keep_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan {
+        fail_writes_from: None,
+        fail_reads_from: Some(0),
+        partial_fraction: 0.0,
+        errno: 5, // EIO
+    };
+    let (store, _) = faulty_store(dir.path(), plan);
+    let k = store.key(hash(1));
+    store.put(&k, b"block").unwrap();
+    match store.get(&k, &mut [0u8; 5]) {
+        Err(Error::Io { path, source }) => {
+            assert_eq!(source.raw_os_error(), Some(5));
+            assert_eq!(path, store.path_of(&k.hash));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(store.path_of(&k.hash).exists());
+    assert_eq!(store.stats().read_errors, 1);
+}
+
+/// A real full filesystem: a 2 MiB tmpfs. Needs root (mount); CI runs as root and sets
+/// TIERKV_REQUIRE_PRIVILEGED_TESTS=1 so that this cannot silently skip there.
+#[test]
+fn a_real_full_disk_is_no_space_and_leaves_nothing_partial() {
+    let mnt = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=2m", "tierkv-enospc"])
+        .arg(mnt.path())
+        .stderr(std::process::Stdio::null())
+        .status();
+    if !matches!(status, Ok(s) if s.success()) {
+        let msg = "skipped: cannot mount a tmpfs (needs root) for the real ENOSPC test";
+        assert!(
+            std::env::var_os("TIERKV_REQUIRE_PRIVILEGED_TESTS").is_none(),
+            "{msg}"
+        );
+        eprintln!("{msg}");
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(mnt.path().to_path_buf());
+
+    let store = open(mnt.path(), "w");
+    let mut stored = Vec::new();
+    let mut full = None;
+    for i in 0..200 {
+        let k = store.key(hash(i));
+        match store.put(&k, &payload(i, 0, 96 * 1024)) {
+            Ok(()) => stored.push((i, k)),
+            Err(e) => {
+                full = Some(e);
+                break;
+            }
+        }
+    }
+    match full {
+        Some(Error::NoSpace { .. }) => {}
+        other => panic!("expected NoSpace, got {other:?}"),
+    }
+    assert!(stored.len() >= 5);
+    assert!(
+        temp_files_under(store.dir()).is_empty(),
+        "no temp file survives ENOSPC"
+    );
+    assert_eq!(
+        check_all_blocks(store.dir()),
+        stored.len(),
+        "no partial block is visible"
+    );
+    // Reads keep working on a full disk.
+    let mut b = vec![0u8; 96 * 1024];
+    for (i, k) in &stored {
+        assert_eq!(store.get(k, &mut b).unwrap(), Lookup::Hit(96 * 1024));
+        assert_eq!(b, payload(*i, 0, 96 * 1024));
+    }
+    // Freeing space makes puts work again.
+    let (_, first) = &stored[0];
+    assert!(
+        store.remove_many(std::slice::from_ref(first))[0]
+            .as_ref()
+            .unwrap()
+    );
+    store
+        .put(&store.key(hash(1000)), &payload(1000, 0, 64 * 1024))
+        .unwrap();
+    drop(store);
+}

@@ -1,0 +1,636 @@
+//! The put/get semantics of the store, one test each.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use common::*;
+use tierkv::{Error, Layout, Lookup, Store, StoreConfig, VerifyMode};
+
+#[test]
+fn round_trip_batches_and_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), "rank0");
+    let ks = keys(&store, 6);
+    let sizes = [0usize, 1, 4095, 4096, 4097, 300_000];
+    let datas: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| payload(i as u64, 0, n))
+        .collect();
+    let items: Vec<_> = ks
+        .iter()
+        .cloned()
+        .zip(datas.iter().map(Vec::as_slice))
+        .collect();
+    for r in store.put_many(&items) {
+        r.unwrap();
+    }
+    let mut bufs = vec![vec![0u8; 300_000]; 6];
+    let res = store.get_many(&ks, &mut bufs);
+    for (i, r) in res.into_iter().enumerate() {
+        assert_eq!(r.unwrap(), Lookup::Hit(sizes[i]));
+        assert_eq!(&bufs[i][..sizes[i]], &datas[i][..]);
+    }
+    // Prefix: present, present, absent, present -> 2.
+    let absent = store.key(hash(99));
+    let chain = vec![ks[0].clone(), ks[1].clone(), absent.clone(), ks[2].clone()];
+    assert_eq!(store.contains_prefix(&chain).unwrap(), 2);
+    let c: Vec<bool> = store
+        .contains_many(&chain)
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(c, vec![true, true, false, true]);
+    // Remove.
+    let r: Vec<bool> = store
+        .remove_many(&[ks[1].clone(), absent])
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(r, vec![true, false]);
+    assert_eq!(store.contains_prefix(&ks).unwrap(), 1);
+    assert_eq!(store.get(&ks[1], &mut bufs[0]).unwrap(), Lookup::Miss);
+    let s = store.stats();
+    assert_eq!((s.hits, s.misses, s.puts, s.removes), (6, 1, 6, 1));
+    assert_eq!(s.bytes_read, sizes.iter().sum::<usize>() as u64);
+}
+
+#[test]
+fn every_layout_round_trips_and_paths_follow_the_scheme() {
+    for (depth, fanout) in [
+        (0u8, 256u32),
+        (1, 16),
+        (1, 256),
+        (2, 256),
+        (1, 4096),
+        (3, 16),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(depth, fanout).unwrap();
+        let store = Store::open(
+            dir.path(),
+            worker("w"),
+            StoreConfig::new().with_layout(layout),
+        )
+        .unwrap();
+        let ks = keys(&store, 50);
+        for (i, k) in ks.iter().enumerate() {
+            store.put(k, &payload(i as u64, 1, 1000)).unwrap();
+        }
+        for (i, k) in ks.iter().enumerate() {
+            let hex = k.hash.to_hex();
+            let w = layout.chars_per_level();
+            let mut expect = dir.path().join("v1").join("w");
+            for l in 0..depth as usize {
+                expect = expect.join(&hex[l * w..(l + 1) * w]);
+            }
+            expect = expect.join(&hex);
+            assert_eq!(store.path_of(&k.hash), expect);
+            assert!(expect.is_file(), "{}", expect.display());
+            let mut b = vec![0u8; 1000];
+            assert_eq!(store.get(k, &mut b).unwrap(), Lookup::Hit(1000));
+            assert_eq!(b, payload(i as u64, 1, 1000));
+        }
+        assert_eq!(check_all_blocks(store.dir()), 50);
+        let layout_file = std::fs::read_to_string(store.dir().join("LAYOUT")).unwrap();
+        assert_eq!(layout_file, format!("depth={depth}\nfanout={fanout}\n"));
+    }
+}
+
+#[test]
+fn modes_are_0644_and_0755_under_the_umask() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        worker("w"),
+        StoreConfig::new().with_layout(Layout::new(2, 256).unwrap()),
+    )
+    .unwrap();
+    let k = store.key(hash(1));
+    store.put(&k, b"abc").unwrap();
+    let mask = umask();
+    let p = store.path_of(&k.hash);
+    assert_eq!(
+        std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+        0o644 & !mask
+    );
+    let leaf = p.parent().unwrap();
+    assert_eq!(
+        std::fs::metadata(leaf).unwrap().permissions().mode() & 0o777,
+        0o755 & !mask
+    );
+    assert_eq!(
+        std::fs::metadata(leaf.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o755 & !mask
+    );
+}
+
+#[test]
+fn missing_file_is_a_miss_even_after_it_was_cached() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), "w");
+    let k = store.key(hash(7));
+    let mut b = vec![0u8; 100];
+    assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Miss);
+    store.put(&k, &[9u8; 100]).unwrap();
+    assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Hit(100));
+    assert_eq!(store.stats().fd_cache_len, 1, "the descriptor is cached");
+    // Deleted behind the store's back between two calls.
+    std::fs::remove_file(store.path_of(&k.hash)).unwrap();
+    assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Miss);
+    assert!(
+        !store.contains_many(std::slice::from_ref(&k))[0]
+            .as_ref()
+            .unwrap()
+    );
+    // A whole shard directory removed behind its back: still a miss, and puts recreate it.
+    std::fs::remove_dir_all(store.path_of(&k.hash).parent().unwrap()).unwrap();
+    assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Miss);
+    store.put(&k, &[1u8; 10]).unwrap();
+    assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Hit(10));
+}
+
+#[test]
+fn replaced_behind_our_back_reads_the_new_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), "w");
+    let (k1, k2) = (store.key(hash(1)), store.key(hash(2)));
+    store.put(&k1, &[1u8; 64]).unwrap();
+    let mut b = vec![0u8; 64];
+    store.get(&k1, &mut b).unwrap(); // cached
+    // Another writer replaces the file (rename over it) with a valid block for the same key.
+    let other = tempfile::tempdir().unwrap();
+    let s2 = open(other.path(), "w");
+    s2.put(&k2, &[0u8; 1]).unwrap();
+    s2.put(&s2.key(k1.hash), &[2u8; 64]).unwrap();
+    std::fs::rename(s2.path_of(&k1.hash), store.path_of(&k1.hash)).unwrap();
+    assert_eq!(store.get(&k1, &mut b).unwrap(), Lookup::Hit(64));
+    assert_eq!(b, vec![2u8; 64]);
+}
+
+fn corrupt_case(mutate: impl FnOnce(&std::path::Path), verify: VerifyMode) -> (Lookup, bool, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        worker("w"),
+        StoreConfig::new().with_verify(verify),
+    )
+    .unwrap();
+    let k = store.key(hash(3));
+    store.put(&k, &payload(3, 0, 10_000)).unwrap();
+    let p = store.path_of(&k.hash);
+    mutate(&p);
+    let mut b = vec![0u8; 20_000];
+    let r = store.get(&k, &mut b).unwrap();
+    (r, p.exists(), store.stats().corrupt)
+}
+
+#[test]
+fn corrupt_files_are_misses_removed_and_counted() {
+    use std::io::{Seek, SeekFrom, Write};
+    let flip = |off: u64| {
+        move |p: &std::path::Path| {
+            let mut f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(p)
+                .unwrap();
+            let mut byte = [0u8];
+            f.seek(SeekFrom::Start(off)).unwrap();
+            std::io::Read::read_exact(&mut f, &mut byte).unwrap();
+            f.seek(SeekFrom::Start(off)).unwrap();
+            f.write_all(&[byte[0] ^ 0x40]).unwrap();
+        }
+    };
+    // Bad magic.
+    assert_eq!(
+        corrupt_case(flip(0), VerifyMode::OnOpen),
+        (Lookup::Miss, false, 1)
+    );
+    // Payload checksum mismatch (verified on open, and always).
+    assert_eq!(
+        corrupt_case(flip(4096 + 5000), VerifyMode::OnOpen),
+        (Lookup::Miss, false, 1)
+    );
+    assert_eq!(
+        corrupt_case(flip(4096 + 5000), VerifyMode::Always),
+        (Lookup::Miss, false, 1)
+    );
+    // With verification off, a flipped payload bit is not detected (documented).
+    assert_eq!(
+        corrupt_case(flip(4096 + 5000), VerifyMode::Never),
+        (Lookup::Hit(10_000), true, 0)
+    );
+    // Truncated (a torn write), and appended to.
+    let truncate = |p: &std::path::Path| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_len(4096 + 9000)
+            .unwrap()
+    };
+    assert_eq!(
+        corrupt_case(truncate, VerifyMode::Never),
+        (Lookup::Miss, false, 1)
+    );
+    let append = |p: &std::path::Path| {
+        let mut f = std::fs::OpenOptions::new().append(true).open(p).unwrap();
+        f.write_all(b"x").unwrap();
+    };
+    assert_eq!(
+        corrupt_case(append, VerifyMode::Never),
+        (Lookup::Miss, false, 1)
+    );
+    // Header only, no payload; empty file; random bytes.
+    let header_only = |p: &std::path::Path| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_len(100)
+            .unwrap()
+    };
+    assert_eq!(
+        corrupt_case(header_only, VerifyMode::OnOpen),
+        (Lookup::Miss, false, 1)
+    );
+    let garbage = |p: &std::path::Path| std::fs::write(p, vec![0x5Au8; 14_096]).unwrap();
+    assert_eq!(
+        corrupt_case(garbage, VerifyMode::OnOpen),
+        (Lookup::Miss, false, 1)
+    );
+}
+
+#[test]
+fn a_block_under_another_blocks_name_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), "w");
+    let (a, b) = (store.key(hash(1)), store.key(hash(2)));
+    store.put(&a, &[1u8; 10]).unwrap();
+    std::fs::create_dir_all(store.path_of(&b.hash).parent().unwrap()).unwrap();
+    std::fs::copy(store.path_of(&a.hash), store.path_of(&b.hash)).unwrap();
+    let mut buf = [0u8; 10];
+    assert_eq!(store.get(&b, &mut buf).unwrap(), Lookup::Miss);
+    assert_eq!(store.stats().corrupt, 1);
+    assert_eq!(store.get(&a, &mut buf).unwrap(), Lookup::Hit(10));
+}
+
+#[test]
+fn foreign_files_are_left_alone_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        worker("w"),
+        StoreConfig::new().with_layout(Layout::new(1, 256).unwrap()),
+    )
+    .unwrap();
+    let k = store.key(hash(1));
+    store.put(&k, b"data").unwrap();
+    let leaf = store.path_of(&k.hash).parent().unwrap().to_path_buf();
+    let wdir = store.dir().to_path_buf();
+    drop(store);
+    let foreign = [
+        leaf.join("notes.txt"),
+        leaf.join(k.hash.to_hex().to_uppercase()),
+        wdir.join("README"),
+        wdir.join("zz").join("x"),
+    ];
+    std::fs::create_dir_all(wdir.join("zz")).unwrap();
+    for f in &foreign {
+        std::fs::write(f, b"not ours").unwrap();
+    }
+    std::os::unix::fs::symlink("/etc/passwd", leaf.join("link")).unwrap();
+    let store = open(dir.path(), "w");
+    let s = store.stats();
+    // notes.txt, upper-case name, README, the directory zz (not a shard name), the symlink.
+    assert_eq!(s.foreign, 5, "{s:?}");
+    assert_eq!(s.blocks_at_open, 1);
+    for f in &foreign {
+        assert!(f.exists(), "{} was touched", f.display());
+    }
+    assert!(leaf.join("link").symlink_metadata().is_ok());
+    let mut b = [0u8; 4];
+    assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Hit(4));
+}
+
+#[test]
+fn symlinks_are_never_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    // A valid block file outside the tree, for the same key.
+    let other = open(outside.path(), "w");
+    let k = other.key(hash(5));
+    other.put(&k, &[5u8; 50]).unwrap();
+    let target = other.path_of(&k.hash);
+
+    let store = Store::open(
+        dir.path(),
+        worker("w"),
+        StoreConfig::new().with_layout(Layout::new(1, 256).unwrap()),
+    )
+    .unwrap();
+    let p = store.path_of(&k.hash);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&target, &p).unwrap();
+    let mut b = [0u8; 50];
+    assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Miss);
+    assert!(target.exists(), "the symlink target is untouched");
+    assert!(
+        p.symlink_metadata().unwrap().file_type().is_symlink(),
+        "the symlink is left alone"
+    );
+    assert!(
+        !store.contains_many(std::slice::from_ref(&k))[0]
+            .as_ref()
+            .unwrap()
+    );
+
+    // A symlinked shard directory is not followed either.
+    let k2 = other.key(hash(6));
+    other.put(&k2, &[6u8; 50]).unwrap();
+    let shard = store.path_of(&k2.hash).parent().unwrap().to_path_buf();
+    if shard.exists() {
+        std::fs::remove_dir_all(&shard).unwrap();
+    }
+    std::os::unix::fs::symlink(other.path_of(&k2.hash).parent().unwrap(), &shard).unwrap();
+    assert_eq!(store.get(&k2, &mut b).unwrap(), Lookup::Miss);
+    // A put through a symlinked shard fails cleanly instead of writing outside the tree.
+    assert!(store.put(&k2, &[7u8; 50]).is_err());
+    let mut ob = [0u8; 50];
+    assert_eq!(other.get(&k2, &mut ob).unwrap(), Lookup::Hit(50));
+    assert_eq!(ob, [6u8; 50]);
+}
+
+#[test]
+fn overwrite_is_atomic_for_concurrent_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        worker("w"),
+        StoreConfig::new().with_verify(VerifyMode::Never),
+    )
+    .unwrap();
+    let k = store.key(hash(42));
+    const LEN: usize = 256 * 1024;
+    store.put(&k, &vec![0u8; LEN]).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (store, k, stop) = (store.clone(), k.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut b = vec![0u8; LEN];
+                let mut reads = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    match store.get(&k, &mut b).unwrap() {
+                        Lookup::Hit(n) => {
+                            assert_eq!(n, LEN);
+                            let first = b[0];
+                            assert!(b.iter().all(|&x| x == first), "mixed old and new bytes");
+                            reads += 1;
+                        }
+                        Lookup::Miss => panic!("an overwritten key must never miss"),
+                    }
+                }
+                reads
+            })
+        })
+        .collect();
+    for v in 1..=200u32 {
+        store.put(&k, &vec![v as u8; LEN]).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    let mut b = vec![0u8; LEN];
+    assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Hit(LEN));
+    assert!(b.iter().all(|&x| x == 200));
+}
+
+#[test]
+fn replace_and_remove_invalidate_the_cached_descriptor() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), "w");
+    let k = store.key(hash(1));
+    let mut b = [0u8; 8];
+    store.put(&k, b"version1").unwrap();
+    store.get(&k, &mut b).unwrap();
+    store.put(&k, b"version2").unwrap();
+    assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Hit(8));
+    assert_eq!(&b, b"version2");
+    assert!(
+        store.remove_many(std::slice::from_ref(&k))[0]
+            .as_ref()
+            .unwrap()
+    );
+    assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Miss);
+    assert_eq!(store.stats().fd_cache_len, 0);
+}
+
+#[test]
+fn oversized_blocks_are_rejected_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        worker("w"),
+        StoreConfig::new().with_max_block_size(1000),
+    )
+    .unwrap();
+    let (ok, big) = (store.key(hash(1)), store.key(hash(2)));
+    let res = store.put_many(&[
+        (ok.clone(), vec![1u8; 1000]),
+        (big.clone(), vec![2u8; 1001]),
+    ]);
+    assert!(res[0].is_ok());
+    match &res[1] {
+        Err(Error::TooLarge {
+            len: 1001,
+            max: 1000,
+            key,
+        }) => assert!(key.contains(&big.hash.to_hex())),
+        other => panic!("{other:?}"),
+    }
+    assert!(!store.path_of(&big.hash).exists());
+    assert!(temp_files_under(store.dir()).is_empty());
+    assert_eq!(store.stats().put_errors, 1);
+}
+
+#[test]
+fn keys_of_another_worker_and_small_buffers_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), "rank0");
+    let foreign_key = tierkv::BlockKey::new(worker("rank1"), hash(1));
+    let e = store.put(&foreign_key, b"x").unwrap_err();
+    assert!(matches!(e, Error::InvalidKey { .. }), "{e}");
+    assert!(e.to_string().contains("rank1"));
+    assert!(store.get(&foreign_key, &mut [0u8; 1]).is_err());
+    assert!(store.contains_prefix(&[foreign_key]).is_err());
+    assert!(!dir.path().join("v1").join("rank1").exists());
+
+    let k = store.key(hash(2));
+    store.put(&k, &[1u8; 100]).unwrap();
+    for _ in 0..2 {
+        // Fresh open, then cached descriptor: both report the size, neither removes the file.
+        match store.get(&k, &mut [0u8; 99]) {
+            Err(Error::BufferTooSmall {
+                need: 100,
+                have: 99,
+                ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        let mut b = [0u8; 100];
+        assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Hit(100));
+    }
+    assert_eq!(store.stats().corrupt, 0);
+    // Mismatched batch.
+    assert!(
+        store
+            .get_many(&[k.clone(), k], &mut [[0u8; 1]])
+            .iter()
+            .all(Result::is_err)
+    );
+}
+
+#[test]
+fn one_store_per_worker_and_workers_share_a_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open(dir.path(), "rank0");
+    match Store::open(dir.path(), worker("rank0"), StoreConfig::default()) {
+        Err(Error::WorkerBusy { path }) => assert!(path.ends_with("v1/rank0")),
+        other => panic!("{other:?}"),
+    }
+    let b = open(dir.path(), "rank1");
+    let h = hash(1);
+    a.put(&a.key(h), b"from rank 0").unwrap();
+    b.put(&b.key(h), b"from rank 1!").unwrap();
+    let mut buf = [0u8; 12];
+    assert_eq!(a.get(&a.key(h), &mut buf).unwrap(), Lookup::Hit(11));
+    assert_eq!(&buf[..11], b"from rank 0");
+    assert_eq!(b.get(&b.key(h), &mut buf).unwrap(), Lookup::Hit(12));
+    drop(a);
+    let a = open(dir.path(), "rank0");
+    assert_eq!(a.get(&a.key(h), &mut buf).unwrap(), Lookup::Hit(11));
+}
+
+#[test]
+fn layout_is_recorded_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let l2 = Layout::new(2, 16).unwrap();
+    let s = Store::open(dir.path(), worker("w"), StoreConfig::new().with_layout(l2)).unwrap();
+    let k = s.key(hash(1));
+    s.put(&k, b"x").unwrap();
+    drop(s);
+    // Default config adopts the recorded layout; the block still hits.
+    let s = open(dir.path(), "w");
+    assert_eq!(s.layout(), l2);
+    assert_eq!(s.get(&k, &mut [0u8; 1]).unwrap(), Lookup::Hit(1));
+    drop(s);
+    match Store::open(
+        dir.path(),
+        worker("w"),
+        StoreConfig::new().with_layout(Layout::new(1, 256).unwrap()),
+    ) {
+        Err(Error::LayoutMismatch { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn stale_temp_files_are_swept_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path(), "w");
+    let k = s.key(hash(1));
+    s.put(&k, b"x").unwrap();
+    let leaf = s.path_of(&k.hash).parent().unwrap().to_path_buf();
+    drop(s);
+    let stale = leaf.join(format!(".tmp.{}.999999.0", hash(2).to_hex()));
+    std::fs::write(&stale, b"half a block").unwrap();
+    let s = open(dir.path(), "w");
+    assert!(!stale.exists());
+    assert_eq!(s.stats().temp_swept, 1);
+    assert_eq!(s.get(&k, &mut [0u8; 1]).unwrap(), Lookup::Hit(1));
+}
+
+#[test]
+fn direct_io_and_sync_writes_round_trip() {
+    // O_DIRECT needs a filesystem that supports it (tmpfs does not): use the target dir.
+    let base = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let dir = tempfile::tempdir_in(base).unwrap();
+    let cfg = StoreConfig::new()
+        .with_direct_io(true)
+        .with_sync_writes(true);
+    let store = Store::open(dir.path(), worker("w"), cfg).unwrap();
+    let sizes = [0usize, 1, 4096, 5000, 65536, 100_001];
+    let ks = keys(&store, sizes.len() as u64);
+    for (i, (k, &n)) in ks.iter().zip(&sizes).enumerate() {
+        store.put(k, &payload(i as u64, 3, n)).unwrap();
+    }
+    assert_eq!(check_all_blocks(store.dir()), sizes.len());
+    for _pass in 0..2 {
+        for (i, (k, &n)) in ks.iter().zip(&sizes).enumerate() {
+            let mut b = vec![0u8; 100_001];
+            assert_eq!(store.get(k, &mut b).unwrap(), Lookup::Hit(n));
+            assert_eq!(&b[..n], &payload(i as u64, 3, n)[..]);
+        }
+    }
+    // Files written with O_DIRECT are readable without it, and vice versa.
+    drop(store);
+    let plain = open(dir.path(), "w");
+    let mut b = vec![0u8; 100_001];
+    assert_eq!(plain.get(&ks[5], &mut b).unwrap(), Lookup::Hit(100_001));
+    assert_eq!(plain.stats().corrupt, 0);
+}
+
+#[test]
+fn stats_count_fd_cache_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), worker("w"), StoreConfig::new().with_fd_cache(4)).unwrap();
+    let ks = keys(&store, 8);
+    for k in &ks {
+        store.put(k, b"abcd").unwrap();
+    }
+    let mut b = [0u8; 4];
+    for k in &ks[..4] {
+        store.get(k, &mut b).unwrap();
+        store.get(k, &mut b).unwrap();
+    }
+    let s = store.stats();
+    assert_eq!(
+        (
+            s.fd_cache_hits,
+            s.fd_cache_misses,
+            s.fd_cache_len,
+            s.fd_cache_capacity
+        ),
+        (4, 4, 4, 4)
+    );
+    for k in &ks[4..] {
+        store.get(k, &mut b).unwrap();
+    }
+    let s = store.stats();
+    assert_eq!((s.fd_cache_evictions, s.fd_cache_len), (4, 4));
+    // The most recent four are the ones cached.
+    for k in &ks[4..] {
+        store.get(k, &mut b).unwrap();
+    }
+    assert_eq!(store.stats().fd_cache_hits, 8);
+    // Disabled cache: every read opens.
+    drop(store);
+    let store = Store::open(dir.path(), worker("w"), StoreConfig::new().with_fd_cache(0)).unwrap();
+    store.get(&ks[0], &mut b).unwrap();
+    store.get(&ks[0], &mut b).unwrap();
+    let s = store.stats();
+    assert_eq!(
+        (s.fd_cache_hits, s.fd_cache_misses, s.fd_cache_len),
+        (0, 2, 0)
+    );
+}
