@@ -8,7 +8,8 @@
 //! The modules follow the architecture:
 //! - where bytes live: [`layout`] (the sharded directory tree) and [`format`] (the block file);
 //! - how I/O is submitted: [`engine`] (the [`IoEngine`](engine::IoEngine) trait, psync);
-//! - what is kept: [`store`] (put/get semantics, the open-file cache, counters);
+//! - what is kept: [`index`] (capacity, eviction policies) and [`store`] (put/get semantics,
+//!   the open-file cache, counters, the rebuild on open);
 //! - what users run: the `tierkv-bench` tool in `tools/`.
 //!
 //! ```
@@ -37,11 +38,13 @@ pub mod buf;
 pub mod engine;
 mod error;
 pub mod format;
+pub mod index;
 mod key;
 pub mod layout;
 pub mod store;
 
 pub use error::{Error, Result};
+pub use index::policy::PolicyKind;
 pub use key::{BlockHash, BlockKey, MAX_WORKER_ID_LEN, WorkerId};
 pub use layout::Layout;
-pub use store::{Lookup, Store, StoreConfig, StoreStats, VerifyMode};
+pub use store::{Lookup, Parts, Publish, Store, StoreConfig, StoreStats, VerifyMode};

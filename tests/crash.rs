@@ -12,11 +12,20 @@ use tierkv::{Lookup, Store, StoreConfig};
 const BENCH: &str = env!("CARGO_BIN_EXE_tierkv-bench");
 
 #[test]
-fn sigkill_mid_put_never_exposes_a_torn_block() {
+fn sigkill_mid_put_never_exposes_a_torn_block_tmpfile() {
+    sigkill_loop("tmpfile");
+}
+
+#[test]
+fn sigkill_mid_put_never_exposes_a_torn_block_rename() {
+    sigkill_loop("rename");
+}
+
+fn sigkill_loop(publish: &str) {
     let dir = tempfile::tempdir().unwrap();
     let mut rng_state = 0x9E37_79B9_7F4A_7C15u64;
     let mut saw_temp = 0;
-    for round in 0..12 {
+    for round in 0..10 {
         // Overwrite 40 blocks of 256 KiB in a loop until killed.
         let mut child = Command::new(BENCH)
             .args([
@@ -31,6 +40,7 @@ fn sigkill_mid_put_never_exposes_a_torn_block() {
                 "--iodepth",
                 "4",
             ])
+            .args(["--publish", publish])
             .arg("--dir")
             .arg(dir.path())
             .stdout(Stdio::null())
@@ -78,6 +88,6 @@ fn sigkill_mid_put_never_exposes_a_torn_block() {
     assert_eq!(hits, blocks);
     assert_eq!(store.stats().corrupt, 0);
     eprintln!(
-        "12 kills: {saw_temp} temp files seen between kills, {left} swept at the end, {blocks} blocks verified"
+        "{publish}: 10 kills: {saw_temp} temp files seen between kills, {left} swept at the end, {blocks} blocks verified"
     );
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use common::*;
 use proptest::prelude::*;
-use tierkv::{Layout, Lookup, Store, StoreConfig, VerifyMode};
+use tierkv::{Layout, Lookup, Publish, Store, StoreConfig, VerifyMode};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -32,8 +32,13 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn config(fd_cache: usize, depth: u8) -> StoreConfig {
+fn config(fd_cache: usize, depth: u8, rename: bool) -> StoreConfig {
     StoreConfig::new()
+        .with_publish(if rename {
+            Publish::Rename
+        } else {
+            Publish::Tmpfile
+        })
         .with_fd_cache(fd_cache)
         .with_layout(Layout::new(depth, 16).unwrap())
         .with_verify(VerifyMode::OnOpen)
@@ -42,9 +47,9 @@ fn config(fd_cache: usize, depth: u8) -> StoreConfig {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
     #[test]
-    fn store_matches_model(ops in proptest::collection::vec(op(), 1..60), fd_cache in 0usize..4, depth in 0u8..3) {
+    fn store_matches_model(ops in proptest::collection::vec(op(), 1..60), fd_cache in 0usize..4, depth in 0u8..3, rename in any::<bool>()) {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(dir.path(), worker("m"), config(fd_cache, depth)).unwrap();
+        let mut store = Store::open(dir.path(), worker("m"), config(fd_cache, depth, rename)).unwrap();
         // Some(data): a valid block; None: a corrupt file is on disk (a miss once read).
         let mut model: HashMap<u8, Option<Vec<u8>>> = HashMap::new();
         let key = |s: &Store, k: u8| s.key(hash(k as u64));
@@ -100,7 +105,7 @@ proptest! {
                 }
                 Op::Reopen => {
                     drop(store);
-                    store = Store::open(dir.path(), worker("m"), config(fd_cache, depth)).unwrap();
+                    store = Store::open(dir.path(), worker("m"), config(fd_cache, depth, rename)).unwrap();
                 }
             }
         }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::*;
-use tierkv::{Error, Layout, Lookup, Store, StoreConfig, VerifyMode};
+use tierkv::{Error, Layout, Lookup, Publish, Store, StoreConfig, VerifyMode};
 
 #[test]
 fn round_trip_batches_and_prefix() {
@@ -102,15 +102,20 @@ fn every_layout_round_trips_and_paths_follow_the_scheme() {
 
 #[test]
 fn modes_are_0644_and_0755_under_the_umask() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(
-        dir.path(),
-        worker("w"),
-        StoreConfig::new().with_layout(Layout::new(2, 256).unwrap()),
-    )
-    .unwrap();
+    for publish in [Publish::Tmpfile, Publish::Rename] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StoreConfig::new()
+            .with_layout(Layout::new(2, 256).unwrap())
+            .with_publish(publish);
+        check_modes(&Store::open(dir.path(), worker("w"), cfg).unwrap());
+    }
+}
+
+fn check_modes(store: &Store) {
     let k = store.key(hash(1));
     store.put(&k, b"abc").unwrap();
+    // Replacing takes another path (a named link, then rename).
+    store.put(&k, b"abcd").unwrap();
     let mask = umask();
     let p = store.path_of(&k.hash);
     assert_eq!(
@@ -371,11 +376,19 @@ fn symlinks_are_never_followed() {
 
 #[test]
 fn overwrite_is_atomic_for_concurrent_readers() {
+    for publish in [Publish::Tmpfile, Publish::Rename] {
+        overwrite_under_readers(publish);
+    }
+}
+
+fn overwrite_under_readers(publish: Publish) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(
         dir.path(),
         worker("w"),
-        StoreConfig::new().with_verify(VerifyMode::Never),
+        StoreConfig::new()
+            .with_verify(VerifyMode::Never)
+            .with_publish(publish),
     )
     .unwrap();
     let k = store.key(hash(42));

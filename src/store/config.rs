@@ -5,6 +5,8 @@ use std::str::FromStr;
 
 use crate::engine::EngineKind;
 use crate::error::{Error, Result};
+use crate::index::Limits;
+use crate::index::policy::PolicyKind;
 use crate::layout::Layout;
 
 /// When payload checksums are verified on reads.
@@ -46,6 +48,41 @@ impl fmt::Display for VerifyMode {
     }
 }
 
+/// How a put publishes its file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Publish {
+    /// A named temp file in the block's directory, renamed into place. The default: it
+    /// measured as fast as or faster than `Tmpfile` here (docs/benchmarks.md).
+    #[default]
+    Rename,
+    /// An anonymous `O_TMPFILE` inode linked into place (`linkat`), where the filesystem
+    /// supports it (else `Rename`). A crash leaves no temp file at all. Replacing an existing
+    /// block links a temp name and renames it over.
+    Tmpfile,
+}
+
+impl FromStr for Publish {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "tmpfile" => Ok(Publish::Tmpfile),
+            "rename" => Ok(Publish::Rename),
+            _ => Err(Error::Config(format!(
+                "unknown publish mode {s:?}; use rename or tmpfile"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Publish {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Publish::Rename => "rename",
+            Publish::Tmpfile => "tmpfile",
+        })
+    }
+}
+
 /// Default largest block: 256 MiB.
 pub const DEFAULT_MAX_BLOCK_SIZE: usize = 256 << 20;
 /// Largest default open-file cache.
@@ -53,7 +90,7 @@ pub const DEFAULT_FD_CACHE_MAX: usize = 4096;
 
 /// How a [`Store`](crate::Store) is opened. `StoreConfig::default()` suits most callers; each
 /// `with_*` setter documents its default.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct StoreConfig {
     /// The shard tree. `None` (default): the layout recorded in the tree, or
@@ -73,9 +110,45 @@ pub struct StoreConfig {
     pub sync_writes: bool,
     /// The I/O engine (default psync).
     pub engine: EngineKind,
+    /// How puts publish files (default [`Publish::Rename`]).
+    pub publish: Publish,
+    /// Largest total of on-disk bytes of the worker's block files (headers included, as
+    /// `du` counts them). `None` (default): unbounded.
+    pub capacity_bytes: Option<u64>,
+    /// Largest number of block files. `None` (default): unbounded.
+    pub capacity_files: Option<u64>,
+    /// The eviction policy (default [`PolicyKind::Arc`]).
+    pub policy: PolicyKind,
+    /// Background eviction starts above this fraction of the capacity (default 0.95) and
+    /// stops at `low_watermark` (default 0.90). `1.0` for both evicts only inline, exactly
+    /// at the bound (what trace replay uses).
+    pub high_watermark: f64,
+    /// See `high_watermark`.
+    pub low_watermark: f64,
     /// Leave temp files of crashed stores in place when opening (default off: they are
     /// removed; the worker lock guarantees no live store owns them).
     pub keep_temp_files: bool,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            layout: None,
+            fd_cache: None,
+            max_block_size: None,
+            verify: VerifyMode::default(),
+            direct_io: false,
+            sync_writes: false,
+            engine: EngineKind::default(),
+            publish: Publish::default(),
+            capacity_bytes: None,
+            capacity_files: None,
+            policy: PolicyKind::default(),
+            high_watermark: 0.95,
+            low_watermark: 0.90,
+            keep_temp_files: false,
+        }
+    }
 }
 
 impl StoreConfig {
@@ -84,7 +157,7 @@ impl StoreConfig {
         Self::default()
     }
 
-    /// Sets the shard tree layout (default: recorded in the tree, else depth 1, fan-out 256).
+    /// Sets the shard tree layout (default: recorded in the tree, else depth 2, fan-out 256).
     pub fn with_layout(mut self, layout: Layout) -> Self {
         self.layout = Some(layout);
         self
@@ -121,10 +194,51 @@ impl StoreConfig {
         self
     }
 
+    /// Chooses how puts publish files (default: temp file + rename).
+    pub fn with_publish(mut self, publish: Publish) -> Self {
+        self.publish = publish;
+        self
+    }
+
     /// Chooses the I/O engine (default psync).
     pub fn with_engine(mut self, engine: EngineKind) -> Self {
         self.engine = engine;
         self
+    }
+
+    /// Bounds the worker's block files to `bytes` on disk (default unbounded).
+    pub fn with_capacity_bytes(mut self, bytes: u64) -> Self {
+        self.capacity_bytes = Some(bytes);
+        self
+    }
+
+    /// Bounds the number of block files (default unbounded).
+    pub fn with_capacity_files(mut self, files: u64) -> Self {
+        self.capacity_files = Some(files);
+        self
+    }
+
+    /// Chooses the eviction policy (default arc).
+    pub fn with_policy(mut self, policy: PolicyKind) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Sets the eviction watermarks as fractions of the capacity (default 0.95 and 0.90).
+    pub fn with_watermarks(mut self, high: f64, low: f64) -> Self {
+        self.high_watermark = high;
+        self.low_watermark = low;
+        self
+    }
+
+    /// The capacity bounds and watermarks.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_bytes: self.capacity_bytes,
+            max_files: self.capacity_files,
+            high: self.high_watermark,
+            low: self.low_watermark,
+        }
     }
 
     /// The effective maximum block size.
@@ -145,6 +259,15 @@ impl StoreConfig {
     pub(crate) fn validate(&self) -> Result<()> {
         if let Some(l) = &self.layout {
             l.validate()?;
+        }
+        if !(self.low_watermark > 0.0
+            && self.low_watermark <= self.high_watermark
+            && self.high_watermark <= 1.0)
+        {
+            return Err(Error::Config(format!(
+                "watermarks must satisfy 0 < low <= high <= 1, got low {} high {}",
+                self.low_watermark, self.high_watermark
+            )));
         }
         if self.max_block_size() as u64 > (1u64 << 40) {
             return Err(Error::Config("max_block_size above 1 TiB".into()));

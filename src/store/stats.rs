@@ -44,6 +44,22 @@ pub struct StoreStats {
     pub fd_cache_len: u64,
     /// Current capacity of the cache.
     pub fd_cache_capacity: u64,
+    /// On-disk bytes of the block files held now (headers included).
+    pub used_bytes: u64,
+    /// Block files held now.
+    pub used_files: u64,
+    /// The byte capacity, if bounded.
+    pub capacity_bytes: Option<u64>,
+    /// The file-count capacity, if bounded.
+    pub capacity_files: Option<u64>,
+    /// Blocks evicted.
+    pub evictions: u64,
+    /// On-disk bytes of evicted blocks.
+    pub evicted_bytes: u64,
+    /// Puts the policy declined to store (admission control).
+    pub not_admitted: u64,
+    /// Batches retried after ENOSPC below the capacity (after evicting).
+    pub nospace_retries: u64,
 }
 
 #[derive(Debug, Default)]
@@ -62,6 +78,7 @@ pub(crate) struct Counters {
     pub blocks_at_open: AtomicU64,
     pub fd_hits: AtomicU64,
     pub fd_misses: AtomicU64,
+    pub nospace_retries: AtomicU64,
 }
 
 impl Counters {

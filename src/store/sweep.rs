@@ -5,7 +5,22 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use std::os::unix::fs::MetadataExt;
+
+use crate::key::BlockHash;
 use crate::layout::{EntryName, Layout};
+
+/// A block file found by a scan, with what the index needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockEntry {
+    /// The block (from the file name).
+    pub hash: BlockHash,
+    /// Bytes it takes on disk (`st_blocks * 512`).
+    pub bytes: u64,
+    /// Last use as far as the filesystem knows: the later of access and modification time,
+    /// in nanoseconds since the epoch.
+    pub recency_ns: i64,
+}
 
 /// What a scan found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -20,6 +35,8 @@ pub struct SweepReport {
     pub symlinks: u64,
     /// Errors met while scanning (unreadable directories), with their paths.
     pub errors: Vec<(PathBuf, String)>,
+    /// The block files, when the scan was asked to stat them.
+    pub entries: Vec<BlockEntry>,
 }
 
 impl SweepReport {
@@ -29,15 +46,30 @@ impl SweepReport {
         self.foreign += o.foreign;
         self.symlinks += o.symlinks;
         self.errors.extend(o.errors);
+        self.entries.extend(o.entries);
     }
 }
 
+/// How a scan treats what it finds.
+#[derive(Clone, Copy, Debug)]
+struct Mode {
+    layout: Layout,
+    remove_temp: bool,
+    stat_blocks: bool,
+}
+
 /// Scans the worker directory `dir` laid out as `layout`; removes temp files when
-/// `remove_temp`. Top-level shard directories are scanned by parallel threads.
-pub fn sweep(dir: &Path, layout: Layout, remove_temp: bool) -> SweepReport {
+/// `remove_temp`; stats every block file (size and times, for the index) when `stat_blocks`.
+/// Top-level shard directories are scanned by parallel threads.
+pub fn sweep(dir: &Path, layout: Layout, remove_temp: bool, stat_blocks: bool) -> SweepReport {
+    let mode = Mode {
+        layout,
+        remove_temp,
+        stat_blocks,
+    };
     let mut report = SweepReport::default();
     let mut subdirs = Vec::new();
-    scan_dir(dir, 0, layout, remove_temp, &mut report, &mut subdirs);
+    scan_dir(dir, 0, mode, &mut report, &mut subdirs);
     if subdirs.is_empty() {
         return report;
     }
@@ -55,13 +87,13 @@ pub fn sweep(dir: &Path, layout: Layout, remove_temp: bool) -> SweepReport {
                         let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
                         let Some(d) = next else { break };
                         let mut nested = Vec::new();
-                        scan_dir(&d, 1, layout, remove_temp, &mut r, &mut nested);
+                        scan_dir(&d, 1, mode, &mut r, &mut nested);
                         // Deeper levels are scanned by the same thread, depth first.
                         let mut stack: Vec<(PathBuf, u8)> =
                             nested.into_iter().map(|p| (p, 2)).collect();
                         while let Some((p, lvl)) = stack.pop() {
                             let mut more = Vec::new();
-                            scan_dir(&p, lvl, layout, remove_temp, &mut r, &mut more);
+                            scan_dir(&p, lvl, mode, &mut r, &mut more);
                             stack.extend(more.into_iter().map(|m| (m, lvl + 1)));
                         }
                     }
@@ -82,14 +114,8 @@ pub fn sweep(dir: &Path, layout: Layout, remove_temp: bool) -> SweepReport {
 
 /// Scans one directory at `level` (0 = the worker directory). Shard subdirectories to
 /// descend into are pushed on `subdirs`.
-fn scan_dir(
-    dir: &Path,
-    level: u8,
-    layout: Layout,
-    remove_temp: bool,
-    r: &mut SweepReport,
-    subdirs: &mut Vec<PathBuf>,
-) {
+fn scan_dir(dir: &Path, level: u8, mode: Mode, r: &mut SweepReport, subdirs: &mut Vec<PathBuf>) {
+    let layout = mode.layout;
     let entries = match fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) => {
@@ -133,10 +159,29 @@ fn scan_dir(
             continue;
         }
         match Layout::classify(name) {
-            EntryName::Block(_) if is_leaf => r.blocks += 1,
+            EntryName::Block(hash) if is_leaf => {
+                r.blocks += 1;
+                if mode.stat_blocks {
+                    match entry.metadata() {
+                        Ok(m) => {
+                            let ns =
+                                |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
+                            r.entries.push(BlockEntry {
+                                hash,
+                                bytes: m.blocks() * 512,
+                                recency_ns: ns(m.atime(), m.atime_nsec())
+                                    .max(ns(m.mtime(), m.mtime_nsec())),
+                            });
+                        }
+                        // Gone since readdir: nothing to index.
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => r.blocks -= 1,
+                        Err(e) => r.errors.push((entry.path(), e.to_string())),
+                    }
+                }
+            }
             EntryName::Temp if is_leaf => {
                 r.temp += 1;
-                if remove_temp {
+                if mode.remove_temp {
                     if let Err(e) = fs::remove_file(entry.path()) {
                         r.errors.push((entry.path(), e.to_string()));
                     }

@@ -3,6 +3,7 @@
 //! Keys derive from the block index and the worker id, so a `--rw write` run and a later
 //! `--rw read` run on the same `--dir` (separate processes) use the same blocks.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -10,7 +11,9 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
 use serde_json::json;
-use tierkv::{BlockHash, BlockKey, Layout, Lookup, Store, StoreConfig, VerifyMode, WorkerId};
+use tierkv::{
+    BlockHash, BlockKey, Layout, Lookup, Publish, Store, StoreConfig, VerifyMode, WorkerId,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Rw {
@@ -56,7 +59,7 @@ struct Args {
     /// Worker id (tensor-parallel rank).
     #[arg(long, default_value = "0")]
     worker: WorkerId,
-    /// Shard directory levels (0 = one flat directory). Default: the tree's, else 1.
+    /// Shard directory levels (0 = one flat directory). Default: the tree's, else 2.
     #[arg(long)]
     layout_depth: Option<u8>,
     /// Directories per shard level: 16, 256 or 4096.
@@ -68,6 +71,9 @@ struct Args {
     /// Checksum verification on reads: always, never, on-open.
     #[arg(long, default_value = "on-open")]
     verify: VerifyMode,
+    /// How puts publish files: rename (temp file + rename) or tmpfile (O_TMPFILE + linkat).
+    #[arg(long, default_value = "rename")]
+    publish: Publish,
     /// Use O_DIRECT.
     #[arg(long)]
     direct: bool,
@@ -138,6 +144,13 @@ fn main() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
+        // A closed pipe (`| head`) is not a failure of the benchmark.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("tierkv-bench: {e}");
             ExitCode::from(1)
@@ -161,7 +174,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut config = StoreConfig::new()
         .with_verify(args.verify)
-        .with_direct_io(args.direct);
+        .with_direct_io(args.direct)
+        .with_publish(args.publish);
     if let Some(d) = args.layout_depth {
         config = config.with_layout(Layout::new(d, args.layout_fanout)?);
     }
@@ -342,6 +356,7 @@ fn report(
     };
     let l = &run.lat;
     let q = |p: f64| l.value_at_quantile(p) as f64 / 1e3;
+    let mut out = std::io::stdout().lock();
     let direction = if args.rw == Rw::Write {
         "write"
     } else {
@@ -377,10 +392,11 @@ fn report(
                            "p90": q(0.9), "p99": q(0.99), "p99.9": q(0.999), "max": l.max() as f64 / 1e3},
                 "store": after,
             });
-            println!("{}", serde_json::to_string_pretty(&doc)?);
+            writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
         }
         OutputFormat::Normal => {
-            println!(
+            writeln!(
+                out,
                 "tierkv-bench: rw={:?} bs={} nblocks={} loops={} iodepth={} engine={} layout=({}) fd-cache={} verify={}{}",
                 args.rw,
                 human_bytes(args.bs as f64),
@@ -392,15 +408,17 @@ fn report(
                 after.fd_cache_capacity,
                 args.verify,
                 if args.direct { " direct" } else { "" },
-            );
-            println!(
+            )?;
+            writeln!(
+                out,
                 "  {direction}: IOPS={}, BW={}/s, {} ops in {:.3}s",
                 human_count(ops_per_sec),
                 human_bytes(bw),
                 run.ops,
                 secs
-            );
-            println!(
+            )?;
+            writeln!(
+                out,
                 "    lat per call (usec): min={:.1}, avg={:.1}, p50={:.1}, p90={:.1}, p99={:.1}, p99.9={:.1}, max={:.1}",
                 l.min() as f64 / 1e3,
                 l.mean() / 1e3,
@@ -409,23 +427,26 @@ fn report(
                 q(0.99),
                 q(0.999),
                 l.max() as f64 / 1e3
-            );
+            )?;
             if direction == "read" {
-                println!(
+                writeln!(
+                    out,
                     "  hits={} misses={} corrupt={} errors={} bytes={}",
                     run.hits, run.misses, corrupt, run.errors, run.bytes
-                );
-                println!(
+                )?;
+                writeln!(
+                    out,
                     "  fd-cache: hits={fd_hits} misses={fd_misses} hit-ratio={fd_ratio:.3} evictions={}",
                     after.fd_cache_evictions - before.fd_cache_evictions
-                );
+                )?;
             } else {
-                println!(
+                writeln!(
+                    out,
                     "  puts={} errors={} bytes={}",
                     run.ops - run.errors,
                     run.errors,
                     run.bytes
-                );
+                )?;
             }
         }
     }

@@ -1,0 +1,108 @@
+//! Capacity enforcement: unlinking victims, and the background evictor that keeps usage
+//! between the watermarks so that puts rarely evict inline.
+
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rustix::fs::AtFlags;
+use rustix::io::Errno;
+
+use super::Inner;
+use crate::index::Victim;
+
+#[derive(Debug, Default)]
+struct Signal {
+    /// (work requested, shut down)
+    state: Mutex<(bool, bool)>,
+    cv: Condvar,
+}
+
+/// The background eviction thread of a store with a capacity.
+#[derive(Debug)]
+pub(super) struct Evictor {
+    signal: Arc<Signal>,
+    _thread: JoinHandle<()>,
+}
+
+impl Evictor {
+    /// Starts the thread. It holds only a weak reference: it ends when the store is dropped.
+    pub fn spawn(store: Weak<Inner>) -> Evictor {
+        let signal = Arc::new(Signal::default());
+        let sig = signal.clone();
+        let thread = std::thread::Builder::new()
+            .name("tierkv-evict".into())
+            .spawn(move || run(store, sig))
+            .expect("spawn the eviction thread");
+        Evictor {
+            signal,
+            _thread: thread,
+        }
+    }
+
+    /// Asks the thread to evict down to the low watermark.
+    pub fn wake(&self) {
+        let mut st = self.signal.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.0 = true;
+        self.signal.cv.notify_one();
+    }
+}
+
+impl Drop for Evictor {
+    fn drop(&mut self) {
+        let mut st = self.signal.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.1 = true;
+        self.signal.cv.notify_one();
+    }
+}
+
+fn run(store: Weak<Inner>, signal: Arc<Signal>) {
+    loop {
+        {
+            let mut st = signal.state.lock().unwrap_or_else(|e| e.into_inner());
+            while !st.0 && !st.1 {
+                st = signal
+                    .cv
+                    .wait_timeout(st, Duration::from_secs(1))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+                if store.strong_count() == 0 {
+                    return;
+                }
+            }
+            if st.1 {
+                return;
+            }
+            st.0 = false;
+        }
+        let Some(inner) = store.upgrade() else { return };
+        if inner.index.over_high() {
+            let victims = inner.index.evict_to_low();
+            tracing::debug!(count = victims.len(), "background eviction");
+            inner.unlink_victims(victims);
+        }
+    }
+}
+
+impl Inner {
+    /// Unlinks the files of blocks the index has given up. A key published again since it
+    /// was chosen is left alone (checked under its stripe lock).
+    pub(super) fn unlink_victims(&self, victims: Vec<Victim>) {
+        for v in victims {
+            let _stripe = self.lock_stripe(self.stripe_of(&v.hash));
+            if self.index.contains(&v.hash) {
+                continue;
+            }
+            self.fds.invalidate(&v.hash);
+            let rel = self.layout.rel_path(&v.hash);
+            match rustix::fs::unlinkat(&self.dirfd, rel.as_str(), AtFlags::empty()) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(e) => tracing::warn!(
+                    path = %self.path(rel.as_str()).display(),
+                    error = %e,
+                    "could not unlink an evicted block"
+                ),
+            }
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! The get path: index and pins, open-file cache, one engine batch, checks.
+
+use std::io::IoSliceMut;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustix::fs::{AtFlags, Mode};
+use rustix::io::Errno;
+
+use super::fdcache::OpenBlock;
+use super::{Counters, Inner, Lookup, VerifyMode, io_err};
+use crate::buf::{AlignedBuf, align_up};
+use crate::engine::IoRequest;
+use crate::error::{Error, Result};
+use crate::format::{HEADER_LEN, Header, PAYLOAD_OFFSET};
+use crate::key::{BlockHash, BlockKey};
+use crate::layout::RelPath;
+
+pub(super) enum ReadPlan {
+    Done(Result<Lookup>),
+    Cached {
+        block: Arc<OpenBlock>,
+        bounce: Option<AlignedBuf>,
+    },
+    Fresh {
+        fd: OwnedFd,
+        rel: RelPath,
+        head: Vec<u8>,
+        tail: [u8; 1],
+        bounce: Option<AlignedBuf>,
+    },
+}
+
+impl Inner {
+    /// Reads a batch; see [`Store::get_many`](super::Store::get_many).
+    pub(super) fn get_batch<B: AsMut<[u8]>>(
+        &self,
+        keys: &[BlockKey],
+        bufs: &mut [B],
+    ) -> Vec<Result<Lookup>> {
+        if keys.len() != bufs.len() {
+            return keys
+                .iter()
+                .map(|_| {
+                    Err(Error::Config(format!(
+                        "get_many got {} keys and {} buffers",
+                        keys.len(),
+                        bufs.len()
+                    )))
+                })
+                .collect();
+        }
+        // Keys of this worker that the index holds are pinned for the duration of the batch:
+        // eviction skips them. Others are misses without a system call.
+        let valid: Vec<Result<()>> = keys.iter().map(|k| self.check_key(k)).collect();
+        let to_pin: Vec<&BlockHash> = keys
+            .iter()
+            .zip(&valid)
+            .filter(|(_, v)| v.is_ok())
+            .map(|(k, _)| &k.hash)
+            .collect();
+        let mut present = self.index.pin_present(&to_pin).into_iter();
+        let mut pinned: Vec<BlockHash> = Vec::with_capacity(keys.len());
+        let mut plans: Vec<ReadPlan> = Vec::with_capacity(keys.len());
+        for ((k, v), b) in keys.iter().zip(valid).zip(bufs.iter_mut()) {
+            plans.push(match v {
+                Err(e) => ReadPlan::Done(Err(e)),
+                Ok(()) if present.next() == Some(true) => {
+                    pinned.push(k.hash);
+                    self.plan_read(k, b.as_mut().len())
+                }
+                Ok(()) => ReadPlan::Done(Ok(Lookup::Miss)),
+            });
+        }
+
+        let mut owners = Vec::with_capacity(keys.len());
+        let io_results = {
+            let mut reqs = Vec::with_capacity(keys.len());
+            for (i, (plan, buf)) in plans.iter_mut().zip(bufs.iter_mut()).enumerate() {
+                let buf = buf.as_mut();
+                let req = match plan {
+                    ReadPlan::Done(_) => continue,
+                    ReadPlan::Cached { block, bounce } => match bounce {
+                        Some(b) => IoRequest::read(
+                            block.fd.as_fd(),
+                            PAYLOAD_OFFSET,
+                            vec![IoSliceMut::new(b)],
+                        ),
+                        None => {
+                            let n = block.header.payload_len as usize;
+                            IoRequest::read(
+                                block.fd.as_fd(),
+                                PAYLOAD_OFFSET,
+                                vec![IoSliceMut::new(&mut buf[..n])],
+                            )
+                        }
+                    },
+                    ReadPlan::Fresh {
+                        fd,
+                        head,
+                        tail,
+                        bounce,
+                        ..
+                    } => match bounce {
+                        Some(b) => IoRequest::read((*fd).as_fd(), 0, vec![IoSliceMut::new(b)]),
+                        None => IoRequest::read(
+                            (*fd).as_fd(),
+                            0,
+                            vec![
+                                IoSliceMut::new(head),
+                                IoSliceMut::new(buf),
+                                IoSliceMut::new(tail),
+                            ],
+                        ),
+                    },
+                };
+                reqs.push(req);
+                owners.push(i);
+            }
+            self.engine.submit(&mut reqs)
+        };
+
+        let mut results: Vec<Option<Result<Lookup>>> = plans
+            .iter_mut()
+            .map(|p| match p {
+                ReadPlan::Done(r) => Some(std::mem::replace(r, Ok(Lookup::Miss))),
+                _ => None,
+            })
+            .collect();
+        for (i, io) in owners.into_iter().zip(io_results) {
+            let plan = std::mem::replace(&mut plans[i], ReadPlan::Done(Ok(Lookup::Miss)));
+            results[i] = Some(self.finish_read(&keys[i], plan, bufs[i].as_mut(), io));
+        }
+        let results: Vec<Result<Lookup>> = results
+            .into_iter()
+            .map(|r| r.expect("every key has a result"))
+            .collect();
+        let c = &self.counters;
+        let mut hits = Vec::with_capacity(keys.len());
+        for (k, r) in keys.iter().zip(&results) {
+            match r {
+                Ok(Lookup::Hit(n)) => {
+                    Counters::add(&c.hits, 1);
+                    Counters::add(&c.bytes_read, *n as u64);
+                    hits.push(k.hash);
+                }
+                Ok(Lookup::Miss) => Counters::add(&c.misses, 1),
+                Err(_) => Counters::add(&c.read_errors, 1),
+            }
+        }
+        self.index.record_hits(&hits);
+        self.index.unpin(&pinned);
+        results
+    }
+
+    fn plan_read(&self, key: &BlockKey, buf_len: usize) -> ReadPlan {
+        if let Err(e) = self.check_key(key) {
+            return ReadPlan::Done(Err(e));
+        }
+        if let Some(block) = self.fds.get(&key.hash) {
+            // A cached descriptor may name a file that was deleted or replaced behind our
+            // back: its link count is then 0, and the path is looked up again.
+            match rustix::fs::fstat(&block.fd) {
+                Ok(st) if st.st_nlink > 0 => {
+                    Counters::add(&self.counters.fd_hits, 1);
+                    let need = block.header.payload_len as usize;
+                    if need > buf_len {
+                        return ReadPlan::Done(Err(Error::BufferTooSmall {
+                            key: key.to_string(),
+                            need,
+                            have: buf_len,
+                        }));
+                    }
+                    let bounce = self.direct.then(|| AlignedBuf::zeroed(align_up(need)));
+                    return ReadPlan::Cached { block, bounce };
+                }
+                _ => self.fds.invalidate_if(&key.hash, &block),
+            }
+        }
+        Counters::add(&self.counters.fd_misses, 1);
+        let rel = self.layout.rel_path(&key.hash);
+        match self.open_beneath(rel.as_str(), self.read_flags(), Mode::empty()) {
+            Ok(fd) => {
+                let (head, bounce) = if self.direct {
+                    (
+                        Vec::new(),
+                        Some(AlignedBuf::zeroed(align_up(
+                            PAYLOAD_OFFSET as usize + buf_len + 1,
+                        ))),
+                    )
+                } else {
+                    (vec![0u8; PAYLOAD_OFFSET as usize], None)
+                };
+                ReadPlan::Fresh {
+                    fd,
+                    rel,
+                    head,
+                    tail: [0],
+                    bounce,
+                }
+            }
+            Err(Errno::NOENT | Errno::NOTDIR) => {
+                // Deleted behind the store's back.
+                self.index.remove(&key.hash);
+                ReadPlan::Done(Ok(Lookup::Miss))
+            }
+            Err(Errno::LOOP | Errno::XDEV) => {
+                tracing::warn!(path = %self.path(rel.as_str()).display(), "symlink in the tree: not followed, counted as a miss");
+                Counters::add(&self.counters.foreign, 1);
+                ReadPlan::Done(Ok(Lookup::Miss))
+            }
+            Err(e) => ReadPlan::Done(Err(Error::from_io(self.path(rel.as_str()), io_err(e)))),
+        }
+    }
+
+    fn finish_read(
+        &self,
+        key: &BlockKey,
+        plan: ReadPlan,
+        buf: &mut [u8],
+        io: std::io::Result<usize>,
+    ) -> Result<Lookup> {
+        match plan {
+            ReadPlan::Done(r) => r,
+            ReadPlan::Cached { block, bounce } => {
+                let rel = self.layout.rel_path(&key.hash);
+                let n = io.map_err(|e| Error::from_io(self.path(rel.as_str()), e))?;
+                let len = block.header.payload_len as usize;
+                if n != len {
+                    return Ok(self.corrupt(
+                        &key.hash,
+                        &rel,
+                        &block.fd,
+                        Some(&block),
+                        format!("payload is {n} bytes, header says {len}"),
+                    ));
+                }
+                if let Some(b) = bounce {
+                    buf[..len].copy_from_slice(&b[..len]);
+                }
+                let check = match self.verify {
+                    VerifyMode::Always => true,
+                    VerifyMode::Never => false,
+                    VerifyMode::OnOpen => !block.verified.load(Ordering::Relaxed),
+                };
+                if check {
+                    if !block.header.verify(&buf[..len]) {
+                        return Ok(self.corrupt(
+                            &key.hash,
+                            &rel,
+                            &block.fd,
+                            Some(&block),
+                            "payload checksum mismatch".into(),
+                        ));
+                    }
+                    block.verified.store(true, Ordering::Relaxed);
+                }
+                Ok(Lookup::Hit(len))
+            }
+            ReadPlan::Fresh {
+                fd,
+                rel,
+                head,
+                tail,
+                bounce,
+            } => {
+                let n = io.map_err(|e| Error::from_io(self.path(rel.as_str()), e))?;
+                let head_bytes: &[u8] = match &bounce {
+                    Some(b) => &b[..n.min(PAYLOAD_OFFSET as usize)],
+                    None => &head[..n.min(PAYLOAD_OFFSET as usize)],
+                };
+                let header = match Header::decode(head_bytes) {
+                    Ok(h) => h,
+                    Err(e) => return Ok(self.corrupt(&key.hash, &rel, &fd, None, e.to_string())),
+                };
+                if head_bytes.len() < PAYLOAD_OFFSET as usize
+                    || head_bytes[HEADER_LEN..].iter().any(|&b| b != 0)
+                {
+                    return Ok(self.corrupt(
+                        &key.hash,
+                        &rel,
+                        &fd,
+                        None,
+                        "header padding is not zero".into(),
+                    ));
+                }
+                if header.key != key.hash {
+                    return Ok(self.corrupt(
+                        &key.hash,
+                        &rel,
+                        &fd,
+                        None,
+                        format!("header names block {}", header.key),
+                    ));
+                }
+                let len = header.payload_len as usize;
+                if header.payload_len > buf.len() as u64 {
+                    return Err(Error::BufferTooSmall {
+                        key: key.to_string(),
+                        need: len,
+                        have: buf.len(),
+                    });
+                }
+                let expect = header.file_len() as usize;
+                if n != expect {
+                    // Shorter: truncated. Longer (bytes beyond the payload, caught by the
+                    // one-byte tail): appended to.
+                    let _ = tail;
+                    return Ok(self.corrupt(
+                        &key.hash,
+                        &rel,
+                        &fd,
+                        None,
+                        format!(
+                            "file is {}{} bytes, header says {expect}",
+                            if n > expect { "over " } else { "" },
+                            n
+                        ),
+                    ));
+                }
+                if let Some(b) = &bounce {
+                    buf[..len].copy_from_slice(&b[PAYLOAD_OFFSET as usize..expect]);
+                }
+                let verified = self.verify != VerifyMode::Never;
+                if verified && !header.verify(&buf[..len]) {
+                    return Ok(self.corrupt(
+                        &key.hash,
+                        &rel,
+                        &fd,
+                        None,
+                        "payload checksum mismatch".into(),
+                    ));
+                }
+                self.fds.insert(
+                    key.hash,
+                    Arc::new(OpenBlock {
+                        fd,
+                        header,
+                        verified: AtomicBool::new(verified),
+                    }),
+                );
+                Ok(Lookup::Hit(len))
+            }
+        }
+    }
+
+    /// Handles a corrupt file: removes it if the path still names the same file, counts it,
+    /// logs it, and reports a miss.
+    fn corrupt(
+        &self,
+        hash: &BlockHash,
+        rel: &RelPath,
+        fd: &OwnedFd,
+        cached: Option<&Arc<OpenBlock>>,
+        reason: String,
+    ) -> Lookup {
+        let path = self.path(rel.as_str());
+        tracing::warn!(path = %path.display(), %reason, "corrupt block file: removed, counted as a miss");
+        Counters::add(&self.counters.corrupt, 1);
+        if let Some(b) = cached {
+            self.fds.invalidate_if(&b.header.key, b);
+        }
+        // Under the key's stripe lock, so a put cannot publish between the check and the unlink.
+        let _stripe = self.lock_stripe(self.stripe_of(hash));
+        let open = rustix::fs::fstat(fd);
+        match rustix::fs::statat(&self.dirfd, rel.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            // Only remove what we read: a concurrent put may have published a good block.
+            Ok(named)
+                if open
+                    .as_ref()
+                    .is_ok_and(|o| o.st_ino == named.st_ino && o.st_dev == named.st_dev) =>
+            {
+                self.index.remove(hash);
+                if let Err(e) = rustix::fs::unlinkat(&self.dirfd, rel.as_str(), AtFlags::empty()) {
+                    tracing::warn!(path = %path.display(), error = %e, "could not remove corrupt block file");
+                }
+            }
+            Err(Errno::NOENT) => {
+                self.index.remove(hash);
+            }
+            _ => {}
+        }
+        Lookup::Miss
+    }
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Create rate of the two ways a put publishes a file (O_TMPFILE + linkat vs temp file +
+# rename), alternating rounds in fresh directories of one run.
+# usage: tools/publish-compare.sh [NBLOCKS] [ROUNDS] [BS]     (defaults: 50000 3 4k)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-50000}; ROUNDS=${2:-3}; BS=${3:-4k}
+cargo build --release --quiet --bin tierkv-bench
+BENCH=target/release/tierkv-bench
+WORK=$(mktemp -d /tmp/tierkv-publish.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+echo "| round | publish | files/s |"
+echo "|---:|---|---:|"
+for r in $(seq "$ROUNDS"); do
+  for p in auto rename; do
+    ops=$($BENCH --dir "$WORK/$p$r" --rw write --bs "$BS" --nblocks "$N" --publish $p --output-format json | python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["ops_per_sec"])')
+    echo "| $r | $p | $ops |"
+  done
+done
