@@ -283,8 +283,16 @@ fn a_block_under_another_blocks_name_is_corrupt() {
     std::fs::create_dir_all(store.path_of(&b.hash).parent().unwrap()).unwrap();
     std::fs::copy(store.path_of(&a.hash), store.path_of(&b.hash)).unwrap();
     let mut buf = [0u8; 10];
+    // Made behind the store's back: the index does not know it, so it is a miss unread.
+    assert_eq!(store.get(&b, &mut buf).unwrap(), Lookup::Miss);
+    assert_eq!(store.stats().corrupt, 0);
+    // After a restart the scan indexes it by its name; the first read finds it corrupt.
+    drop(store);
+    let store = open(dir.path(), "w");
+    assert_eq!(store.stats().blocks_at_open, 2);
     assert_eq!(store.get(&b, &mut buf).unwrap(), Lookup::Miss);
     assert_eq!(store.stats().corrupt, 1);
+    assert!(!store.path_of(&b.hash).exists(), "removed");
     assert_eq!(store.get(&a, &mut buf).unwrap(), Lookup::Hit(10));
 }
 

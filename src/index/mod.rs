@@ -79,6 +79,9 @@ struct State {
     evictions: u64,
     evicted_bytes: u64,
     not_admitted: u64,
+    /// Running mean of offered block sizes, to turn a byte capacity into the block count
+    /// that policies size their ghost lists by.
+    mean_bytes: f64,
 }
 
 /// A block chosen for eviction: already gone from the index; the store unlinks its file.
@@ -118,6 +121,7 @@ impl Index {
                 evictions: 0,
                 evicted_bytes: 0,
                 not_admitted: 0,
+                mean_bytes: 0.0,
             }),
             limits,
         }
@@ -189,6 +193,7 @@ impl Index {
     /// evictions exactly as a block-by-block replay would.
     pub fn offer(&self, items: &[(BlockHash, u64)], replace: bool) -> (Vec<Offer>, Vec<Victim>) {
         let mut st = self.lock();
+        self.update_hint(&mut st, items);
         let mut out = Vec::with_capacity(items.len());
         let mut victims = Vec::new();
         let mut acc: Vec<Access> = Vec::with_capacity(items.len());
@@ -296,6 +301,33 @@ impl Index {
             hash,
             inserted: true,
         }]);
+    }
+
+    /// With a byte capacity only, tells the policy how many blocks of the sizes seen so far
+    /// fit (the count its ghost lists are sized by).
+    fn update_hint(&self, st: &mut State, items: &[(BlockHash, u64)]) {
+        let (Some(max_bytes), None) = (self.limits.max_bytes, self.limits.max_files) else {
+            return;
+        };
+        if items.is_empty() {
+            return;
+        }
+        let batch_mean = items.iter().map(|(_, b)| *b as f64).sum::<f64>() / items.len() as f64;
+        let old = st.mean_bytes;
+        st.mean_bytes = if old == 0.0 {
+            batch_mean
+        } else {
+            0.9 * old + 0.1 * batch_mean
+        };
+        let blocks = (max_bytes as f64 / st.mean_bytes.max(1.0)) as usize;
+        let old_blocks = if old == 0.0 {
+            0
+        } else {
+            (max_bytes as f64 / old.max(1.0)) as usize
+        };
+        if old_blocks == 0 || blocks.abs_diff(old_blocks) * 20 > old_blocks {
+            st.policy.set_capacity_hint(blocks.max(1));
+        }
     }
 
     fn over(&self, st: &State, bytes: u64, files: u64) -> bool {
@@ -495,7 +527,10 @@ mod tests {
         assert_eq!(i.counts().bytes, 40);
         // h(5) is the least recent, but it is what the room is for.
         let v = i.evict_bytes(15, &[h(5)]);
-        assert_eq!(v.iter().map(|v| v.hash).collect::<Vec<_>>(), vec![h(6), h(7)]);
+        assert_eq!(
+            v.iter().map(|v| v.hash).collect::<Vec<_>>(),
+            vec![h(6), h(7)]
+        );
         assert!(i.contains(&h(5)), "kept");
     }
 

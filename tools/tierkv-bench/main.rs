@@ -11,9 +11,25 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
 use serde_json::json;
+use std::sync::{Arc, Mutex};
+
+use tierkv::index::policy::{Belady, Oracle, belady::NEVER};
 use tierkv::{
-    BlockHash, BlockKey, Layout, Lookup, Publish, Store, StoreConfig, VerifyMode, WorkerId,
+    BlockHash, BlockKey, Layout, Lookup, Parts, PolicyKind, Publish, Store, StoreConfig,
+    VerifyMode, WorkerId,
 };
+
+/// A usage error found after parsing: reported like clap's, with exit status 2.
+#[derive(Debug)]
+struct UsageError(String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Rw {
@@ -23,6 +39,9 @@ enum Rw {
     Read,
     /// Read every block once per loop, in a random order.
     Randread,
+    /// Replay a Mooncake-format trace (`--trace`) through the store: per request, read the
+    /// longest present prefix, then offer the rest (stored or touched).
+    Replay,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -77,6 +96,18 @@ struct Args {
     /// Use O_DIRECT.
     #[arg(long)]
     direct: bool,
+    /// Capacity of the worker's block files on disk (e.g. 10GiB); evicts beyond it.
+    #[arg(long, value_parser = parse_size)]
+    capacity: Option<u64>,
+    /// Capacity in block files.
+    #[arg(long)]
+    capacity_blocks: Option<u64>,
+    /// Eviction policy: lru, admit2, arc (default); belady (replay only: knows the trace).
+    #[arg(long, default_value = "arc")]
+    policy: String,
+    /// The trace to replay (JSON lines with `hash_ids`).
+    #[arg(long)]
+    trace: Option<PathBuf>,
     /// Reads: don't write missing blocks first (they count as misses).
     #[arg(long)]
     no_layout: bool,
@@ -153,7 +184,13 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("tierkv-bench: {e}");
-            ExitCode::from(1)
+            // Bad input (options, worker id, configuration) is a usage error, like clap's.
+            let usage = e.is::<UsageError>()
+                || matches!(
+                    e.downcast_ref::<tierkv::Error>(),
+                    Some(tierkv::Error::Config(_) | tierkv::Error::InvalidKey { .. })
+                );
+            ExitCode::from(if usage { 2 } else { 1 })
         }
     }
 }
@@ -184,7 +221,46 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let bs = usize::try_from(args.bs)?;
     config = config.with_max_block_size(bs.max(tierkv::store::DEFAULT_MAX_BLOCK_SIZE));
-    let store = Store::open(&root, worker.clone(), config)?;
+    if let Some(c) = args.capacity {
+        config = config.with_capacity_bytes(c);
+    }
+    if let Some(c) = args.capacity_blocks {
+        config = config.with_capacity_files(c);
+    }
+    let mut parts = Parts::new();
+    let mut oracle = None;
+    if args.policy == "belady" {
+        if args.rw != Rw::Replay {
+            return Err(UsageError(
+                "--policy belady needs --rw replay (it reads the future from the trace)".into(),
+            )
+            .into());
+        }
+        let o = Arc::new(Mutex::new(Oracle::default()));
+        parts = parts.with_policy(Box::new(Belady::new(o.clone())));
+        oracle = Some(o);
+    } else {
+        config = config.with_policy(
+            args.policy
+                .parse::<PolicyKind>()
+                .map_err(|e| UsageError(e.to_string()))?,
+        );
+    }
+    if args.rw == Rw::Replay {
+        if args.trace.is_none() {
+            return Err(UsageError("--rw replay needs --trace FILE".into()).into());
+        }
+        // Replay evicts exactly at the bound, so figures compare across policies.
+        config = config.with_watermarks(1.0, 1.0);
+    } else if args.trace.is_some() {
+        return Err(UsageError("--trace is only for --rw replay".into()).into());
+    }
+    let store = Store::open_with(&root, worker.clone(), config, parts)?;
+    if args.rw == Rw::Replay {
+        let trace = args.trace.as_ref().expect("checked above");
+        let r = replay(&store, trace, bs, oracle.as_ref())?;
+        return report_replay(args, &store, &root, &r);
+    }
     let keys: Vec<BlockKey> = (0..args.nblocks)
         .map(|i| store.key(block_hash(worker.as_str(), i)))
         .collect();
@@ -196,6 +272,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let run = match args.rw {
         Rw::Write => write(&store, &keys, bs, args),
         Rw::Read | Rw::Randread => read(&store, &keys, bs, args),
+        Rw::Replay => unreachable!("handled above"),
     };
     let after = store.stats();
     report(args, &store, &root, &run, &before, &after)?;
@@ -448,6 +525,201 @@ fn report(
                     run.bytes
                 )?;
             }
+        }
+    }
+    Ok(())
+}
+
+struct ReplayRun {
+    requests: u64,
+    refs: u64,
+    hits: u64,
+    read_misses: u64,
+    errors: u64,
+    elapsed: Duration,
+}
+
+/// The store key of a trace's hash id.
+fn trace_hash(id: u64) -> BlockHash {
+    let mut h = blake3::Hasher::new();
+    h.update(b"tierkv-trace.v1");
+    h.update(&id.to_le_bytes());
+    BlockHash(*h.finalize().as_bytes())
+}
+
+fn load_trace(path: &std::path::Path) -> Result<Vec<Vec<u64>>, Box<dyn std::error::Error>> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("{}:{}: {e}", path.display(), n + 1))?;
+        let ids = v["hash_ids"]
+            .as_array()
+            .ok_or_else(|| format!("{}:{}: no hash_ids array", path.display(), n + 1))?
+            .iter()
+            .map(|x| {
+                x.as_u64().ok_or_else(|| {
+                    format!("{}:{}: hash id is not an integer", path.display(), n + 1)
+                })
+            })
+            .collect::<Result<Vec<u64>, _>>()?;
+        out.push(ids);
+    }
+    Ok(out)
+}
+
+/// Per request: hits = longest present prefix (read for real, every block verified), then
+/// the rest is offered in one batch (absent blocks stored, present ones touched).
+fn replay(
+    store: &Store,
+    trace: &std::path::Path,
+    bs: usize,
+    oracle: Option<&Arc<Mutex<Oracle>>>,
+) -> Result<ReplayRun, Box<dyn std::error::Error>> {
+    let reqs = load_trace(trace)?;
+    // Next use of each reference position, for the Belady oracle.
+    let flat: Vec<u64> = reqs.iter().flatten().copied().collect();
+    let mut next = vec![NEVER; flat.len()];
+    let mut last: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    for (i, id) in flat.iter().enumerate().rev() {
+        next[i] = last.get(id).copied().unwrap_or(NEVER);
+        last.insert(*id, i as u64);
+    }
+    let longest = reqs.iter().map(Vec::len).max().unwrap_or(0);
+    let mut bufs: Vec<Vec<u8>> = (0..longest).map(|_| vec![0u8; bs]).collect();
+    let mut data = vec![0xA5u8; bs];
+    let mut run = ReplayRun {
+        requests: 0,
+        refs: 0,
+        hits: 0,
+        read_misses: 0,
+        errors: 0,
+        elapsed: Duration::ZERO,
+    };
+    let start = Instant::now();
+    let mut pos = 0usize;
+    for r in &reqs {
+        if let Some(o) = oracle {
+            let mut o = o.lock().unwrap_or_else(|e| e.into_inner());
+            for (j, id) in r.iter().enumerate() {
+                o.set(trace_hash(*id), next[pos + j]);
+            }
+        }
+        pos += r.len();
+        let keys: Vec<BlockKey> = r.iter().map(|&id| store.key(trace_hash(id))).collect();
+        let n = store.contains_prefix(&keys)?;
+        run.requests += 1;
+        run.refs += r.len() as u64;
+        run.hits += n as u64;
+        for res in store.get_many(&keys[..n], &mut bufs[..n]) {
+            match res {
+                Ok(Lookup::Hit(_)) => {}
+                Ok(Lookup::Miss) => run.read_misses += 1,
+                Err(e) => {
+                    run.errors += 1;
+                    tracing::warn!(error = %e, "replay read failed");
+                }
+            }
+        }
+        let items: Vec<(BlockKey, Vec<u8>)> = keys[n..]
+            .iter()
+            .zip(&r[n..])
+            .map(|(k, id)| {
+                fill_block(&mut data, *id);
+                (k.clone(), data.clone())
+            })
+            .collect();
+        for res in store.offer_many(&items) {
+            if let Err(e) = res {
+                run.errors += 1;
+                tracing::warn!(error = %e, "replay put failed");
+            }
+        }
+    }
+    run.elapsed = start.elapsed();
+    Ok(run)
+}
+
+fn report_replay(
+    args: &Args,
+    store: &Store,
+    root: &std::path::Path,
+    r: &ReplayRun,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let s = store.stats();
+    let secs = r.elapsed.as_secs_f64().max(1e-9);
+    let hit_ratio = if r.refs > 0 {
+        r.hits as f64 / r.refs as f64
+    } else {
+        0.0
+    };
+    let mut out = std::io::stdout().lock();
+    match args.output_format {
+        OutputFormat::Json => {
+            let doc = json!({
+                "rw": "replay",
+                "trace": args.trace.as_ref().map(|p| p.display().to_string()),
+                "policy": store.policy_name(),
+                "bs": args.bs,
+                "capacity_bytes": s.capacity_bytes,
+                "capacity_blocks": s.capacity_files,
+                "requests": r.requests,
+                "refs": r.refs,
+                "hits": r.hits,
+                "hit_ratio": hit_ratio,
+                "read_misses": r.read_misses,
+                "errors": r.errors,
+                "bytes_written": s.bytes_written,
+                "bytes_read": s.bytes_read,
+                "evictions": s.evictions,
+                "not_admitted": s.not_admitted,
+                "elapsed_s": secs,
+                "requests_per_sec": r.requests as f64 / secs,
+                "blocks_per_sec": r.refs as f64 / secs,
+                "dir": root.display().to_string(),
+                "store": s,
+            });
+            writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        }
+        OutputFormat::Normal => {
+            writeln!(
+                out,
+                "tierkv-bench: rw=replay policy={} bs={} capacity={} engine={}",
+                store.policy_name(),
+                human_bytes(args.bs as f64),
+                match (s.capacity_files, s.capacity_bytes) {
+                    (Some(f), _) => format!("{f} blocks"),
+                    (None, Some(b)) => human_bytes(b as f64),
+                    (None, None) => "unbounded".into(),
+                },
+                store.engine_name()
+            )?;
+            writeln!(
+                out,
+                "  replay: {} requests, {} block references in {:.2}s ({:.0} requests/s, {:.0} blocks/s)",
+                r.requests,
+                r.refs,
+                secs,
+                r.requests as f64 / secs,
+                r.refs as f64 / secs
+            )?;
+            writeln!(
+                out,
+                "  hit ratio={hit_ratio:.4} hits={} read-misses={} errors={}",
+                r.hits, r.read_misses, r.errors
+            )?;
+            writeln!(
+                out,
+                "  written={} read={} evictions={} not-admitted={}",
+                human_bytes(s.bytes_written as f64),
+                human_bytes(s.bytes_read as f64),
+                s.evictions,
+                s.not_admitted
+            )?;
         }
     }
     Ok(())

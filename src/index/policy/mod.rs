@@ -12,7 +12,7 @@ use crate::key::BlockHash;
 
 mod admit2;
 mod arc;
-mod belady;
+pub mod belady;
 mod lru;
 
 pub use admit2::Admit2;

@@ -1,0 +1,203 @@
+//! Capacity, eviction, restart and several workers on one root.
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::process::Command;
+
+use common::*;
+use tierkv::{Lookup, PolicyKind, Store, StoreConfig};
+
+/// On-disk bytes of the block files under `dir`, as `du` counts them.
+fn du_blocks(dir: &std::path::Path) -> u64 {
+    files_under(dir)
+        .into_iter()
+        .filter(|p| tierkv::BlockHash::from_hex(p.file_name().unwrap().to_str().unwrap()).is_ok())
+        // The background evictor may unlink a file between the listing and the stat.
+        .filter_map(|p| std::fs::symlink_metadata(p).ok())
+        .map(|m| m.blocks() * 512)
+        .sum()
+}
+
+#[test]
+fn the_tree_stays_under_the_capacity() {
+    let dir = tempfile::tempdir().unwrap();
+    const CAP: u64 = 1 << 20;
+    for policy in [PolicyKind::Lru, PolicyKind::Admit2, PolicyKind::Arc] {
+        let w = format!("w-{policy}");
+        let cfg = StoreConfig::new()
+            .with_capacity_bytes(CAP)
+            .with_policy(policy);
+        let store = Store::open(dir.path(), worker(&w), cfg).unwrap();
+        let ks = keys(&store, 120);
+        // Batches of 4 blocks of 40 KiB (44 KiB on disk each), 5 MiB in all, each batch
+        // offered twice (admit2 stores a block the second time it sees it).
+        for (c, chunk) in ks.chunks(4).enumerate() {
+            let items: Vec<_> = chunk
+                .iter()
+                .enumerate()
+                .map(|(j, k)| (k.clone(), payload((c * 4 + j) as u64, 0, 40 * 1024)))
+                .collect();
+            for _ in 0..2 {
+                assert!(store.offer_many(&items).iter().all(Result::is_ok));
+                let du = du_blocks(store.dir());
+                assert!(
+                    du <= CAP,
+                    "{policy}: {du} bytes on disk over the {CAP}-byte capacity"
+                );
+                assert!(store.stats().used_bytes <= CAP, "{policy}");
+            }
+        }
+        let s = store.stats();
+        assert!(s.evictions > 0, "{policy}: {s:?}");
+        // The background evictor keeps usage near the watermarks; wait for it, then check.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let s = store.stats();
+        assert!(
+            s.used_bytes <= CAP * 95 / 100 + 4 * 45056,
+            "{policy}: {s:?}"
+        );
+        assert_eq!(
+            du_blocks(store.dir()),
+            s.used_bytes,
+            "{policy}: accounting matches du"
+        );
+        // Every block present reads back whole; evicted ones are plain misses.
+        let mut hits = 0;
+        let mut b = vec![0u8; 40 * 1024];
+        for (i, k) in ks.iter().enumerate() {
+            match store.get(k, &mut b).unwrap() {
+                Lookup::Hit(n) => {
+                    assert_eq!(n, 40 * 1024);
+                    assert_eq!(b, payload(i as u64, 0, 40 * 1024));
+                    hits += 1;
+                }
+                Lookup::Miss => assert!(!store.path_of(&k.hash).exists()),
+            }
+        }
+        assert_eq!(hits as u64, store.stats().used_files);
+        assert_eq!(store.stats().corrupt + store.stats().read_errors, 0);
+    }
+}
+
+#[test]
+fn hits_survive_a_restart_and_recency_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = || StoreConfig::new().with_policy(PolicyKind::Lru);
+    let ks;
+    {
+        let store = Store::open(dir.path(), worker("w"), cfg()).unwrap();
+        ks = keys(&store, 10);
+        for (i, k) in ks.iter().enumerate() {
+            store.put(k, &payload(i as u64, 0, 1000)).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // Use the oldest block again (its access time moves past the others' write times).
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut b = vec![0u8; 1000];
+        assert_eq!(store.get(&ks[0], &mut b).unwrap(), Lookup::Hit(1000));
+    }
+    // Reopened: the same keys hit.
+    {
+        let store = Store::open(dir.path(), worker("w"), cfg()).unwrap();
+        let s = store.stats();
+        assert_eq!((s.blocks_at_open, s.used_files), (10, 10));
+        assert_eq!(store.contains_prefix(&ks).unwrap(), 10);
+        let mut b = vec![0u8; 1000];
+        for (i, k) in ks.iter().enumerate() {
+            assert_eq!(store.get(k, &mut b).unwrap(), Lookup::Hit(1000));
+            assert_eq!(b, payload(i as u64, 0, 1000));
+            // File times have the kernel clock's coarse granularity.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    // Reopened with room for 5: the capacity is enforced at open, least recent first.
+    let store = Store::open(dir.path(), worker("w"), cfg().with_capacity_files(5)).unwrap();
+    assert_eq!(store.stats().used_files, 5);
+    assert_eq!(
+        files_under(store.dir())
+            .iter()
+            .filter(|p| p.file_name().unwrap().len() == 64)
+            .count(),
+        5
+    );
+    let present: Vec<bool> = store
+        .contains_many(&ks)
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    // Blocks 1..9 were read at reopen in order (their first read since written, which moves
+    // the access time under relatime); block 0's last recorded use is older.
+    assert_eq!(
+        present,
+        [
+            false, false, false, false, false, true, true, true, true, true
+        ]
+    );
+}
+
+const BENCH: &str = env!("CARGO_BIN_EXE_tierkv-bench");
+
+#[test]
+fn several_processes_share_a_root_safely() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.jsonl");
+    let full = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/mooncake_synthetic_trace.jsonl"
+    ))
+    .unwrap();
+    std::fs::write(
+        &trace,
+        full.lines().take(250).collect::<Vec<_>>().join("\n"),
+    )
+    .unwrap();
+    let root = dir.path().join("root");
+    // Three workers (ranks) in three processes, replaying at once: reads of every hit prefix
+    // (verified on every read), puts and evictions under a bound of 300 blocks each.
+    let children: Vec<_> = ["rank0", "rank1", "rank2"]
+        .iter()
+        .zip(["lru", "arc", "admit2"])
+        .map(|(w, policy)| {
+            Command::new(BENCH)
+                .args([
+                    "--rw",
+                    "replay",
+                    "--bs",
+                    "8k",
+                    "--capacity-blocks",
+                    "300",
+                    "--verify",
+                    "always",
+                ])
+                .args(["--worker", w, "--policy", policy, "--output-format", "json"])
+                .arg("--trace")
+                .arg(&trace)
+                .arg("--dir")
+                .arg(&root)
+                .output()
+                .unwrap()
+        })
+        .collect();
+    for (w, out) in ["rank0", "rank1", "rank2"].iter().zip(children) {
+        assert!(
+            out.status.success(),
+            "{w}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["errors"], 0, "{w}");
+        assert_eq!(
+            r["read_misses"], 0,
+            "{w}: a block present by the index failed to read"
+        );
+        assert_eq!(r["store"]["corrupt"], 0, "{w}");
+        assert!(r["hits"].as_u64().unwrap() > 0, "{w}");
+        // lru and arc evict; admit2 declines most blocks of this short trace instead.
+        let churn = r["evictions"].as_u64().unwrap() + r["not_admitted"].as_u64().unwrap();
+        assert!(churn > 0, "{w}");
+        let wdir = root.join("v1").join(w);
+        assert!(check_all_blocks(&wdir) <= 300, "{w}: bound held");
+        assert!(temp_files_under(&wdir).is_empty());
+    }
+}
