@@ -17,6 +17,10 @@ use crate::key::{BlockHash, WorkerId};
 pub const LAYOUT_FILE: &str = "LAYOUT";
 /// Name of the lock file in each worker directory (held with `flock` by the open store).
 pub const LOCK_FILE: &str = ".lock";
+/// Live counters of the open store (JSON, rewritten atomically; docs/stat.md).
+pub const STATS_FILE: &str = "STATS.json";
+/// The temp name `STATS_FILE` is written under before the rename.
+pub const STATS_TEMP: &str = ".STATS.json.tmp";
 /// Prefix of temporary files; `<prefix><64 hex>.<pid>.<seq>`.
 pub const TEMP_PREFIX: &str = ".tmp.";
 /// Deepest supported shard tree.
@@ -123,7 +127,7 @@ impl Layout {
 
     /// Classifies a file name found in the tree.
     pub fn classify(name: &str) -> EntryName {
-        if name == LAYOUT_FILE || name == LOCK_FILE {
+        if [LAYOUT_FILE, LOCK_FILE, STATS_FILE, STATS_TEMP].contains(&name) {
             return EntryName::Meta;
         }
         if let Some(rest) = name.strip_prefix(TEMP_PREFIX) {

@@ -125,6 +125,9 @@ pub struct StoreConfig {
     pub high_watermark: f64,
     /// See `high_watermark`.
     pub low_watermark: f64,
+    /// How often the live counters are written to `STATS.json` in the worker directory, for
+    /// `tierkv-stat --live` (default every second; `None`: never).
+    pub stats_interval: Option<std::time::Duration>,
     /// Leave temp files of crashed stores in place when opening (default off: they are
     /// removed; the worker lock guarantees no live store owns them).
     pub keep_temp_files: bool,
@@ -146,6 +149,7 @@ impl Default for StoreConfig {
             policy: PolicyKind::default(),
             high_watermark: 0.95,
             low_watermark: 0.90,
+            stats_interval: Some(std::time::Duration::from_secs(1)),
             keep_temp_files: false,
         }
     }
@@ -228,6 +232,12 @@ impl StoreConfig {
     pub fn with_watermarks(mut self, high: f64, low: f64) -> Self {
         self.high_watermark = high;
         self.low_watermark = low;
+        self
+    }
+
+    /// Sets how often live counters are published (`None`: never; default every second).
+    pub fn with_stats_interval(mut self, interval: Option<std::time::Duration>) -> Self {
+        self.stats_interval = interval;
         self
     }
 

@@ -26,15 +26,18 @@ mod evict;
 mod fdcache;
 mod read;
 mod stats;
+mod statsfile;
 pub mod sweep;
 mod write;
 
 pub use config::{DEFAULT_FD_CACHE_MAX, DEFAULT_MAX_BLOCK_SIZE, Publish, StoreConfig, VerifyMode};
-pub use stats::StoreStats;
+pub use stats::{ErrorCounts, LatencySummary, StoreStats};
+pub use statsfile::LiveStats;
 
 use evict::Evictor;
 use fdcache::FdCache;
 use stats::Counters;
+use statsfile::StatsWriter;
 
 /// File mode of block files, as passed to `open` (the umask applies).
 pub const FILE_MODE: u32 = 0o644;
@@ -126,11 +129,22 @@ struct Inner {
     index: Index,
     stripes: Box<[Mutex<()>]>,
     evictor: Option<Evictor>,
+    stats_writer: Option<StatsWriter>,
+    stats_interval: std::time::Duration,
     counters: Counters,
     has_openat2: AtomicBool,
     tmpfile: AtomicBool,
     link_empty_path: AtomicBool,
     temp_seq: AtomicU64,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.stats_writer.is_some() {
+            // The last snapshot, marked closed.
+            self.write_live_stats(false, self.stats_interval);
+        }
+    }
 }
 
 fn io_err(e: Errno) -> std::io::Error {
@@ -254,6 +268,10 @@ impl Store {
             fds: FdCache::new(fd_cap),
             index,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            stats_writer: config
+                .stats_interval
+                .map(|i| StatsWriter::spawn(weak.clone(), i)),
+            stats_interval: config.stats_interval.unwrap_or_default(),
             evictor: (limits.is_bounded() && limits.high < 1.0)
                 .then(|| Evictor::spawn(weak.clone())),
             counters,
@@ -267,6 +285,9 @@ impl Store {
         if !victims.is_empty() {
             tracing::info!(count = victims.len(), "evicting down to the capacity");
             inner.unlink_victims(victims);
+        }
+        if inner.stats_writer.is_some() {
+            inner.write_live_stats(true, inner.stats_interval);
         }
         Ok(Store { inner })
     }
@@ -310,38 +331,7 @@ impl Store {
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> StoreStats {
-        let c = &self.inner.counters;
-        let g = Counters::get;
-        let ix = self.inner.index.counts();
-        let limits = self.inner.index.limits();
-        StoreStats {
-            hits: g(&c.hits),
-            misses: g(&c.misses),
-            bytes_read: g(&c.bytes_read),
-            bytes_written: g(&c.bytes_written),
-            puts: g(&c.puts),
-            put_errors: g(&c.put_errors),
-            read_errors: g(&c.read_errors),
-            removes: g(&c.removes),
-            corrupt: g(&c.corrupt),
-            foreign: g(&c.foreign),
-            temp_swept: g(&c.temp_swept),
-            blocks_at_open: g(&c.blocks_at_open),
-            fd_cache_hits: g(&c.fd_hits),
-            fd_cache_misses: g(&c.fd_misses),
-            fd_cache_evictions: self.inner.fds.counters.evictions.load(Ordering::Relaxed) as u64,
-            fd_cache_shrinks: self.inner.fds.counters.shrinks.load(Ordering::Relaxed) as u64,
-            fd_cache_len: self.inner.fds.len() as u64,
-            fd_cache_capacity: self.inner.fds.capacity() as u64,
-            used_bytes: ix.bytes,
-            used_files: ix.files,
-            capacity_bytes: limits.max_bytes,
-            capacity_files: limits.max_files,
-            evictions: ix.evictions,
-            evicted_bytes: ix.evicted_bytes,
-            not_admitted: ix.not_admitted,
-            nospace_retries: g(&c.nospace_retries),
-        }
+        self.inner.snapshot()
     }
 
     /// Stores one block. See [`Store::put_many`].
@@ -397,7 +387,14 @@ impl Store {
         keys: &[BlockKey],
         bufs: &mut [B],
     ) -> Vec<Result<Lookup>> {
-        self.inner.get_batch(keys, bufs)
+        let started = std::time::Instant::now();
+        let results = self.inner.get_batch(keys, bufs);
+        let c = &self.inner.counters;
+        c.get_latency.record(started.elapsed());
+        for e in results.iter().filter_map(|r| r.as_ref().err()) {
+            c.error(e);
+        }
+        results
     }
 
     /// Marks blocks as used (in chain order) without reading them, e.g. when an engine reuses
@@ -533,6 +530,7 @@ impl Inner {
         items: &[(BlockKey, D)],
         replace: bool,
     ) -> Vec<Result<()>> {
+        let started = std::time::Instant::now();
         let all: Vec<usize> = (0..items.len()).collect();
         let mut results = self.put_batch(items, &all, replace);
         let retry: Vec<usize> = results
@@ -560,12 +558,55 @@ impl Inner {
         }
         let errors = results.iter().filter(|r| r.is_err()).count();
         Counters::add(&self.counters.put_errors, errors as u64);
+        for e in results.iter().filter_map(|r| r.as_ref().err()) {
+            self.counters.error(e);
+        }
+        self.counters.put_latency.record(started.elapsed());
         if let Some(ev) = &self.evictor {
             if self.index.over_high() {
                 ev.wake();
             }
         }
         results
+    }
+
+    /// A snapshot of the counters.
+    fn snapshot(&self) -> StoreStats {
+        let c = &self.counters;
+        let g = Counters::get;
+        let ix = self.index.counts();
+        let limits = self.index.limits();
+        StoreStats {
+            hits: g(&c.hits),
+            misses: g(&c.misses),
+            bytes_read: g(&c.bytes_read),
+            bytes_written: g(&c.bytes_written),
+            puts: g(&c.puts),
+            put_errors: g(&c.put_errors),
+            read_errors: g(&c.read_errors),
+            removes: g(&c.removes),
+            corrupt: g(&c.corrupt),
+            foreign: g(&c.foreign),
+            temp_swept: g(&c.temp_swept),
+            blocks_at_open: g(&c.blocks_at_open),
+            fd_cache_hits: g(&c.fd_hits),
+            fd_cache_misses: g(&c.fd_misses),
+            fd_cache_evictions: self.fds.counters.evictions.load(Ordering::Relaxed) as u64,
+            fd_cache_shrinks: self.fds.counters.shrinks.load(Ordering::Relaxed) as u64,
+            fd_cache_len: self.fds.len() as u64,
+            fd_cache_capacity: self.fds.capacity() as u64,
+            used_bytes: ix.bytes,
+            used_files: ix.files,
+            capacity_bytes: limits.max_bytes,
+            capacity_files: limits.max_files,
+            evictions: ix.evictions,
+            evicted_bytes: ix.evicted_bytes,
+            not_admitted: ix.not_admitted,
+            nospace_retries: g(&c.nospace_retries),
+            errors: c.errors(),
+            get_latency: c.get_latency.summary(),
+            put_latency: c.put_latency.summary(),
+        }
     }
 
     fn stripe_of(&self, hash: &BlockHash) -> usize {

@@ -2,10 +2,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
 
 /// A snapshot of a store's counters (since it was opened).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 #[non_exhaustive]
 pub struct StoreStats {
     /// Lookups that returned a block.
@@ -60,6 +63,108 @@ pub struct StoreStats {
     pub not_admitted: u64,
     /// Batches retried after ENOSPC below the capacity (after evicting).
     pub nospace_retries: u64,
+    /// Errors returned, by kind.
+    pub errors: ErrorCounts,
+    /// Latency of `get_many` calls (whole batches).
+    pub get_latency: LatencySummary,
+    /// Latency of `put_many`/`offer_many` calls (whole batches).
+    pub put_latency: LatencySummary,
+}
+
+/// Errors returned by a store, by kind.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+#[non_exhaustive]
+pub struct ErrorCounts {
+    /// `NoSpace`.
+    pub no_space: u64,
+    /// `TooManyOpenFiles`.
+    pub too_many_open_files: u64,
+    /// `Io`.
+    pub io: u64,
+    /// `InvalidKey`, `TooLarge`, `BufferTooSmall`, `Config`: the caller's input.
+    pub invalid_input: u64,
+    /// Anything else.
+    pub other: u64,
+}
+
+/// A latency summary in nanoseconds (from power-of-two buckets: the percentiles are upper
+/// bounds within a factor of two; `mean_ns` and `max_ns` are exact).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+#[non_exhaustive]
+pub struct LatencySummary {
+    /// Calls measured.
+    pub count: u64,
+    /// Mean.
+    pub mean_ns: u64,
+    /// Median (bucket upper bound).
+    pub p50_ns: u64,
+    /// 99th percentile (bucket upper bound).
+    pub p99_ns: u64,
+    /// Largest.
+    pub max_ns: u64,
+}
+
+const BUCKETS: usize = 48;
+
+/// A lock-free latency histogram with power-of-two nanosecond buckets.
+#[derive(Debug)]
+pub(crate) struct Latency {
+    buckets: [AtomicU64; BUCKETS],
+    sum_ns: AtomicU64,
+    max_ns: AtomicU64,
+}
+
+impl Default for Latency {
+    fn default() -> Self {
+        Latency {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum_ns: AtomicU64::new(0),
+            max_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Latency {
+    pub fn record(&self, d: std::time::Duration) {
+        let ns = d.as_nanos().min(u64::MAX as u128) as u64;
+        let b = (64 - ns.leading_zeros() as usize).min(BUCKETS - 1);
+        self.buckets[b].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+        self.max_ns.fetch_max(ns, Ordering::Relaxed);
+    }
+
+    pub fn summary(&self) -> LatencySummary {
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let count: u64 = counts.iter().sum();
+        if count == 0 {
+            return LatencySummary::default();
+        }
+        let quantile = |q: f64| {
+            let target = ((count as f64) * q).ceil().max(1.0) as u64;
+            let mut seen = 0;
+            for (i, c) in counts.iter().enumerate() {
+                seen += c;
+                if seen >= target {
+                    // Bucket i holds values below 2^i ns; never above the exact maximum.
+                    return (1u64 << i.min(63)).min(self.max_ns.load(Ordering::Relaxed));
+                }
+            }
+            self.max_ns.load(Ordering::Relaxed)
+        };
+        LatencySummary {
+            count,
+            mean_ns: self.sum_ns.load(Ordering::Relaxed) / count,
+            p50_ns: quantile(0.5),
+            p99_ns: quantile(0.99),
+            max_ns: self.max_ns.load(Ordering::Relaxed),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -79,6 +184,13 @@ pub(crate) struct Counters {
     pub fd_hits: AtomicU64,
     pub fd_misses: AtomicU64,
     pub nospace_retries: AtomicU64,
+    pub err_no_space: AtomicU64,
+    pub err_emfile: AtomicU64,
+    pub err_io: AtomicU64,
+    pub err_input: AtomicU64,
+    pub err_other: AtomicU64,
+    pub get_latency: Latency,
+    pub put_latency: Latency,
 }
 
 impl Counters {
@@ -88,5 +200,53 @@ impl Counters {
 
     pub fn get(c: &AtomicU64) -> u64 {
         c.load(Ordering::Relaxed)
+    }
+
+    /// Counts an error returned to a caller by its kind.
+    pub fn error(&self, e: &Error) {
+        let c = match e {
+            Error::NoSpace { .. } => &self.err_no_space,
+            Error::TooManyOpenFiles { .. } => &self.err_emfile,
+            Error::Io { .. } => &self.err_io,
+            Error::InvalidKey { .. }
+            | Error::TooLarge { .. }
+            | Error::BufferTooSmall { .. }
+            | Error::Config(_) => &self.err_input,
+            _ => &self.err_other,
+        };
+        Self::add(c, 1);
+    }
+
+    pub fn errors(&self) -> ErrorCounts {
+        ErrorCounts {
+            no_space: Self::get(&self.err_no_space),
+            too_many_open_files: Self::get(&self.err_emfile),
+            io: Self::get(&self.err_io),
+            invalid_input: Self::get(&self.err_input),
+            other: Self::get(&self.err_other),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn latency_summary() {
+        let l = Latency::default();
+        assert_eq!(l.summary(), LatencySummary::default());
+        for _ in 0..98 {
+            l.record(Duration::from_micros(10));
+        }
+        l.record(Duration::from_millis(5));
+        l.record(Duration::from_millis(9));
+        let s = l.summary();
+        assert_eq!(s.count, 100);
+        assert_eq!(s.max_ns, 9_000_000);
+        assert!((10_000..=20_000).contains(&s.p50_ns), "{s:?}");
+        assert!((4_000_000..=8_400_000).contains(&s.p99_ns), "{s:?}");
+        assert_eq!(s.mean_ns, (98 * 10_000 + 5_000_000 + 9_000_000) / 100);
     }
 }

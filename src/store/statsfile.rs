@@ -1,0 +1,123 @@
+//! Live counters for `tierkv-stat`: the store rewrites `<worker dir>/STATS.json` atomically
+//! (temp file + rename) every interval, and once more when it closes. docs/stat.md documents
+//! the fields.
+
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Inner, StoreStats};
+use crate::layout::{STATS_FILE, STATS_TEMP};
+
+/// The document in `STATS.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct LiveStats {
+    /// Version of this document's shape.
+    pub format: u32,
+    /// The worker.
+    pub worker: String,
+    /// Process id of the store.
+    pub pid: u32,
+    /// When it was written, milliseconds since the epoch.
+    pub updated_unix_ms: u64,
+    /// How often it is rewritten while the store is open, in milliseconds.
+    pub interval_ms: u64,
+    /// False in the last snapshot, written when the store closed.
+    pub open: bool,
+    /// Shard depth of the tree.
+    pub layout_depth: u8,
+    /// Shard fan-out of the tree.
+    pub layout_fanout: u32,
+    /// Eviction policy.
+    pub policy: String,
+    /// I/O engine.
+    pub engine: String,
+    /// The counters.
+    pub stats: StoreStats,
+}
+
+#[derive(Debug, Default)]
+struct Signal {
+    stop: Mutex<bool>,
+    cv: Condvar,
+}
+
+/// The thread that publishes the live counters.
+#[derive(Debug)]
+pub(super) struct StatsWriter {
+    signal: Arc<Signal>,
+    _thread: JoinHandle<()>,
+}
+
+impl StatsWriter {
+    /// Starts publishing every `interval`. Holds only a weak reference to the store.
+    pub fn spawn(store: Weak<Inner>, interval: Duration) -> StatsWriter {
+        let signal = Arc::new(Signal::default());
+        let sig = signal.clone();
+        let thread = std::thread::Builder::new()
+            .name("tierkv-stats".into())
+            .spawn(move || {
+                loop {
+                    {
+                        let stop = sig.stop.lock().unwrap_or_else(|e| e.into_inner());
+                        let (stop, _) = sig
+                            .cv
+                            .wait_timeout(stop, interval)
+                            .unwrap_or_else(|e| e.into_inner());
+                        if *stop {
+                            return;
+                        }
+                    }
+                    let Some(inner) = store.upgrade() else { return };
+                    inner.write_live_stats(true, interval);
+                }
+            })
+            .expect("spawn the stats thread");
+        StatsWriter {
+            signal,
+            _thread: thread,
+        }
+    }
+}
+
+impl Drop for StatsWriter {
+    fn drop(&mut self) {
+        *self.signal.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.signal.cv.notify_one();
+    }
+}
+
+impl Inner {
+    /// Writes `STATS.json` (atomically). Failures are logged, never returned: counters are
+    /// a view, not data.
+    pub(super) fn write_live_stats(&self, open: bool, interval: Duration) {
+        let doc = LiveStats {
+            format: 1,
+            worker: self.worker.to_string(),
+            pid: std::process::id(),
+            updated_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            interval_ms: interval.as_millis() as u64,
+            open,
+            layout_depth: self.layout.depth,
+            layout_fanout: self.layout.fanout,
+            policy: self.index.policy_name().to_string(),
+            engine: self.engine.name().to_string(),
+            stats: self.snapshot(),
+        };
+        let result = serde_json::to_vec_pretty(&doc)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| {
+                let tmp = self.dir.join(STATS_TEMP);
+                std::fs::write(&tmp, bytes)?;
+                std::fs::rename(&tmp, self.dir.join(STATS_FILE))
+            });
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "could not publish live counters");
+        }
+    }
+}

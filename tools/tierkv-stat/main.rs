@@ -1,0 +1,1016 @@
+//! tierkv-stat: what is in a tierkv cache tree, and the live counters of its running stores.
+//!
+//! Offline (the default): scans `DIR/v1/<worker>/...` read-only (files are opened with
+//! `O_NOATIME`, so a scan does not even move the access times the store's recency comes from)
+//! and prints files, bytes, shard balance, block sizes, ages, temp/foreign files, symlinks and
+//! bad headers. `--verify` reads every block and checks its checksum; `--repair` removes
+//! corrupt files and stale temp files. `--live` prints the counters that running stores
+//! publish in `STATS.json`; `--watch 1s` refreshes them with rates.
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{Parser, ValueEnum};
+use rustix::fs::{Mode, OFlags};
+use serde::Serialize;
+use tierkv::format::{HEADER_LEN, Header, PAYLOAD_OFFSET};
+use tierkv::layout::{self, EntryName, LAYOUT_FILE, LOCK_FILE, Layout, STATS_FILE};
+use tierkv::store::LiveStats;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+    Prometheus,
+}
+
+/// Inspect a tierkv cache tree and the live counters of its stores.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Args {
+    /// The cache root (the directory that holds `v1/`).
+    dir: PathBuf,
+    /// Only this worker.
+    #[arg(long)]
+    worker: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+    /// Same as `--format json`.
+    #[arg(long)]
+    json: bool,
+    /// Read every block and check its checksum; exit 1 if any is corrupt.
+    #[arg(long)]
+    verify: bool,
+    /// Remove corrupt block files and temp files of stores that are not running.
+    #[arg(long)]
+    repair: bool,
+    /// Print the live counters of the running stores instead of scanning.
+    #[arg(long)]
+    live: bool,
+    /// Refresh the live counters every interval (e.g. 1s, 500ms), with rates per second.
+    #[arg(long, value_parser = parse_duration)]
+    watch: Option<Duration>,
+    /// With --watch: stop after this many refreshes.
+    #[arg(long)]
+    iterations: Option<u64>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        _ => return Err(format!("bad duration unit in {s:?}; use ms, s or m")),
+    };
+    if secs <= 0.0 {
+        return Err("the duration must be positive".into());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// One bar of a histogram.
+#[derive(Debug, Serialize, Clone)]
+struct Bucket {
+    bucket: String,
+    count: u64,
+}
+
+/// Files per leaf directory.
+#[derive(Debug, Default, Serialize, Clone)]
+struct ShardBalance {
+    leaf_dirs: u64,
+    min: u64,
+    avg: f64,
+    max: u64,
+    /// Leaf directories by file count: 0, 1-3, 4-15, 16-63, 64-255, 256-1023, 1024+.
+    histogram: Vec<Bucket>,
+}
+
+/// A histogram kept under sortable keys ("<order>: <label>"), listed in order, every bucket.
+fn buckets(keys: &[&str], counts: &BTreeMap<String, u64>) -> Vec<Bucket> {
+    keys.iter()
+        .map(|k| Bucket {
+            bucket: strip_key(k).to_string(),
+            count: counts.get(*k).copied().unwrap_or(0),
+        })
+        .collect()
+}
+
+const LEAF_KEYS: [&str; 7] = [
+    "a: 0",
+    "b: 1-3",
+    "c: 4-15",
+    "d: 16-63",
+    "e: 64-255",
+    "f: 256-1023",
+    "g: 1024+",
+];
+const AGE_KEYS: [&str; 5] = ["a: <1m", "b: <1h", "c: <1d", "d: <7d", "e: >=7d"];
+
+#[derive(Debug, Default, Serialize, Clone)]
+struct WorkerReport {
+    files: u64,
+    bytes: u64,
+    payload_bytes: u64,
+    layout: Option<String>,
+    capacity_bytes: Option<u64>,
+    capacity_files: Option<u64>,
+    shard_balance: ShardBalance,
+    /// Block files by payload size: <=4KiB, <=8KiB, ... (powers of two, up to the largest).
+    block_sizes: Vec<Bucket>,
+    /// Block files by age of last use (the later of atime and mtime): <1m, <1h, <1d, <7d, >=7d.
+    ages: Vec<Bucket>,
+    #[serde(skip)]
+    size_counts: BTreeMap<u64, u64>,
+    #[serde(skip)]
+    age_counts: BTreeMap<String, u64>,
+    temp: u64,
+    foreign: u64,
+    symlinks: u64,
+    bad_header: Vec<PathBuf>,
+    corrupt: Vec<PathBuf>,
+    removed: u64,
+    live: bool,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Report {
+    root: PathBuf,
+    format_version: u16,
+    files: u64,
+    bytes: u64,
+    temp: u64,
+    foreign: u64,
+    symlinks: u64,
+    bad_header: u64,
+    corrupt: u64,
+    workers: BTreeMap<String, WorkerReport>,
+}
+
+#[derive(Debug)]
+struct UsageError(String);
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for UsageError {}
+
+type BoxError = Box<dyn std::error::Error>;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let mut args = Args::parse();
+    if args.json {
+        args.format = Format::Json;
+    }
+    match run(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("tierkv-stat: {e}");
+            ExitCode::from(if e.is::<UsageError>() { 2 } else { 1 })
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<ExitCode, BoxError> {
+    if (args.live || args.watch.is_some()) && (args.verify || args.repair) {
+        return Err(
+            UsageError("--live/--watch and --verify/--repair do not go together".into()).into(),
+        );
+    }
+    if let Some(w) = &args.worker {
+        tierkv::WorkerId::new(w).map_err(|e| UsageError(e.to_string()))?;
+    }
+    let vdir = layout::version_dir(&args.dir);
+    if !vdir.is_dir() {
+        return Err(UsageError(format!(
+            "{} is not a tierkv cache root (no {})",
+            args.dir.display(),
+            vdir.display()
+        ))
+        .into());
+    }
+    let workers = list_workers(&vdir, args.worker.as_deref())?;
+    if args.live || args.watch.is_some() {
+        return live(args, &vdir, &workers);
+    }
+    let report = scan(args, &vdir, &workers)?;
+    let mut out = std::io::stdout().lock();
+    match args.format {
+        Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
+        Format::Text => print_text(&mut out, &report)?,
+        Format::Prometheus => print_scan_prometheus(&mut out, &report)?,
+    }
+    Ok(
+        if args.verify && (report.corrupt > 0 || report.bad_header > 0) && !args.repair {
+            ExitCode::from(1)
+        } else {
+            ExitCode::SUCCESS
+        },
+    )
+}
+
+fn list_workers(vdir: &Path, only: Option<&str>) -> Result<Vec<String>, BoxError> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(vdir).map_err(|e| format!("{}: {e}", vdir.display()))? {
+        let e = e?;
+        if e.file_type()?.is_dir() {
+            if let Some(name) = e.file_name().to_str() {
+                if only.is_none_or(|w| w == name) && tierkv::WorkerId::new(name).is_ok() {
+                    out.push(name.to_string());
+                }
+            }
+        }
+    }
+    out.sort();
+    if let Some(w) = only {
+        if out.is_empty() {
+            return Err(UsageError(format!("no worker {w:?} under {}", vdir.display())).into());
+        }
+    }
+    Ok(out)
+}
+
+/// Reads a small file without moving its access time.
+fn read_noatime(path: &Path) -> Option<String> {
+    let fd = open_noatime(path).ok()?;
+    let mut f = std::fs::File::from(fd);
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut f, &mut s).ok()?;
+    Some(s)
+}
+
+fn read_live(wdir: &Path) -> Option<LiveStats> {
+    serde_json::from_str(&read_noatime(&wdir.join(STATS_FILE))?).ok()
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A store is running if it holds its worker's lock.
+fn store_running(wdir: &Path) -> bool {
+    let Ok(fd) = rustix::fs::open(
+        wdir.join(LOCK_FILE),
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    ) else {
+        return false;
+    };
+    match rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockShared) {
+        Ok(()) => false, // released when fd closes
+        Err(_) => true,
+    }
+}
+
+fn size_bucket(len: u64) -> u64 {
+    let mut b = 4096u64;
+    while b < len {
+        b *= 2;
+    }
+    b
+}
+
+fn age_bucket(secs: u64) -> &'static str {
+    match secs {
+        0..60 => "a: <1m",
+        60..3600 => "b: <1h",
+        3600..86_400 => "c: <1d",
+        86_400..604_800 => "d: <7d",
+        _ => "e: >=7d",
+    }
+}
+
+fn leaf_bucket(n: u64) -> &'static str {
+    match n {
+        0 => "a: 0",
+        1..4 => "b: 1-3",
+        4..16 => "c: 4-15",
+        16..64 => "d: 16-63",
+        64..256 => "e: 64-255",
+        256..1024 => "f: 256-1023",
+        _ => "g: 1024+",
+    }
+}
+
+fn human(b: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if v.fract() == 0.0 {
+        format!("{v:.0}{}", units[u])
+    } else {
+        format!("{v:.1}{}", units[u])
+    }
+}
+
+fn open_noatime(path: &Path) -> std::io::Result<OwnedFd> {
+    let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+    match rustix::fs::open(path, flags | OFlags::NOATIME, Mode::empty()) {
+        Err(rustix::io::Errno::PERM) => rustix::fs::open(path, flags, Mode::empty()),
+        r => r,
+    }
+    .map_err(|e| std::io::Error::from_raw_os_error(e.raw_os_error()))
+}
+
+/// Checks a block file's header, name and length; with `verify`, its checksum too.
+/// Returns `Err(reason)` for a bad file.
+fn check_block(
+    path: &Path,
+    name_hash: &tierkv::BlockHash,
+    size: u64,
+    verify: bool,
+) -> Result<u64, String> {
+    let fd = open_noatime(path).map_err(|e| e.to_string())?;
+    let mut head = vec![0u8; PAYLOAD_OFFSET as usize];
+    let n = rustix::io::pread(&fd, &mut head, 0).map_err(|e| e.to_string())?;
+    let header = Header::decode(&head[..n]).map_err(|e| e.to_string())?;
+    if &header.key != name_hash {
+        return Err("header names another block".into());
+    }
+    if n < PAYLOAD_OFFSET as usize || head[HEADER_LEN..].iter().any(|&b| b != 0) {
+        return Err("header padding is not zero".into());
+    }
+    if size != header.file_len() {
+        return Err(format!(
+            "file is {size} bytes, header says {}",
+            header.file_len()
+        ));
+    }
+    if verify {
+        let mut payload = vec![0u8; header.payload_len as usize];
+        let mut done = 0;
+        while done < payload.len() {
+            match rustix::io::pread(&fd, &mut payload[done..], PAYLOAD_OFFSET + done as u64) {
+                Ok(0) => return Err("file shorter than its header says".into()),
+                Ok(k) => done += k,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        if !header.verify(&payload) {
+            return Err("payload checksum mismatch".into());
+        }
+    }
+    Ok(header.payload_len)
+}
+
+fn scan(args: &Args, vdir: &Path, workers: &[String]) -> Result<Report, BoxError> {
+    let progress = indicatif::ProgressBar::new_spinner();
+    if !std::io::stderr().is_terminal() {
+        progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    progress.enable_steady_tick(Duration::from_millis(200));
+    let mut report = Report {
+        root: args.dir.clone(),
+        format_version: tierkv::format::FORMAT_VERSION,
+        ..Report::default()
+    };
+    for w in workers {
+        let wdir = vdir.join(w);
+        let wr = scan_worker(args, &wdir, &progress)?;
+        report.files += wr.files;
+        report.bytes += wr.bytes;
+        report.temp += wr.temp;
+        report.foreign += wr.foreign;
+        report.symlinks += wr.symlinks;
+        report.bad_header += wr.bad_header.len() as u64;
+        report.corrupt += wr.corrupt.len() as u64;
+        report.workers.insert(w.clone(), wr);
+    }
+    progress.finish_and_clear();
+    Ok(report)
+}
+
+fn scan_worker(
+    args: &Args,
+    wdir: &Path,
+    progress: &indicatif::ProgressBar,
+) -> Result<WorkerReport, BoxError> {
+    let layout = read_noatime(&wdir.join(LAYOUT_FILE)).and_then(|t| Layout::from_file_text(&t));
+    let running = store_running(wdir);
+    let live = read_live(wdir);
+    let mut wr = WorkerReport {
+        layout: layout.map(|l| l.to_string()),
+        capacity_bytes: live.as_ref().and_then(|l| l.stats.capacity_bytes),
+        capacity_files: live.as_ref().and_then(|l| l.stats.capacity_files),
+        live: running,
+        ..WorkerReport::default()
+    };
+    let Some(layout) = layout else {
+        // Without a layout nothing can be placed: everything here is foreign.
+        wr.foreign = std::fs::read_dir(wdir)?.count() as u64;
+        return Ok(wr);
+    };
+    // Directories to scan, with their level; leaves are at `layout.depth`.
+    let mut dirs: Vec<(PathBuf, u8)> = vec![(wdir.to_path_buf(), 0)];
+    let mut level_dirs = Vec::new();
+    // Expand the non-leaf levels first (cheap), then scan leaves in parallel.
+    while let Some((d, lvl)) = dirs.pop() {
+        if lvl == layout.depth {
+            level_dirs.push(d);
+            continue;
+        }
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            let ft = e.file_type()?;
+            let name = e.file_name();
+            let name = name.to_str().unwrap_or("");
+            if ft.is_symlink() {
+                wr.symlinks += 1;
+            } else if ft.is_dir() && layout.is_shard_dir(name) {
+                dirs.push((e.path(), lvl + 1));
+            } else if lvl == 0 && Layout::classify(name) == EntryName::Meta && ft.is_file() {
+                // the store's own files
+            } else {
+                wr.foreign += 1;
+            }
+        }
+    }
+    let now_s = now_ms() / 1000;
+    let shared = Mutex::new((wr, Vec::<u64>::new()));
+    let queue = Mutex::new(level_dirs);
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, 8);
+    let remove_temp = args.repair && !running;
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let Some(d) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop() else { break };
+                let mut local = WorkerReport::default();
+                let mut in_leaf = 0u64;
+                let is_root_leaf = layout.depth == 0;
+                let Ok(entries) = std::fs::read_dir(&d) else { continue };
+                for e in entries.flatten() {
+                    let Ok(ft) = e.file_type() else { continue };
+                    let name = e.file_name();
+                    let name = name.to_str().unwrap_or("").to_string();
+                    if ft.is_symlink() {
+                        local.symlinks += 1;
+                        continue;
+                    }
+                    if !ft.is_file() {
+                        local.foreign += 1;
+                        continue;
+                    }
+                    match Layout::classify(&name) {
+                        EntryName::Block(h) => {
+                            let Ok(m) = e.metadata() else { continue };
+                            in_leaf += 1;
+                            progress.inc(1);
+                            match check_block(&e.path(), &h, m.size(), args.verify) {
+                                Ok(payload) => {
+                                    local.files += 1;
+                                    local.bytes += m.blocks() * 512;
+                                    local.payload_bytes += payload;
+                                    *local.size_counts.entry(size_bucket(payload)).or_default() += 1;
+                                    let used = m.atime().max(m.mtime()).max(0) as u64;
+                                    *local.age_counts.entry(age_bucket(now_s.saturating_sub(used)).into()).or_default() += 1;
+                                }
+                                Err(reason) => {
+                                    tracing::warn!(path = %e.path().display(), %reason, "bad block file");
+                                    let corrupt_only = args.verify && reason.contains("checksum");
+                                    if args.repair && std::fs::remove_file(e.path()).is_ok() {
+                                        local.removed += 1;
+                                    }
+                                    if corrupt_only {
+                                        local.corrupt.push(e.path());
+                                    } else {
+                                        local.bad_header.push(e.path());
+                                    }
+                                }
+                            }
+                        }
+                        EntryName::Temp => {
+                            local.temp += 1;
+                            if remove_temp && std::fs::remove_file(e.path()).is_ok() {
+                                local.removed += 1;
+                            }
+                        }
+                        EntryName::Meta if is_root_leaf => {}
+                        _ => local.foreign += 1,
+                    }
+                }
+                let mut g = shared.lock().unwrap_or_else(|e| e.into_inner());
+                let (wr, leaves) = &mut *g;
+                merge(wr, local);
+                leaves.push(in_leaf);
+            });
+        }
+    });
+    let (mut wr, leaves) = shared.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut leaf_counts: BTreeMap<String, u64> = BTreeMap::new();
+    for &n in &leaves {
+        *leaf_counts.entry(leaf_bucket(n).into()).or_default() += 1;
+    }
+    wr.shard_balance = ShardBalance {
+        leaf_dirs: leaves.len() as u64,
+        min: leaves.iter().copied().min().unwrap_or(0),
+        max: leaves.iter().copied().max().unwrap_or(0),
+        avg: if leaves.is_empty() {
+            0.0
+        } else {
+            leaves.iter().sum::<u64>() as f64 / leaves.len() as f64
+        },
+        histogram: buckets(&LEAF_KEYS, &leaf_counts),
+    };
+    wr.ages = buckets(&AGE_KEYS, &wr.age_counts);
+    let largest = wr.size_counts.keys().last().copied().unwrap_or(4096);
+    let mut b = 4096u64;
+    while b <= largest {
+        wr.block_sizes.push(Bucket {
+            bucket: format!("<={}", human(b)),
+            count: wr.size_counts.get(&b).copied().unwrap_or(0),
+        });
+        b *= 2;
+    }
+    wr.bad_header.sort();
+    wr.corrupt.sort();
+    Ok(wr)
+}
+
+fn merge(into: &mut WorkerReport, from: WorkerReport) {
+    into.files += from.files;
+    into.bytes += from.bytes;
+    into.payload_bytes += from.payload_bytes;
+    into.temp += from.temp;
+    into.foreign += from.foreign;
+    into.symlinks += from.symlinks;
+    into.removed += from.removed;
+    into.bad_header.extend(from.bad_header);
+    into.corrupt.extend(from.corrupt);
+    for (k, v) in from.size_counts {
+        *into.size_counts.entry(k).or_default() += v;
+    }
+    for (k, v) in from.age_counts {
+        *into.age_counts.entry(k).or_default() += v;
+    }
+}
+
+fn strip_key(k: &str) -> &str {
+    k.split_once(": ").map_or(k, |(_, v)| v)
+}
+
+fn print_text(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "tierkv cache {} (format v{})",
+        r.root.display(),
+        r.format_version
+    )?;
+    writeln!(
+        out,
+        "total: {} block files, {} on disk; temp {}, foreign {}, symlinks {}, bad header {}, corrupt {}",
+        r.files,
+        human(r.bytes),
+        r.temp,
+        r.foreign,
+        r.symlinks,
+        r.bad_header,
+        r.corrupt
+    )?;
+    for (w, wr) in &r.workers {
+        writeln!(out)?;
+        let cap = match (wr.capacity_bytes, wr.capacity_files) {
+            (Some(c), _) => format!(
+                ", capacity {} ({:.0}% used)",
+                human(c),
+                100.0 * wr.bytes as f64 / c.max(1) as f64
+            ),
+            (None, Some(f)) => format!(
+                ", capacity {f} files ({:.0}% used)",
+                100.0 * wr.files as f64 / f.max(1) as f64
+            ),
+            _ => String::new(),
+        };
+        writeln!(
+            out,
+            "worker {w}: {} files, {} on disk ({} payload){cap}{}",
+            wr.files,
+            human(wr.bytes),
+            human(wr.payload_bytes),
+            if wr.live { ", store running" } else { "" }
+        )?;
+        writeln!(
+            out,
+            "  layout: {}",
+            wr.layout.as_deref().unwrap_or("none (no LAYOUT file)")
+        )?;
+        let sb = &wr.shard_balance;
+        writeln!(
+            out,
+            "  shard balance: {} leaf dirs, files per leaf min {} avg {:.1} max {}",
+            sb.leaf_dirs, sb.min, sb.avg, sb.max
+        )?;
+        let hist = |m: &[Bucket]| {
+            m.iter()
+                .filter(|b| b.count > 0)
+                .map(|b| format!("{} {}", b.bucket, b.count))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        writeln!(out, "    leaves by files: {}", hist(&sb.histogram))?;
+        writeln!(out, "  block sizes: {}", hist(&wr.block_sizes))?;
+        writeln!(out, "  last use: {}", hist(&wr.ages))?;
+        writeln!(
+            out,
+            "  temp {}, foreign {}, symlinks {}, bad header {}, corrupt {}",
+            wr.temp,
+            wr.foreign,
+            wr.symlinks,
+            wr.bad_header.len(),
+            wr.corrupt.len()
+        )?;
+        for p in wr.bad_header.iter().chain(&wr.corrupt) {
+            writeln!(out, "    bad: {}", p.display())?;
+        }
+        if wr.removed > 0 {
+            writeln!(out, "  repaired: removed {} files", wr.removed)?;
+        }
+    }
+    Ok(())
+}
+
+/// (name, help, value of a worker)
+type TreeMetric = (&'static str, &'static str, fn(&WorkerReport) -> u64);
+
+/// Per metric: help, counter?, values per worker.
+type MetricRows<'a> = BTreeMap<&'static str, (&'static str, bool, Vec<(&'a str, f64)>)>;
+
+fn print_scan_prometheus(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
+    let metrics: [TreeMetric; 6] = [
+        ("tierkv_tree_files", "Block files in the tree.", |w| w.files),
+        (
+            "tierkv_tree_bytes",
+            "On-disk bytes of the block files.",
+            |w| w.bytes,
+        ),
+        ("tierkv_tree_temp_files", "Temp files in the tree.", |w| {
+            w.temp
+        }),
+        (
+            "tierkv_tree_foreign_files",
+            "Files that are not the store's.",
+            |w| w.foreign,
+        ),
+        ("tierkv_tree_symlinks", "Symlinks in the tree.", |w| {
+            w.symlinks
+        }),
+        (
+            "tierkv_tree_bad_files",
+            "Block files with a bad header or checksum.",
+            |w| (w.bad_header.len() + w.corrupt.len()) as u64,
+        ),
+    ];
+    for (name, help, f) in metrics {
+        writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge")?;
+        for (w, wr) in &r.workers {
+            writeln!(out, "{name}{{worker=\"{w}\"}} {}", f(wr))?;
+        }
+    }
+    Ok(())
+}
+
+/// (name, help, counter?, value)
+fn live_metrics(l: &LiveStats) -> Vec<(&'static str, &'static str, bool, f64)> {
+    let s = &l.stats;
+    vec![
+        (
+            "tierkv_hits_total",
+            "Lookups that returned a block.",
+            true,
+            s.hits as f64,
+        ),
+        (
+            "tierkv_misses_total",
+            "Lookups that found no block.",
+            true,
+            s.misses as f64,
+        ),
+        (
+            "tierkv_read_bytes_total",
+            "Payload bytes returned by hits.",
+            true,
+            s.bytes_read as f64,
+        ),
+        (
+            "tierkv_written_bytes_total",
+            "Payload bytes of published puts.",
+            true,
+            s.bytes_written as f64,
+        ),
+        (
+            "tierkv_puts_total",
+            "Blocks published.",
+            true,
+            s.puts as f64,
+        ),
+        (
+            "tierkv_evictions_total",
+            "Blocks evicted.",
+            true,
+            s.evictions as f64,
+        ),
+        (
+            "tierkv_not_admitted_total",
+            "Puts declined by admission control.",
+            true,
+            s.not_admitted as f64,
+        ),
+        (
+            "tierkv_corrupt_total",
+            "Corrupt block files found by reads.",
+            true,
+            s.corrupt as f64,
+        ),
+        (
+            "tierkv_fd_cache_hits_total",
+            "Reads through a cached descriptor.",
+            true,
+            s.fd_cache_hits as f64,
+        ),
+        (
+            "tierkv_fd_cache_misses_total",
+            "Reads that opened the file.",
+            true,
+            s.fd_cache_misses as f64,
+        ),
+        (
+            "tierkv_fd_cache_evictions_total",
+            "Descriptors evicted from the open-file cache.",
+            true,
+            s.fd_cache_evictions as f64,
+        ),
+        (
+            "tierkv_errors_no_space_total",
+            "NoSpace errors returned.",
+            true,
+            s.errors.no_space as f64,
+        ),
+        (
+            "tierkv_errors_io_total",
+            "I/O errors returned.",
+            true,
+            s.errors.io as f64,
+        ),
+        (
+            "tierkv_errors_too_many_open_files_total",
+            "EMFILE errors returned.",
+            true,
+            s.errors.too_many_open_files as f64,
+        ),
+        (
+            "tierkv_errors_invalid_input_total",
+            "Invalid keys, sizes and buffers.",
+            true,
+            s.errors.invalid_input as f64,
+        ),
+        (
+            "tierkv_used_bytes",
+            "On-disk bytes of the block files.",
+            false,
+            s.used_bytes as f64,
+        ),
+        (
+            "tierkv_used_files",
+            "Block files held.",
+            false,
+            s.used_files as f64,
+        ),
+        (
+            "tierkv_capacity_bytes",
+            "Byte capacity (0: unbounded).",
+            false,
+            s.capacity_bytes.unwrap_or(0) as f64,
+        ),
+        (
+            "tierkv_capacity_files",
+            "File capacity (0: unbounded).",
+            false,
+            s.capacity_files.unwrap_or(0) as f64,
+        ),
+        (
+            "tierkv_get_latency_p99_seconds",
+            "99th percentile of get_many latency.",
+            false,
+            s.get_latency.p99_ns as f64 / 1e9,
+        ),
+        (
+            "tierkv_put_latency_p99_seconds",
+            "99th percentile of put_many latency.",
+            false,
+            s.put_latency.p99_ns as f64 / 1e9,
+        ),
+        (
+            "tierkv_up",
+            "1 if the store is open and publishing.",
+            false,
+            if live_fresh(l) { 1.0 } else { 0.0 },
+        ),
+    ]
+}
+
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1000.0
+}
+
+fn live_fresh(l: &LiveStats) -> bool {
+    l.open && now_ms().saturating_sub(l.updated_unix_ms) <= 3 * l.interval_ms.max(1000)
+}
+
+fn live(args: &Args, vdir: &Path, workers: &[String]) -> Result<ExitCode, BoxError> {
+    let mut prev: BTreeMap<String, (LiveStats, u64)> = BTreeMap::new();
+    let mut n = 0u64;
+    loop {
+        let snaps: Vec<(String, LiveStats)> = workers
+            .iter()
+            .filter_map(|w| read_live(&vdir.join(w)).map(|l| (w.clone(), l)))
+            .collect();
+        if snaps.is_empty() && args.watch.is_none() {
+            return Err(format!("no live counters under {} (is a store running? it writes {STATS_FILE} every second)", vdir.display()).into());
+        }
+        let mut out = std::io::stdout().lock();
+        if args.watch.is_some() && args.format == Format::Text && std::io::stdout().is_terminal() {
+            write!(out, "\x1b[H\x1b[2J")?;
+        }
+        match args.format {
+            Format::Json => {
+                let doc: BTreeMap<&String, &LiveStats> =
+                    snaps.iter().map(|(w, l)| (w, l)).collect();
+                writeln!(out, "{}", serde_json::to_string(&doc)?)?;
+            }
+            Format::Prometheus => {
+                let mut by_metric: MetricRows<'_> = BTreeMap::new();
+                for (w, l) in &snaps {
+                    for (name, help, counter, v) in live_metrics(l) {
+                        by_metric
+                            .entry(name)
+                            .or_insert((help, counter, Vec::new()))
+                            .2
+                            .push((w.as_str(), v));
+                    }
+                }
+                for (name, (help, counter, vals)) in by_metric {
+                    writeln!(
+                        out,
+                        "# HELP {name} {help}\n# TYPE {name} {}",
+                        if counter { "counter" } else { "gauge" }
+                    )?;
+                    for (w, v) in vals {
+                        writeln!(out, "{name}{{worker=\"{w}\"}} {v}")?;
+                    }
+                }
+            }
+            Format::Text => {
+                for (w, l) in &snaps {
+                    let s = &l.stats;
+                    let state = if live_fresh(l) {
+                        "running"
+                    } else if l.open {
+                        "stale (not updated)"
+                    } else {
+                        "closed"
+                    };
+                    writeln!(
+                        out,
+                        "worker {w}: {state}, pid {}, policy {}, engine {}",
+                        l.pid, l.policy, l.engine
+                    )?;
+                    let lookups = s.hits + s.misses;
+                    writeln!(
+                        out,
+                        "  hits {} misses {} (hit ratio {:.3}), read {}, written {}, puts {}",
+                        s.hits,
+                        s.misses,
+                        if lookups > 0 {
+                            s.hits as f64 / lookups as f64
+                        } else {
+                            0.0
+                        },
+                        human(s.bytes_read),
+                        human(s.bytes_written),
+                        s.puts
+                    )?;
+                    let cap = s
+                        .capacity_bytes
+                        .map(human)
+                        .or(s.capacity_files.map(|f| format!("{f} files")))
+                        .unwrap_or_else(|| "unbounded".into());
+                    writeln!(
+                        out,
+                        "  usage {} in {} files, capacity {cap}; evictions {}, not admitted {}",
+                        human(s.used_bytes),
+                        s.used_files,
+                        s.evictions,
+                        s.not_admitted
+                    )?;
+                    writeln!(
+                        out,
+                        "  fd cache {}/{}: hits {} misses {} evictions {}; corrupt {}; errors: no space {}, io {}, emfile {}, input {}",
+                        s.fd_cache_len,
+                        s.fd_cache_capacity,
+                        s.fd_cache_hits,
+                        s.fd_cache_misses,
+                        s.fd_cache_evictions,
+                        s.corrupt,
+                        s.errors.no_space,
+                        s.errors.io,
+                        s.errors.too_many_open_files,
+                        s.errors.invalid_input
+                    )?;
+                    writeln!(
+                        out,
+                        "  get_many latency us: mean {:.1} p50 {:.1} p99 {:.1} max {:.1}; put_many: mean {:.1} p50 {:.1} p99 {:.1} max {:.1}",
+                        us(s.get_latency.mean_ns),
+                        us(s.get_latency.p50_ns),
+                        us(s.get_latency.p99_ns),
+                        us(s.get_latency.max_ns),
+                        us(s.put_latency.mean_ns),
+                        us(s.put_latency.p50_ns),
+                        us(s.put_latency.p99_ns),
+                        us(s.put_latency.max_ns)
+                    )?;
+                    if let Some((p, at)) = prev.get(w) {
+                        let dt = (l.updated_unix_ms.saturating_sub(p.updated_unix_ms) as f64
+                            / 1000.0)
+                            .max(1e-3);
+                        let _ = at;
+                        let rate = |a: u64, b: u64| a.saturating_sub(b) as f64 / dt;
+                        writeln!(
+                            out,
+                            "  rates/s: hits {:.0} misses {:.0} read {}/s written {}/s puts {:.0} evictions {:.0}",
+                            rate(s.hits, p.stats.hits),
+                            rate(s.misses, p.stats.misses),
+                            human(rate(s.bytes_read, p.stats.bytes_read) as u64),
+                            human(rate(s.bytes_written, p.stats.bytes_written) as u64),
+                            rate(s.puts, p.stats.puts),
+                            rate(s.evictions, p.stats.evictions)
+                        )?;
+                    }
+                }
+            }
+        }
+        out.flush()?;
+        drop(out);
+        for (w, l) in snaps {
+            prev.insert(w, (l, now_ms()));
+        }
+        n += 1;
+        match args.watch {
+            Some(every) if args.iterations.is_none_or(|max| n < max) => std::thread::sleep(every),
+            _ => return Ok(ExitCode::SUCCESS),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_buckets() {
+        assert_eq!(parse_duration("1s").unwrap(), Duration::from_secs(1));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("0s").is_err() && parse_duration("soon").is_err());
+        assert_eq!(size_bucket(1), 4096);
+        assert_eq!(size_bucket(4097), 8192);
+        assert_eq!(leaf_bucket(0), "a: 0");
+        assert_eq!(leaf_bucket(1500), "g: 1024+");
+        assert_eq!(strip_key(age_bucket(30)), "<1m");
+        assert_eq!(strip_key(age_bucket(8 * 86_400)), ">=7d");
+        assert_eq!(human(10 << 20), "10MiB");
+    }
+}
