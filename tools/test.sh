@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The test command of README.md, and what .ci/run runs. Idempotent: installs what the tests
-# need when it is missing, then runs formatting, lints and every test.
+# need when it is missing (libclang for nixl-sys's bindings, the NIXL libraries from the PyPI
+# wheel into .nixl/), then runs formatting, lints and every test, the NIXL engine included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# In CI (CI=true, root) the tests that need privileges (a tmpfs for a real ENOSPC) must run,
-# not skip.
+# In CI (CI=true, root) the tests that need privileges (a tmpfs for a real ENOSPC) and the
+# NIXL library must run, not skip.
 if [ "${CI:-}" = "true" ]; then
   export TIERKV_REQUIRE_PRIVILEGED_TESTS=1
+  export TIERKV_REQUIRE_NIXL=1
 fi
 
 for c in rustfmt clippy; do
@@ -15,6 +17,18 @@ for c in rustfmt clippy; do
     rustup component add "$c"
   fi
 done
+
+# nixl-sys runs bindgen, which needs libclang.
+if ! ldconfig -p | grep -q 'libclang.*\.so'; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libclang-dev >/dev/null
+  else
+    echo "tools/test.sh: libclang is missing: sudo apt-get install -y libclang-dev" >&2
+    exit 1
+  fi
+fi
+# The NIXL libraries (POSIX backend), loaded at run time by the nixl engine.
+tools/fetch-nixl.sh
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --all-features -- -D warnings

@@ -18,10 +18,14 @@ use std::sync::Arc;
 use crate::error::Error;
 
 mod fault;
+#[cfg(feature = "nixl")]
+pub mod nixl;
 mod psync;
+mod uring;
 
 pub use fault::{FaultPlan, FaultyEngine};
 pub use psync::PsyncEngine;
+pub use uring::{DEFAULT_QUEUE_DEPTH, UringEngine};
 
 /// What one request does.
 #[derive(Debug)]
@@ -101,6 +105,12 @@ pub enum EngineKind {
     /// `pread`/`pwrite` (vectored) from the calling thread.
     #[default]
     Psync,
+    /// io_uring on a dedicated thread; fails to build where the kernel refuses io_uring.
+    IoUring,
+    /// io_uring where the kernel allows it, else psync (with one warning).
+    Auto,
+    /// NIXL's POSIX backend (needs the `nixl` feature and the NIXL library at run time).
+    Nixl,
 }
 
 impl EngineKind {
@@ -108,6 +118,28 @@ impl EngineKind {
     pub fn build(self) -> Result<Arc<dyn IoEngine>, Error> {
         match self {
             EngineKind::Psync => Ok(Arc::new(PsyncEngine::new())),
+            EngineKind::IoUring => UringEngine::new(DEFAULT_QUEUE_DEPTH)
+                .map(|e| Arc::new(e) as Arc<dyn IoEngine>)
+                .map_err(|e| {
+                    Error::Config(format!(
+                        "io_uring is not available here ({e}); choose the psync engine, or auto"
+                    ))
+                }),
+            #[cfg(feature = "nixl")]
+            EngineKind::Nixl => Ok(Arc::new(nixl::NixlEngine::new(
+                &nixl::NixlConfig::default(),
+            )?)),
+            #[cfg(not(feature = "nixl"))]
+            EngineKind::Nixl => Err(Error::Config(
+                "this build has no NIXL engine: rebuild with --features nixl".into(),
+            )),
+            EngineKind::Auto => match UringEngine::new(DEFAULT_QUEUE_DEPTH) {
+                Ok(e) => Ok(Arc::new(e)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "io_uring refused by the kernel: using psync");
+                    Ok(Arc::new(PsyncEngine::new()))
+                }
+            },
         }
     }
 }
@@ -117,11 +149,11 @@ impl FromStr for EngineKind {
     fn from_str(s: &str) -> Result<Self, Error> {
         match s {
             "psync" => Ok(EngineKind::Psync),
-            "io_uring" | "nixl" => Err(Error::Config(format!(
-                "I/O engine {s:?} is not built into this version; available: psync"
-            ))),
+            "io_uring" | "uring" => Ok(EngineKind::IoUring),
+            "auto" => Ok(EngineKind::Auto),
+            "nixl" => Ok(EngineKind::Nixl),
             _ => Err(Error::Config(format!(
-                "unknown I/O engine {s:?}; available: psync"
+                "unknown I/O engine {s:?}; available: psync, io_uring, auto, nixl"
             ))),
         }
     }
@@ -131,6 +163,9 @@ impl fmt::Display for EngineKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             EngineKind::Psync => "psync",
+            EngineKind::IoUring => "io_uring",
+            EngineKind::Auto => "auto",
+            EngineKind::Nixl => "nixl",
         })
     }
 }

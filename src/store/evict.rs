@@ -22,7 +22,7 @@ struct Signal {
 #[derive(Debug)]
 pub(super) struct Evictor {
     signal: Arc<Signal>,
-    _thread: JoinHandle<()>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl Evictor {
@@ -36,7 +36,7 @@ impl Evictor {
             .expect("spawn the eviction thread");
         Evictor {
             signal,
-            _thread: thread,
+            thread: Some(thread),
         }
     }
 
@@ -49,10 +49,18 @@ impl Evictor {
 }
 
 impl Drop for Evictor {
+    /// Stops the thread and waits for an eviction in progress to finish.
     fn drop(&mut self) {
-        let mut st = self.signal.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.1 = true;
-        self.signal.cv.notify_one();
+        {
+            let mut st = self.signal.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.1 = true;
+            self.signal.cv.notify_one();
+        }
+        if let Some(t) = self.thread.take() {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
     }
 }
 

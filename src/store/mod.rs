@@ -111,6 +111,19 @@ impl Parts {
 #[derive(Clone, Debug)]
 pub struct Store {
     inner: Arc<Inner>,
+    /// Dropped with the last handle: closes the store (stops its threads, publishes the final
+    /// counters, releases the worker lock) even while a background thread briefly holds
+    /// `inner`, so the worker can be reopened at once.
+    _open: Arc<OpenGuard>,
+}
+
+#[derive(Debug)]
+struct OpenGuard(Arc<Inner>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 #[derive(Debug)]
@@ -128,8 +141,8 @@ struct Inner {
     fds: FdCache,
     index: Index,
     stripes: Box<[Mutex<()>]>,
-    evictor: Option<Evictor>,
-    stats_writer: Option<StatsWriter>,
+    evictor: Mutex<Option<Evictor>>,
+    stats_writer: Mutex<Option<StatsWriter>>,
     stats_interval: std::time::Duration,
     counters: Counters,
     has_openat2: AtomicBool,
@@ -138,11 +151,28 @@ struct Inner {
     temp_seq: AtomicU64,
 }
 
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if self.stats_writer.is_some() {
+impl Inner {
+    /// Stops the background threads (waiting for work in progress), publishes the final
+    /// counters and releases the worker lock.
+    fn close(&self) {
+        let evictor = self
+            .evictor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(evictor);
+        let writer = self
+            .stats_writer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if writer.is_some() {
+            drop(writer);
             // The last snapshot, marked closed.
             self.write_live_stats(false, self.stats_interval);
+        }
+        if let Err(e) = rustix::fs::flock(&self._lock, FlockOperation::Unlock) {
+            tracing::warn!(error = %e, "could not release the worker lock");
         }
     }
 }
@@ -268,12 +298,15 @@ impl Store {
             fds: FdCache::new(fd_cap),
             index,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
-            stats_writer: config
-                .stats_interval
-                .map(|i| StatsWriter::spawn(weak.clone(), i)),
+            stats_writer: Mutex::new(
+                config
+                    .stats_interval
+                    .map(|i| StatsWriter::spawn(weak.clone(), i)),
+            ),
             stats_interval: config.stats_interval.unwrap_or_default(),
-            evictor: (limits.is_bounded() && limits.high < 1.0)
-                .then(|| Evictor::spawn(weak.clone())),
+            evictor: Mutex::new(
+                (limits.is_bounded() && limits.high < 1.0).then(|| Evictor::spawn(weak.clone())),
+            ),
             counters,
             has_openat2: AtomicBool::new(true),
             tmpfile: AtomicBool::new(config.publish == Publish::Tmpfile),
@@ -286,10 +319,13 @@ impl Store {
             tracing::info!(count = victims.len(), "evicting down to the capacity");
             inner.unlink_victims(victims);
         }
-        if inner.stats_writer.is_some() {
+        if config.stats_interval.is_some() {
             inner.write_live_stats(true, inner.stats_interval);
         }
-        Ok(Store { inner })
+        Ok(Store {
+            _open: Arc::new(OpenGuard(inner.clone())),
+            inner,
+        })
     }
 
     /// The worker this store serves.
@@ -562,8 +598,8 @@ impl Inner {
             self.counters.error(e);
         }
         self.counters.put_latency.record(started.elapsed());
-        if let Some(ev) = &self.evictor {
-            if self.index.over_high() {
+        if self.index.over_high() {
+            if let Some(ev) = &*self.evictor.lock().unwrap_or_else(|e| e.into_inner()) {
                 ev.wake();
             }
         }

@@ -49,7 +49,7 @@ struct Signal {
 #[derive(Debug)]
 pub(super) struct StatsWriter {
     signal: Arc<Signal>,
-    _thread: JoinHandle<()>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl StatsWriter {
@@ -78,15 +78,21 @@ impl StatsWriter {
             .expect("spawn the stats thread");
         StatsWriter {
             signal,
-            _thread: thread,
+            thread: Some(thread),
         }
     }
 }
 
 impl Drop for StatsWriter {
+    /// Stops the thread and waits for a write in progress to finish.
     fn drop(&mut self) {
         *self.signal.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
         self.signal.cv.notify_one();
+        if let Some(t) = self.thread.take() {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
     }
 }
 

@@ -93,6 +93,9 @@ struct Args {
     /// How puts publish files: rename (temp file + rename) or tmpfile (O_TMPFILE + linkat).
     #[arg(long, default_value = "rename")]
     publish: Publish,
+    /// I/O engine: psync, io_uring, auto (io_uring where the kernel allows it).
+    #[arg(long, default_value = "psync")]
+    ioengine: tierkv::engine::EngineKind,
     /// Use O_DIRECT.
     #[arg(long)]
     direct: bool,
@@ -212,7 +215,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut config = StoreConfig::new()
         .with_verify(args.verify)
         .with_direct_io(args.direct)
-        .with_publish(args.publish);
+        .with_publish(args.publish)
+        .with_engine(args.ioengine);
     if let Some(d) = args.layout_depth {
         config = config.with_layout(Layout::new(d, args.layout_fanout)?);
     }

@@ -1,0 +1,278 @@
+//! The `io_uring` engine: a ring on a dedicated thread, fed by a channel. A batch becomes one
+//! submission of vectored reads and writes (up to the queue depth in flight), reaped together;
+//! short transfers are resubmitted for their remainder.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use io_uring::{IoUring, opcode, types};
+
+use super::{IoEngine, IoKind, IoRequest};
+
+/// Default number of operations in flight per ring.
+pub const DEFAULT_QUEUE_DEPTH: u32 = 64;
+
+/// One transfer of a job, in the ring thread's hands.
+struct Op {
+    fd: RawFd,
+    offset: u64,
+    write: bool,
+    /// The caller's buffers.
+    iov: Vec<libc::iovec>,
+    /// The not yet transferred part of `iov` (what is in flight).
+    rest: Vec<libc::iovec>,
+    want: usize,
+    done: usize,
+    result: Option<io::Result<usize>>,
+}
+
+struct Job {
+    ops: Vec<Op>,
+    reply: mpsc::SyncSender<Vec<io::Result<usize>>>,
+}
+
+// SAFETY: a Job carries raw pointers (iovecs) into buffers that the submitting thread borrows;
+// that thread blocks until the ring thread replies, which it does only after every operation
+// of the job has completed, so the buffers outlive every use of the pointers.
+unsafe impl Send for Job {}
+
+/// Vectored reads and writes through io_uring.
+#[derive(Debug)]
+pub struct UringEngine {
+    tx: mpsc::Sender<Job>,
+    depth: u32,
+    _thread: JoinHandle<()>,
+}
+
+impl UringEngine {
+    /// Sets up a ring of `depth` entries on a thread of its own. Fails when the kernel refuses
+    /// io_uring (too old, seccomp, `io_uring_disabled`).
+    pub fn new(depth: u32) -> io::Result<Self> {
+        let ring = IoUring::new(depth.max(1))?;
+        let (tx, rx) = mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("tierkv-uring".into())
+            .spawn(move || {
+                let mut ring = ring;
+                while let Ok(job) = rx.recv() {
+                    run_job(&mut ring, job);
+                }
+            })?;
+        Ok(UringEngine {
+            tx,
+            depth: depth.max(1),
+            _thread: thread,
+        })
+    }
+
+    /// The ring's queue depth.
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+}
+
+fn make_iov(ptr: *const u8, len: usize) -> libc::iovec {
+    libc::iovec {
+        iov_base: ptr as *mut libc::c_void,
+        iov_len: len,
+    }
+}
+
+/// The part of `iov` after the first `skip` bytes.
+fn advance(iov: &[libc::iovec], mut skip: usize) -> Vec<libc::iovec> {
+    let mut out = Vec::with_capacity(iov.len());
+    for v in iov {
+        if skip >= v.iov_len {
+            skip -= v.iov_len;
+            continue;
+        }
+        // SAFETY: skip < iov_len, so the pointer stays inside the same buffer.
+        let base = unsafe { (v.iov_base as *const u8).add(skip) };
+        out.push(make_iov(base, v.iov_len - skip));
+        skip = 0;
+    }
+    out
+}
+
+fn run_job(ring: &mut IoUring, mut job: Job) {
+    let depth = ring.params().sq_entries() as usize;
+    let mut pending: VecDeque<usize> = VecDeque::new();
+    for (i, op) in job.ops.iter_mut().enumerate() {
+        if op.want == 0 {
+            op.result = Some(Ok(0));
+        } else {
+            pending.push_back(i);
+        }
+    }
+    let mut inflight = 0usize;
+    loop {
+        while inflight < depth {
+            let Some(i) = pending.pop_front() else { break };
+            let op = &mut job.ops[i];
+            op.rest = advance(&op.iov, op.done);
+            let fd = types::Fd(op.fd);
+            let entry = if op.write {
+                opcode::Writev::new(fd, op.rest.as_ptr(), op.rest.len() as u32)
+                    .offset(op.offset + op.done as u64)
+                    .build()
+            } else {
+                opcode::Readv::new(fd, op.rest.as_ptr(), op.rest.len() as u32)
+                    .offset(op.offset + op.done as u64)
+                    .build()
+            }
+            .user_data(i as u64);
+            // SAFETY: the iovec array (op.rest) and the buffers it points to stay valid and
+            // unmoved until this operation's completion is reaped below: op.rest is only
+            // replaced when the operation is resubmitted, after its completion.
+            if unsafe { ring.submission().push(&entry) }.is_err() {
+                pending.push_front(i);
+                break;
+            }
+            inflight += 1;
+        }
+        if inflight == 0 {
+            break;
+        }
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e) => {
+                // The ring itself failed: nothing more can complete through it.
+                for op in job.ops.iter_mut().filter(|o| o.result.is_none()) {
+                    op.result = Some(Err(io::Error::new(e.kind(), e.to_string())));
+                }
+                break;
+            }
+        }
+        let done: Vec<(u64, i32)> = ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
+        for (ud, res) in done {
+            inflight -= 1;
+            let i = ud as usize;
+            let op = &mut job.ops[i];
+            if res < 0 {
+                let errno = -res;
+                if errno == libc::EINTR || errno == libc::EAGAIN {
+                    pending.push_back(i);
+                } else {
+                    op.result = Some(Err(io::Error::from_raw_os_error(errno)));
+                }
+            } else if res == 0 {
+                op.result = Some(if op.write {
+                    Err(io::Error::from(io::ErrorKind::WriteZero))
+                } else {
+                    Ok(op.done) // end of file
+                });
+            } else {
+                op.done += res as usize;
+                if op.done >= op.want {
+                    op.result = Some(Ok(op.done));
+                } else {
+                    pending.push_back(i); // short transfer: the rest goes again
+                }
+            }
+        }
+    }
+    let results = job
+        .ops
+        .into_iter()
+        .map(|o| {
+            o.result
+                .unwrap_or_else(|| Err(io::Error::other("io_uring operation lost")))
+        })
+        .collect();
+    let _ = job.reply.send(results);
+}
+
+impl IoEngine for UringEngine {
+    fn name(&self) -> &'static str {
+        "io_uring"
+    }
+
+    fn submit(&self, batch: &mut [IoRequest<'_>]) -> Vec<io::Result<usize>> {
+        let ops: Vec<Op> = batch
+            .iter_mut()
+            .map(|r| {
+                let (write, iov): (bool, Vec<libc::iovec>) = match &mut r.kind {
+                    IoKind::Read(bufs) => (
+                        false,
+                        bufs.iter_mut()
+                            .map(|b| make_iov(b.as_mut_ptr(), b.len()))
+                            .collect(),
+                    ),
+                    IoKind::Write(bufs) => (
+                        true,
+                        bufs.iter().map(|b| make_iov(b.as_ptr(), b.len())).collect(),
+                    ),
+                };
+                let want = iov.iter().map(|v| v.iov_len).sum();
+                Op {
+                    fd: r.fd.as_raw_fd(),
+                    offset: r.offset,
+                    write,
+                    iov,
+                    rest: Vec::new(),
+                    want,
+                    done: 0,
+                    result: None,
+                }
+            })
+            .collect();
+        let n = ops.len();
+        let (reply, rx) = mpsc::sync_channel(1);
+        if self.tx.send(Job { ops, reply }).is_err() {
+            return (0..n)
+                .map(|_| Err(io::Error::other("io_uring thread is gone")))
+                .collect();
+        }
+        // Blocks until every operation of the job has completed (see `Job`'s Send).
+        rx.recv().unwrap_or_else(|_| {
+            (0..n)
+                .map(|_| Err(io::Error::other("io_uring thread is gone")))
+                .collect()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn contract() {
+        let e = super::UringEngine::new(8).expect("io_uring works on this kernel");
+        super::super::contract::run_all(&e);
+    }
+
+    #[test]
+    fn batches_larger_than_the_ring() {
+        use super::super::{IoEngine, IoRequest};
+        use std::io::{IoSlice, IoSliceMut};
+        use std::os::fd::AsFd;
+        let e = super::UringEngine::new(4).unwrap();
+        let files: Vec<std::fs::File> = (0..50).map(|_| tempfile::tempfile().unwrap()).collect();
+        let data: Vec<Vec<u8>> = (0..50).map(|i| vec![i as u8; 10_000 + i]).collect();
+        let mut w: Vec<IoRequest<'_>> = files
+            .iter()
+            .zip(&data)
+            .map(|(f, d)| IoRequest::write(f.as_fd(), 7, vec![IoSlice::new(d)]))
+            .collect();
+        assert!(e.submit(&mut w).iter().all(|r| r.is_ok()));
+        drop(w);
+        let mut outs: Vec<Vec<u8>> = data.iter().map(|d| vec![0u8; d.len() + 5]).collect();
+        let mut r: Vec<IoRequest<'_>> = files
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(f, o)| IoRequest::read(f.as_fd(), 7, vec![IoSliceMut::new(o)]))
+            .collect();
+        let res = e.submit(&mut r);
+        drop(r);
+        for ((res, o), d) in res.into_iter().zip(&outs).zip(&data) {
+            assert_eq!(res.unwrap(), d.len(), "short read at end of file");
+            assert_eq!(&o[..d.len()], &d[..]);
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! One contract for every engine, through the store: the same round trips, the same miss
+//! semantics, the same error classification.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use tierkv::engine::{EngineKind, IoEngine};
+use tierkv::{Error, Lookup, Store, StoreConfig};
+
+/// The engines this machine can run. io_uring is required here (the kernel of this project's
+/// machines allows it); CI fails rather than silently testing fewer engines.
+fn engines() -> Vec<(String, Arc<dyn IoEngine>)> {
+    let mut out: Vec<(String, Arc<dyn IoEngine>)> =
+        vec![("psync".into(), EngineKind::Psync.build().unwrap())];
+    out.push((
+        "io_uring".into(),
+        EngineKind::IoUring.build().expect("io_uring"),
+    ));
+    out.extend(extra_engines());
+    out
+}
+
+#[cfg(feature = "nixl")]
+fn extra_engines() -> Vec<(String, Arc<dyn IoEngine>)> {
+    match tierkv::engine::nixl::NixlEngine::new(&tierkv::engine::nixl::NixlConfig::default()) {
+        Ok(e) => vec![("nixl".into(), Arc::new(e) as Arc<dyn IoEngine>)],
+        Err(e) => {
+            assert!(
+                std::env::var_os("TIERKV_REQUIRE_NIXL").is_none(),
+                "NIXL required but unavailable: {e}"
+            );
+            eprintln!("skipped the nixl engine: {e}");
+            vec![]
+        }
+    }
+}
+
+#[cfg(not(feature = "nixl"))]
+fn extra_engines() -> Vec<(String, Arc<dyn IoEngine>)> {
+    assert!(
+        std::env::var_os("TIERKV_REQUIRE_NIXL").is_none(),
+        "NIXL required but the nixl feature is off"
+    );
+    vec![]
+}
+
+fn store_with(dir: &std::path::Path, engine: Arc<dyn IoEngine>, cfg: StoreConfig) -> Store {
+    Store::open_with_engine(dir, worker("w"), cfg, engine).unwrap()
+}
+
+#[test]
+fn round_trips_misses_and_corruption() {
+    for (name, engine) in engines() {
+        for direct in [false, true] {
+            let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+            let store = store_with(
+                dir.path(),
+                engine.clone(),
+                StoreConfig::new().with_direct_io(direct),
+            );
+            let sizes = [0usize, 1, 4095, 4096, 65_536, 300_001];
+            let ks = keys(&store, sizes.len() as u64);
+            let datas: Vec<Vec<u8>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| payload(i as u64, 9, n))
+                .collect();
+            let items: Vec<_> = ks
+                .iter()
+                .cloned()
+                .zip(datas.iter().map(Vec::as_slice))
+                .collect();
+            assert!(store.put_many(&items).iter().all(Result::is_ok), "{name}");
+            for _pass in 0..2 {
+                let mut bufs = vec![vec![0u8; 300_001]; sizes.len()];
+                for (i, r) in store.get_many(&ks, &mut bufs).into_iter().enumerate() {
+                    assert_eq!(r.unwrap(), Lookup::Hit(sizes[i]), "{name} direct={direct}");
+                    assert_eq!(&bufs[i][..sizes[i]], &datas[i][..], "{name}");
+                }
+            }
+            assert_eq!(check_all_blocks(store.dir()), sizes.len(), "{name}");
+            // Miss after deletion behind the store's back.
+            std::fs::remove_file(store.path_of(&ks[2].hash)).unwrap();
+            assert_eq!(
+                store.get(&ks[2], &mut vec![0u8; 4095]).unwrap(),
+                Lookup::Miss,
+                "{name}"
+            );
+            // A truncated file is corrupt: a miss, counted.
+            let p = store.path_of(&ks[5].hash);
+            drop(store);
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_len(4096 + 1000)
+                .unwrap();
+            let store = store_with(
+                dir.path(),
+                engine.clone(),
+                StoreConfig::new().with_direct_io(direct),
+            );
+            assert_eq!(
+                store.get(&ks[5], &mut vec![0u8; 300_001]).unwrap(),
+                Lookup::Miss,
+                "{name}"
+            );
+            assert_eq!(store.stats().corrupt, 1, "{name}");
+        }
+    }
+}
+
+/// The same full-filesystem error for every engine (needs root for the tmpfs).
+#[test]
+fn a_full_filesystem_is_no_space_for_every_engine() {
+    let mnt = tempfile::tempdir().unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tierkv-engines"])
+        .arg(mnt.path())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        let msg = "skipped: cannot mount a tmpfs (needs root)";
+        assert!(
+            std::env::var_os("TIERKV_REQUIRE_PRIVILEGED_TESTS").is_none(),
+            "{msg}"
+        );
+        eprintln!("{msg}");
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(mnt.path().to_path_buf());
+    for (name, engine) in engines() {
+        let root = mnt.path().join(&name);
+        let store = store_with(&root, engine, StoreConfig::default());
+        match store.put(&store.key(hash(1)), &vec![1u8; 2 << 20]) {
+            Err(Error::NoSpace { .. }) => {}
+            other => panic!("{name}: expected NoSpace, got {other:?}"),
+        }
+        assert!(temp_files_under(store.dir()).is_empty(), "{name}");
+        drop(store);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}
