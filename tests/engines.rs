@@ -150,3 +150,54 @@ fn a_full_filesystem_is_no_space_for_every_engine() {
         std::fs::remove_dir_all(&root).unwrap();
     }
 }
+
+/// The FILE registration of a cached descriptor is made once and kept with it; evicting the
+/// descriptor deregisters it.
+#[cfg(feature = "nixl")]
+#[test]
+fn nixl_keeps_file_registrations_with_cached_descriptors() {
+    use tierkv::engine::nixl::{NixlConfig, NixlEngine};
+    let engine = match NixlEngine::new(&NixlConfig::default()) {
+        Ok(e) => Arc::new(e),
+        Err(e) => {
+            assert!(
+                std::env::var_os("TIERKV_REQUIRE_NIXL").is_none(),
+                "NIXL required: {e}"
+            );
+            eprintln!("skipped: {e}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(
+        dir.path(),
+        engine.clone(),
+        StoreConfig::new().with_fd_cache(8),
+    );
+    let ks = keys(&store, 8);
+    for (i, k) in ks.iter().enumerate() {
+        store.put(k, &payload(i as u64, 0, 4096)).unwrap();
+    }
+    let mut b = vec![0u8; 4096];
+    let read_all = |b: &mut Vec<u8>| {
+        for (i, k) in ks.iter().enumerate() {
+            assert_eq!(store.get(k, b).unwrap(), Lookup::Hit(4096));
+            assert_eq!(*b, payload(i as u64, 0, 4096));
+        }
+    };
+    read_all(&mut b); // fresh opens: per-batch registrations
+    read_all(&mut b); // cached: the FILE registration is made once per descriptor
+    let before = engine.registrations();
+    read_all(&mut b); // cached and registered, the same buffer: nothing to register
+    assert_eq!(
+        engine.registrations() - before,
+        0,
+        "no registration on a hot read"
+    );
+    assert_eq!(engine.kept_file_registrations(), 8);
+    // Evicting a descriptor (here: removing its key) deregisters its file.
+    store.remove_many(&ks[..3]);
+    assert_eq!(engine.kept_file_registrations(), 5);
+    drop(store);
+    assert_eq!(engine.kept_file_registrations(), 0);
+}

@@ -45,6 +45,10 @@ pub struct IoRequest<'a> {
     pub offset: u64,
     /// Read or write, and the buffers.
     pub kind: IoKind<'a>,
+    /// True when the descriptor stays open after the batch (it comes from the store's
+    /// open-file cache): an engine may keep per-file state for it, such as a registration,
+    /// until [`IoEngine::forget_file`].
+    pub cached: bool,
 }
 
 impl<'a> IoRequest<'a> {
@@ -54,6 +58,7 @@ impl<'a> IoRequest<'a> {
             fd,
             offset,
             kind: IoKind::Read(bufs),
+            cached: false,
         }
     }
 
@@ -63,7 +68,14 @@ impl<'a> IoRequest<'a> {
             fd,
             offset,
             kind: IoKind::Write(bufs),
+            cached: false,
         }
+    }
+
+    /// Marks the descriptor as one the store keeps open (see [`IoRequest::cached`]).
+    pub fn on_cached_file(mut self) -> Self {
+        self.cached = true;
+        self
     }
 
     /// Total bytes the request asks for.
@@ -96,6 +108,12 @@ pub trait IoEngine: Send + Sync + fmt::Debug {
 
     /// Runs a batch; see the trait's contract.
     fn submit(&self, batch: &mut [IoRequest<'_>]) -> Vec<io::Result<usize>>;
+
+    /// The store is about to close a descriptor it had cached (evicted from its open-file
+    /// cache): drop any per-file state kept for it. The default keeps none.
+    fn forget_file(&self, fd: BorrowedFd<'_>) {
+        let _ = fd;
+    }
 }
 
 /// The engines that can be chosen by configuration.

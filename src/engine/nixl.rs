@@ -59,8 +59,9 @@ pub struct TransferPlan {
     pub remote: Vec<Desc>,
     /// Bytes each request moves.
     pub bytes: Vec<usize>,
-    /// Per request: the file region to register, from offset 0 to the end of what is asked.
-    pub file_extent: Vec<(RawFd, usize)>,
+    /// Per request: the file region to register, from offset 0 to the end of what is asked,
+    /// and whether its registration is kept for later batches.
+    pub file_extent: Vec<(RawFd, usize, bool)>,
     /// `O_DIRECT` reads whose last aligned block crosses the end of the file: NIXL fails a
     /// short transfer, so these (fd, buffer address, aligned length, file offset) are read
     /// with a plain `pread`, which the kernel shortens at the end of the file.
@@ -79,9 +80,10 @@ pub struct PlanRequest {
     pub segments: Vec<(usize, usize)>,
     /// The file's length, for reads.
     pub file_len: Option<u64>,
-    /// Transfer granularity: 1, or the `O_DIRECT` alignment (reads then end on an aligned
-    /// boundary past the end of the file, which the kernel shortens).
+    /// Transfer granularity: 1, or the `O_DIRECT` alignment.
     pub align: usize,
+    /// The descriptor stays open after the batch: its FILE registration is kept.
+    pub cached: bool,
 }
 
 /// Builds the descriptor lists NIXL gets for a batch: one pair per buffer segment, reads
@@ -130,7 +132,7 @@ pub fn plan_transfer(reqs: &[PlanRequest], location: BufferLocation) -> Transfer
             }
         }
         plan.bytes.push(moved);
-        plan.file_extent.push((r.fd, extent));
+        plan.file_extent.push((r.fd, extent, r.cached));
     }
     plan
 }
@@ -168,7 +170,22 @@ pub struct NixlEngine {
     name: String,
     /// NIXL serialises calls on an agent; one batch at a time keeps its queue simple.
     lock: Mutex<()>,
+    /// FILE registrations kept for descriptors in the store's open-file cache: (handle,
+    /// registered length), dropped (deregistered) by `forget_file` before the fd closes.
+    files: Mutex<std::collections::HashMap<RawFd, (RegistrationHandle, usize)>>,
+    /// DRAM registrations of recently used buffers, by (address, length): engines' block
+    /// managers reuse a pool of buffers, so a hot read registers nothing. The POSIX backend
+    /// neither pins nor maps DRAM (a registration is bookkeeping of address ranges), so a
+    /// kept registration of memory the caller has since freed is never dereferenced.
+    dram: Mutex<lru::LruCache<(usize, usize), RegistrationHandle>>,
+    /// Length and `O_DIRECT` mode of cached descriptors' files.
+    meta: Mutex<std::collections::HashMap<RawFd, (u64, bool)>>,
+    /// Registrations made, for the tests and the benchmark.
+    registrations: std::sync::atomic::AtomicU64,
 }
+
+/// DRAM registrations kept.
+const DRAM_REGISTRATIONS_KEPT: usize = 1024;
 
 fn find_library(cfg: &NixlConfig) -> Option<PathBuf> {
     let candidates = [
@@ -259,7 +276,32 @@ impl NixlEngine {
             agent,
             name,
             lock: Mutex::new(()),
+            files: Mutex::new(std::collections::HashMap::new()),
+            meta: Mutex::new(std::collections::HashMap::new()),
+            dram: Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(DRAM_REGISTRATIONS_KEPT).expect("non-zero"),
+            )),
+            registrations: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// FILE registrations kept for cached descriptors now.
+    pub fn kept_file_registrations(&self) -> usize {
+        self.files.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// FILE and DRAM registrations made so far.
+    pub fn registrations(&self) -> u64 {
+        self.registrations
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn register(&self, r: &Region) -> Result<RegistrationHandle, String> {
+        self.registrations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.agent
+            .register_memory(r, None)
+            .map_err(|x| format!("register {:?}: {x:?}", r.mem))
     }
 
     /// Runs one transfer (all reads or all writes) of `plan`.
@@ -269,46 +311,55 @@ impl NixlEngine {
         }
         let e = |what: &str, err: nixl_sys::NixlError| format!("{what}: {err:?}");
         // Registrations live until the transfer completed (dropped at the end of this call).
-        let mut regs: Vec<RegistrationHandle> =
-            Vec::with_capacity(plan.local.len() + plan.file_extent.len());
-        for &(addr, len, dev) in &plan.local {
-            let r = Region {
-                addr,
-                len,
-                mem: MemType::Dram,
-                dev,
-            };
-            regs.push(
-                self.agent
-                    .register_memory(&r, None)
-                    .map_err(|x| e("register DRAM", x))?,
-            );
+        let mut regs: Vec<RegistrationHandle> = Vec::with_capacity(plan.local.len() + 1);
+        {
+            let mut dram = self.dram.lock().unwrap_or_else(|e| e.into_inner());
+            for &(addr, len, dev) in &plan.local {
+                if dram.get(&(addr, len)).is_none() {
+                    let h = self.register(&Region {
+                        addr,
+                        len,
+                        mem: MemType::Dram,
+                        dev,
+                    })?;
+                    // An evicted registration is dropped (deregistered) here.
+                    dram.put((addr, len), h);
+                }
+            }
         }
+        let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
         let mut seen: Vec<RawFd> = Vec::new();
-        for &(fd, extent) in &plan.file_extent {
-            if extent == 0 || seen.contains(&fd) {
+        for &(fd, _, cached) in &plan.file_extent {
+            if seen.contains(&fd) {
                 continue;
             }
             seen.push(fd);
             let extent = plan
                 .file_extent
                 .iter()
-                .filter(|(f, _)| *f == fd)
-                .map(|(_, x)| *x)
+                .filter(|(f, _, _)| *f == fd)
+                .map(|(_, x, _)| *x)
                 .max()
-                .unwrap_or(extent);
-            let r = Region {
+                .unwrap_or(0);
+            if extent == 0 {
+                continue;
+            }
+            let region = Region {
                 addr: 0,
                 len: extent,
                 mem: MemType::File,
                 dev: fd as u64,
             };
-            regs.push(
-                self.agent
-                    .register_memory(&r, None)
-                    .map_err(|x| e("register FILE", x))?,
-            );
+            if !cached {
+                regs.push(self.register(&region)?);
+            } else if files.get(&fd).is_none_or(|(_, len)| *len < extent) {
+                // Registered once per open descriptor, kept until the store closes it.
+                files.remove(&fd);
+                let h = self.register(&region)?;
+                files.insert(fd, (h, extent));
+            }
         }
+        drop(files);
         let mut local = XferDescList::new(MemType::Dram).map_err(|x| e("descriptor list", x))?;
         let mut remote = XferDescList::new(MemType::File).map_err(|x| e("descriptor list", x))?;
         for (&(a, l, d), &(o, rl, fd)) in plan.local.iter().zip(&plan.remote) {
@@ -383,6 +434,19 @@ impl IoEngine for NixlEngine {
         "nixl"
     }
 
+    fn forget_file(&self, fd: std::os::fd::BorrowedFd<'_>) {
+        let gone = self
+            .files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fd.as_raw_fd());
+        self.meta
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fd.as_raw_fd());
+        drop(gone); // deregisters
+    }
+
     fn submit(&self, batch: &mut [IoRequest<'_>]) -> Vec<io::Result<usize>> {
         let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut results: Vec<Option<io::Result<usize>>> = (0..batch.len()).map(|_| None).collect();
@@ -406,20 +470,40 @@ impl IoEngine for NixlEngine {
                 if is_write != write {
                     continue;
                 }
-                let file_len = if write {
-                    None
+                // A cached descriptor's file never changes (the store publishes new files, it
+                // never rewrites one), so its length and mode are looked up once.
+                let known = if r.cached {
+                    self.meta
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(&fd)
+                        .copied()
                 } else {
-                    match file_len(fd) {
-                        Ok(n) => Some(n),
-                        Err(e) => {
-                            results[i] = Some(Err(e));
-                            continue;
+                    None
+                };
+                let (len, direct) = match known {
+                    Some(m) => m,
+                    None => {
+                        let len = match file_len(fd) {
+                            Ok(n) => n,
+                            Err(e) => {
+                                results[i] = Some(Err(e));
+                                continue;
+                            }
+                        };
+                        // O_DIRECT descriptors need aligned lengths.
+                        let direct = rustix::fs::fcntl_getfl(r.fd)
+                            .is_ok_and(|f| f.contains(rustix::fs::OFlags::DIRECT));
+                        if r.cached {
+                            self.meta
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .insert(fd, (len, direct));
                         }
+                        (len, direct)
                     }
                 };
-                // O_DIRECT descriptors need aligned lengths.
-                let direct = rustix::fs::fcntl_getfl(r.fd)
-                    .is_ok_and(|f| f.contains(rustix::fs::OFlags::DIRECT));
+                let file_len = (!write).then_some(len);
                 idx.push(i);
                 reqs.push(PlanRequest {
                     fd,
@@ -427,6 +511,7 @@ impl IoEngine for NixlEngine {
                     segments,
                     file_len,
                     align: if direct { 4096 } else { 1 },
+                    cached: r.cached,
                 });
             }
             if reqs.is_empty() {
@@ -479,6 +564,7 @@ mod tests {
                 segments: vec![(0x1000, 4096), (0x9000, 200), (0xA000, 1)],
                 file_len: Some(4196),
                 align: 1,
+                cached: false,
             },
             // a write of two segments at offset 10
             PlanRequest {
@@ -487,6 +573,7 @@ mod tests {
                 segments: vec![(0x2000, 5), (0x3000, 0), (0x4000, 7)],
                 file_len: None,
                 align: 1,
+                cached: true,
             },
             // O_DIRECT: one aligned bounce buffer, the file ends inside its last block
             PlanRequest {
@@ -495,6 +582,7 @@ mod tests {
                 segments: vec![(0x10000, 16384)],
                 file_len: Some(4096 + 5000),
                 align: 4096,
+                cached: false,
             },
         ];
         let p = plan_transfer(&reqs, BufferLocation::Dram);
@@ -519,7 +607,10 @@ mod tests {
             ]
         );
         assert_eq!(p.bytes, vec![4196, 12, 9096]);
-        assert_eq!(p.file_extent, vec![(7, 4196), (8, 22), (9, 8192)]);
+        assert_eq!(
+            p.file_extent,
+            vec![(7, 4196, false), (8, 22, true), (9, 8192, false)]
+        );
         assert_eq!(p.tails, vec![(9, 0x10000 + 8192, 4096, 8192)]);
     }
 
@@ -532,6 +623,7 @@ mod tests {
             segments: vec![(0x7f00_0000, 65_536)],
             file_len: Some(4096 + 65_536),
             align: 4096,
+            cached: false,
         }];
         let p = plan_transfer(&reqs, BufferLocation::Vram { device: 3 });
         assert_eq!(p.local, vec![(0x7f00_0000, 65_536, 3)]);

@@ -4,24 +4,35 @@
 //! closed when the last reader using it drops its own. The capacity adapts down when the
 //! process meets its open-file limit (EMFILE/ENFILE).
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
 
+use crate::engine::IoEngine;
 use crate::format::Header;
 use crate::key::BlockHash;
 
 /// An open, validated block file.
 #[derive(Debug)]
 pub(crate) struct OpenBlock {
+    /// The engine that reads it, told when the descriptor closes.
+    pub engine: Arc<dyn IoEngine>,
     /// The descriptor (read-only).
     pub fd: OwnedFd,
     /// Its header, read and checked when it was opened.
     pub header: Header,
     /// True once the payload checksum was verified through this descriptor.
     pub verified: AtomicBool,
+}
+
+impl Drop for OpenBlock {
+    /// The last reference is gone: the engine drops its state for the descriptor (e.g. a NIXL
+    /// registration) before it closes.
+    fn drop(&mut self) {
+        self.engine.forget_file(self.fd.as_fd());
+    }
 }
 
 type Shard = Mutex<LruCache<BlockHash, Arc<OpenBlock>>>;
@@ -186,6 +197,7 @@ mod tests {
     fn block() -> Arc<OpenBlock> {
         let f = tempfile::tempfile().unwrap();
         Arc::new(OpenBlock {
+            engine: Arc::new(crate::engine::PsyncEngine::new()),
             fd: f.into(),
             header: Header::for_payload(BlockHash([0; 32]), b""),
             verified: AtomicBool::new(false),

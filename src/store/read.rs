@@ -86,7 +86,8 @@ impl Inner {
                             block.fd.as_fd(),
                             PAYLOAD_OFFSET,
                             vec![IoSliceMut::new(b)],
-                        ),
+                        )
+                        .on_cached_file(),
                         None => {
                             let n = block.header.payload_len as usize;
                             IoRequest::read(
@@ -94,6 +95,7 @@ impl Inner {
                                 PAYLOAD_OFFSET,
                                 vec![IoSliceMut::new(&mut buf[..n])],
                             )
+                            .on_cached_file()
                         }
                     },
                     ReadPlan::Fresh {
@@ -335,6 +337,7 @@ impl Inner {
                 self.fds.insert(
                     key.hash,
                     Arc::new(OpenBlock {
+                        engine: self.engine.clone(),
                         fd,
                         header,
                         verified: AtomicBool::new(verified),
