@@ -108,3 +108,127 @@ mod tests {
         assert_eq!(align_up(4097), 8192);
     }
 }
+
+/// A pool of aligned buffers, reused across reads and writes so that `O_DIRECT` transfers go
+/// to memory that is already mapped (fresh pages for every transfer cost page faults, and on
+/// some VMs far more than the transfer itself).
+#[derive(Debug)]
+pub struct BufPool {
+    free: std::sync::Mutex<std::collections::HashMap<usize, Vec<AlignedBuf>>>,
+    kept: std::sync::atomic::AtomicUsize,
+    max_bytes: usize,
+}
+
+impl BufPool {
+    /// A pool that keeps at most `max_bytes` of idle buffers.
+    pub fn new(max_bytes: usize) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(BufPool {
+            free: std::sync::Mutex::new(std::collections::HashMap::new()),
+            kept: std::sync::atomic::AtomicUsize::new(0),
+            max_bytes,
+        })
+    }
+
+    /// A buffer of `len` bytes (rounded up to [`DIRECT_ALIGN`]); its contents are unspecified
+    /// (zero when new, stale when reused). It returns to the pool when dropped.
+    pub fn take(self: &std::sync::Arc<Self>, len: usize) -> PooledBuf {
+        let len = align_up(len);
+        let reused = self
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&len)
+            .and_then(Vec::pop);
+        let buf = match reused {
+            Some(b) => {
+                self.kept
+                    .fetch_sub(len, std::sync::atomic::Ordering::Relaxed);
+                b
+            }
+            None => AlignedBuf::zeroed(len),
+        };
+        PooledBuf {
+            buf: Some(buf),
+            pool: self.clone(),
+        }
+    }
+
+    fn give(&self, b: AlignedBuf) {
+        let len = b.len();
+        if self.kept.load(std::sync::atomic::Ordering::Relaxed) + len > self.max_bytes {
+            return;
+        }
+        self.kept
+            .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+        self.free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(len)
+            .or_default()
+            .push(b);
+    }
+}
+
+/// A buffer on loan from a [`BufPool`].
+#[derive(Debug)]
+pub struct PooledBuf {
+    buf: Option<AlignedBuf>,
+    pool: std::sync::Arc<BufPool>,
+}
+
+impl Deref for PooledBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.buf.as_deref().expect("present until drop")
+    }
+}
+
+impl DerefMut for PooledBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.buf.as_deref_mut().expect("present until drop")
+    }
+}
+
+impl Drop for PooledBuf {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            self.pool.give(b);
+        }
+    }
+}
+
+#[cfg(test)]
+mod pool_tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_reused_and_aligned() {
+        let pool = BufPool::new(1 << 20);
+        let p = {
+            let mut a = pool.take(5000);
+            assert_eq!(a.len(), 8192);
+            assert_eq!(a.as_ptr() as usize % DIRECT_ALIGN, 0);
+            a[0] = 7;
+            a.as_ptr() as usize
+        };
+        let b = pool.take(8000);
+        assert_eq!(b.as_ptr() as usize, p, "the same memory again");
+        drop(b);
+        // Over the cap: not kept.
+        let small = BufPool::new(4096);
+        drop(small.take(8192));
+        assert_eq!(small.kept.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+}
+
+impl AsMut<[u8]> for AlignedBuf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}

@@ -123,7 +123,7 @@ pub enum EngineKind {
     /// `pread`/`pwrite` (vectored) from the calling thread.
     #[default]
     Psync,
-    /// io_uring on a dedicated thread; fails to build where the kernel refuses io_uring.
+    /// io_uring, one ring per submitting thread; fails to build where the kernel refuses io_uring.
     IoUring,
     /// io_uring where the kernel allows it, else psync (with one warning).
     Auto,

@@ -1,12 +1,17 @@
-//! The `io_uring` engine: a ring on a dedicated thread, fed by a channel. A batch becomes one
-//! submission of vectored reads and writes (up to the queue depth in flight), reaped together;
-//! short transfers are resubmitted for their remainder.
+//! The `io_uring` engine: one ring per submitting thread. A batch becomes one submission of
+//! vectored reads and writes (up to the queue depth in flight), reaped together; short
+//! transfers are resubmitted for their remainder.
+//!
+//! The first version handed batches to a dedicated ring thread through a channel; on this
+//! project's 2-vCPU VMs the two thread hand-offs per batch cost about 100 us, more than a hot
+//! 64 KiB read (docs/engines.md). A ring per calling thread has no hand-off. Rings stay off
+//! tokio's worker threads all the same: the store's async API runs batches on tokio's
+//! blocking pool.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::mpsc;
-use std::thread::JoinHandle;
 
 use io_uring::{IoUring, opcode, types};
 
@@ -29,43 +34,30 @@ struct Op {
     result: Option<io::Result<usize>>,
 }
 
-struct Job {
-    ops: Vec<Op>,
-    reply: mpsc::SyncSender<Vec<io::Result<usize>>>,
+thread_local! {
+    /// This thread's ring and its depth.
+    static RING: RefCell<Option<(u32, IoUring)>> = const { RefCell::new(None) };
 }
-
-// SAFETY: a Job carries raw pointers (iovecs) into buffers that the submitting thread borrows;
-// that thread blocks until the ring thread replies, which it does only after every operation
-// of the job has completed, so the buffers outlive every use of the pointers.
-unsafe impl Send for Job {}
 
 /// Vectored reads and writes through io_uring.
 #[derive(Debug)]
 pub struct UringEngine {
-    tx: mpsc::Sender<Job>,
     depth: u32,
-    _thread: JoinHandle<()>,
 }
 
 impl UringEngine {
-    /// Sets up a ring of `depth` entries on a thread of its own. Fails when the kernel refuses
-    /// io_uring (too old, seccomp, `io_uring_disabled`).
+    /// An engine with rings of `depth` entries. Sets one up at once to fail early when the
+    /// kernel refuses io_uring (too old, seccomp, `io_uring_disabled`).
     pub fn new(depth: u32) -> io::Result<Self> {
-        let ring = IoUring::new(depth.max(1))?;
-        let (tx, rx) = mpsc::channel::<Job>();
-        let thread = std::thread::Builder::new()
-            .name("tierkv-uring".into())
-            .spawn(move || {
-                let mut ring = ring;
-                while let Ok(job) = rx.recv() {
-                    run_job(&mut ring, job);
-                }
-            })?;
-        Ok(UringEngine {
-            tx,
-            depth: depth.max(1),
-            _thread: thread,
-        })
+        let depth = depth.max(1);
+        RING.with(|r| -> io::Result<()> {
+            let mut r = r.borrow_mut();
+            if r.as_ref().is_none_or(|(d, _)| *d != depth) {
+                *r = Some((depth, IoUring::new(depth)?));
+            }
+            Ok(())
+        })?;
+        Ok(UringEngine { depth })
     }
 
     /// The ring's queue depth.
@@ -97,10 +89,11 @@ fn advance(iov: &[libc::iovec], mut skip: usize) -> Vec<libc::iovec> {
     out
 }
 
-fn run_job(ring: &mut IoUring, mut job: Job) {
+/// Runs `ops` to completion on `ring`; one result per op.
+fn run_job(ring: &mut IoUring, mut ops: Vec<Op>) -> Vec<io::Result<usize>> {
     let depth = ring.params().sq_entries() as usize;
     let mut pending: VecDeque<usize> = VecDeque::new();
-    for (i, op) in job.ops.iter_mut().enumerate() {
+    for (i, op) in ops.iter_mut().enumerate() {
         if op.want == 0 {
             op.result = Some(Ok(0));
         } else {
@@ -111,7 +104,7 @@ fn run_job(ring: &mut IoUring, mut job: Job) {
     loop {
         while inflight < depth {
             let Some(i) = pending.pop_front() else { break };
-            let op = &mut job.ops[i];
+            let op = &mut ops[i];
             op.rest = advance(&op.iov, op.done);
             let fd = types::Fd(op.fd);
             let entry = if op.write {
@@ -141,7 +134,7 @@ fn run_job(ring: &mut IoUring, mut job: Job) {
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
             Err(e) => {
                 // The ring itself failed: nothing more can complete through it.
-                for op in job.ops.iter_mut().filter(|o| o.result.is_none()) {
+                for op in ops.iter_mut().filter(|o| o.result.is_none()) {
                     op.result = Some(Err(io::Error::new(e.kind(), e.to_string())));
                 }
                 break;
@@ -154,7 +147,7 @@ fn run_job(ring: &mut IoUring, mut job: Job) {
         for (ud, res) in done {
             inflight -= 1;
             let i = ud as usize;
-            let op = &mut job.ops[i];
+            let op = &mut ops[i];
             if res < 0 {
                 let errno = -res;
                 if errno == libc::EINTR || errno == libc::EAGAIN {
@@ -178,15 +171,12 @@ fn run_job(ring: &mut IoUring, mut job: Job) {
             }
         }
     }
-    let results = job
-        .ops
-        .into_iter()
+    ops.into_iter()
         .map(|o| {
             o.result
                 .unwrap_or_else(|| Err(io::Error::other("io_uring operation lost")))
         })
-        .collect();
-    let _ = job.reply.send(results);
+        .collect()
 }
 
 impl IoEngine for UringEngine {
@@ -223,18 +213,21 @@ impl IoEngine for UringEngine {
                 }
             })
             .collect();
-        let n = ops.len();
-        let (reply, rx) = mpsc::sync_channel(1);
-        if self.tx.send(Job { ops, reply }).is_err() {
-            return (0..n)
-                .map(|_| Err(io::Error::other("io_uring thread is gone")))
-                .collect();
-        }
-        // Blocks until every operation of the job has completed (see `Job`'s Send).
-        rx.recv().unwrap_or_else(|_| {
-            (0..n)
-                .map(|_| Err(io::Error::other("io_uring thread is gone")))
-                .collect()
+        RING.with(|r| {
+            let mut r = r.borrow_mut();
+            if r.as_ref().is_none_or(|(d, _)| *d != self.depth) {
+                match IoUring::new(self.depth) {
+                    Ok(ring) => *r = Some((self.depth, ring)),
+                    Err(e) => {
+                        let n = ops.len();
+                        return (0..n)
+                            .map(|_| Err(io::Error::new(e.kind(), e.to_string())))
+                            .collect();
+                    }
+                }
+            }
+            let (_, ring) = r.as_mut().expect("set above");
+            run_job(ring, ops)
         })
     }
 }

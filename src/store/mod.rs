@@ -139,6 +139,8 @@ struct Inner {
     max_block: usize,
     engine: Arc<dyn IoEngine>,
     fds: FdCache,
+    /// Aligned bounce buffers for O_DIRECT, reused.
+    bufs: std::sync::Arc<crate::buf::BufPool>,
     index: Index,
     stripes: Box<[Mutex<()>]>,
     evictor: Mutex<Option<Evictor>>,
@@ -296,6 +298,7 @@ impl Store {
             max_block: config.max_block_size(),
             engine,
             fds: FdCache::new(fd_cap),
+            bufs: crate::buf::BufPool::new(64 << 20),
             index,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             stats_writer: Mutex::new(

@@ -10,7 +10,7 @@ use rustix::io::Errno;
 
 use super::fdcache::OpenBlock;
 use super::{Counters, Inner, Lookup, VerifyMode, io_err};
-use crate::buf::{AlignedBuf, align_up};
+use crate::buf::PooledBuf;
 use crate::engine::IoRequest;
 use crate::error::{Error, Result};
 use crate::format::{HEADER_LEN, Header, PAYLOAD_OFFSET};
@@ -21,14 +21,14 @@ pub(super) enum ReadPlan {
     Done(Result<Lookup>),
     Cached {
         block: Arc<OpenBlock>,
-        bounce: Option<AlignedBuf>,
+        bounce: Option<PooledBuf>,
     },
     Fresh {
         fd: OwnedFd,
         rel: RelPath,
         head: Vec<u8>,
         tail: [u8; 1],
-        bounce: Option<AlignedBuf>,
+        bounce: Option<PooledBuf>,
     },
 }
 
@@ -174,7 +174,7 @@ impl Inner {
                             have: buf_len,
                         }));
                     }
-                    let bounce = self.direct.then(|| AlignedBuf::zeroed(align_up(need)));
+                    let bounce = self.direct.then(|| self.bufs.take(need));
                     return ReadPlan::Cached { block, bounce };
                 }
                 _ => self.fds.invalidate_if(&key.hash, &block),
@@ -187,9 +187,7 @@ impl Inner {
                 let (head, bounce) = if self.direct {
                     (
                         Vec::new(),
-                        Some(AlignedBuf::zeroed(align_up(
-                            PAYLOAD_OFFSET as usize + buf_len + 1,
-                        ))),
+                        Some(self.bufs.take(PAYLOAD_OFFSET as usize + buf_len + 1)),
                     )
                 } else {
                     (vec![0u8; PAYLOAD_OFFSET as usize], None)

@@ -8,7 +8,7 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::{Counters, DIR_MODE, FILE_MODE, Inner, io_err};
-use crate::buf::{AlignedBuf, align_up};
+use crate::buf::{PooledBuf, align_up};
 use crate::engine::IoRequest;
 use crate::error::{Error, Result};
 use crate::format::{HEADER_LEN, Header, PADDING, PAYLOAD_OFFSET};
@@ -26,7 +26,7 @@ pub(super) struct WritePlan {
     pub anonymous: bool,
     pub fd: OwnedFd,
     pub header: [u8; HEADER_LEN],
-    pub bounce: Option<AlignedBuf>,
+    pub bounce: Option<PooledBuf>,
     pub hash: BlockHash,
     pub len: usize,
 }
@@ -243,8 +243,10 @@ impl Inner {
             .map_err(|e| Error::from_io(self.path(&temp_rel), io_err(e)))?;
         let bounce = self.direct.then(|| {
             let total = PAYLOAD_OFFSET as usize + data.len();
-            let mut b = AlignedBuf::zeroed(align_up(total));
+            let mut b = self.bufs.take(total);
             b[..HEADER_LEN].copy_from_slice(&header);
+            // A reused buffer holds old bytes: the padding must be zero.
+            b[HEADER_LEN..PAYLOAD_OFFSET as usize].fill(0);
             b[PAYLOAD_OFFSET as usize..total].copy_from_slice(data);
             b
         });
