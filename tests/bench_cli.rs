@@ -152,3 +152,18 @@ fn bad_options_exit_2_with_a_message() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid key"));
     assert!(!dir.path().join("v1").exists());
 }
+
+#[test]
+fn numjobs_share_one_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    // Writes split the blocks between the jobs: every block once.
+    let w = run_json(&["--dir", d, "--rw", "write", "--bs", "4k", "--nblocks", "101", "--numjobs", "3"]);
+    assert_eq!((w["ops"].as_u64(), w["errors"].as_u64(), w["numjobs"].as_u64()), (Some(101), Some(0), Some(3)));
+    // Reads: each job reads every block.
+    let r = run_json(&["--dir", d, "--rw", "randread", "--bs", "4k", "--nblocks", "101", "--numjobs", "2", "--no-layout", "--iodepth", "4"]);
+    assert_eq!((r["hits"].as_u64(), r["misses"].as_u64()), (Some(202), Some(0)));
+    // Replay is one stream.
+    let out = Command::new(BENCH).args(["--rw", "replay", "--trace", "x", "--numjobs", "2"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}

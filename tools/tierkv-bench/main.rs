@@ -76,6 +76,10 @@ struct Args {
     /// Blocks per store call (a batch of `get_many`/`put_many`).
     #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     iodepth: usize,
+    /// Threads running the job at once on one store (fio's numjobs): reads each go over all
+    /// blocks in their own order; writes split the blocks between them.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    numjobs: usize,
     /// Worker id (tensor-parallel rank).
     #[arg(long, default_value = "0")]
     worker: WorkerId,
@@ -252,6 +256,12 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     if args.rw == Rw::Replay {
+        if args.numjobs > 1 {
+            return Err(UsageError(
+                "--rw replay runs one request stream: --numjobs must be 1".into(),
+            )
+            .into());
+        }
         if args.trace.is_none() {
             return Err(UsageError("--rw replay needs --trace FILE".into()).into());
         }
@@ -275,8 +285,16 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let before = store.stats();
     let run = match args.rw {
-        Rw::Write => write(&store, &keys, bs, args),
-        Rw::Read | Rw::Randread => read(&store, &keys, bs, args),
+        Rw::Write | Rw::Read | Rw::Randread => parallel(args.numjobs, |job| match args.rw {
+            Rw::Write => {
+                let (a, b) = (
+                    keys.len() * job / args.numjobs,
+                    keys.len() * (job + 1) / args.numjobs,
+                );
+                write(&store, &keys[a..b], a as u64, bs, args)
+            }
+            _ => read(&store, &keys, bs, args, job as u64),
+        }),
         Rw::Replay => unreachable!("handled above"),
     };
     let after = store.stats();
@@ -311,14 +329,50 @@ fn lay_out(store: &Store, keys: &[BlockKey], bs: usize) -> Result<(), Box<dyn st
     Ok(())
 }
 
-fn write(store: &Store, keys: &[BlockKey], bs: usize, args: &Args) -> Run {
+/// Runs `job` on `n` threads at once and merges their results.
+fn parallel(n: usize, job: impl Fn(usize) -> Run + Sync) -> Run {
+    let runs: Vec<Run> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|j| {
+                let job = &job;
+                s.spawn(move || job(j))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("bench job panicked"))
+            .collect()
+    });
+    let mut total = Run {
+        ops: 0,
+        hits: 0,
+        misses: 0,
+        errors: 0,
+        bytes: 0,
+        elapsed: Duration::ZERO,
+        lat: Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram"),
+    };
+    for r in runs {
+        total.ops += r.ops;
+        total.hits += r.hits;
+        total.misses += r.misses;
+        total.errors += r.errors;
+        total.bytes += r.bytes;
+        total.elapsed = total.elapsed.max(r.elapsed);
+        total.lat.add(&r.lat).expect("same bounds");
+    }
+    total
+}
+
+/// Writes `keys`, whose first is block `first` (so contents follow the global index).
+fn write(store: &Store, keys: &[BlockKey], first: u64, bs: usize, args: &Args) -> Run {
     let mut lat = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram");
     let mut datas: Vec<Vec<u8>> = (0..args.iodepth).map(|_| vec![0xA5u8; bs]).collect();
     let (mut ops, mut errors) = (0u64, 0u64);
     let start = Instant::now();
     for _ in 0..args.loops {
         for (c, chunk) in keys.chunks(args.iodepth).enumerate() {
-            let base = (c * args.iodepth) as u64;
+            let base = first + (c * args.iodepth) as u64;
             for (j, d) in datas.iter_mut().enumerate().take(chunk.len()) {
                 fill_block(d, base + j as u64);
             }
@@ -351,13 +405,13 @@ fn write(store: &Store, keys: &[BlockKey], bs: usize, args: &Args) -> Run {
     }
 }
 
-fn read(store: &Store, keys: &[BlockKey], bs: usize, args: &Args) -> Run {
+fn read(store: &Store, keys: &[BlockKey], bs: usize, args: &Args, job: u64) -> Run {
     let mut lat = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram");
     // Page-aligned, as engines' buffer pools are (and as fio's are): copies into misaligned
     // buffers run several times slower.
     let mut bufs: Vec<AlignedBuf> = (0..args.iodepth).map(|_| AlignedBuf::zeroed(bs)).collect();
     let mut order: Vec<usize> = (0..keys.len()).collect();
-    let mut rng = fastrand::Rng::with_seed(0x7165_726b);
+    let mut rng = fastrand::Rng::with_seed(0x7165_726b + job);
     let (mut ops, mut hits, mut misses, mut errors, mut bytes) = (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut batch: Vec<BlockKey> = Vec::with_capacity(args.iodepth);
     let start = Instant::now();
@@ -454,6 +508,7 @@ fn report(
                 "nblocks": args.nblocks,
                 "loops": args.loops,
                 "iodepth": args.iodepth,
+                "numjobs": args.numjobs,
                 "worker": args.worker.as_str(),
                 "engine": store.engine_name(),
                 "layout": {"depth": store.layout().depth, "fanout": store.layout().fanout},
@@ -481,12 +536,13 @@ fn report(
         OutputFormat::Normal => {
             writeln!(
                 out,
-                "tierkv-bench: rw={:?} bs={} nblocks={} loops={} iodepth={} engine={} layout=({}) fd-cache={} verify={}{}",
+                "tierkv-bench: rw={:?} bs={} nblocks={} loops={} iodepth={} numjobs={} engine={} layout=({}) fd-cache={} verify={}{}",
                 args.rw,
                 human_bytes(args.bs as f64),
                 args.nblocks,
                 args.loops,
                 args.iodepth,
+                args.numjobs,
                 store.engine_name(),
                 store.layout(),
                 after.fd_cache_capacity,
