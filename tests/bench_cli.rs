@@ -158,12 +158,86 @@ fn numjobs_share_one_store() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     // Writes split the blocks between the jobs: every block once.
-    let w = run_json(&["--dir", d, "--rw", "write", "--bs", "4k", "--nblocks", "101", "--numjobs", "3"]);
-    assert_eq!((w["ops"].as_u64(), w["errors"].as_u64(), w["numjobs"].as_u64()), (Some(101), Some(0), Some(3)));
+    let w = run_json(&[
+        "--dir",
+        d,
+        "--rw",
+        "write",
+        "--bs",
+        "4k",
+        "--nblocks",
+        "101",
+        "--numjobs",
+        "3",
+    ]);
+    assert_eq!(
+        (
+            w["ops"].as_u64(),
+            w["errors"].as_u64(),
+            w["numjobs"].as_u64()
+        ),
+        (Some(101), Some(0), Some(3))
+    );
     // Reads: each job reads every block.
-    let r = run_json(&["--dir", d, "--rw", "randread", "--bs", "4k", "--nblocks", "101", "--numjobs", "2", "--no-layout", "--iodepth", "4"]);
-    assert_eq!((r["hits"].as_u64(), r["misses"].as_u64()), (Some(202), Some(0)));
+    let r = run_json(&[
+        "--dir",
+        d,
+        "--rw",
+        "randread",
+        "--bs",
+        "4k",
+        "--nblocks",
+        "101",
+        "--numjobs",
+        "2",
+        "--no-layout",
+        "--iodepth",
+        "4",
+    ]);
+    assert_eq!(
+        (r["hits"].as_u64(), r["misses"].as_u64()),
+        (Some(202), Some(0))
+    );
     // Replay is one stream.
-    let out = Command::new(BENCH).args(["--rw", "replay", "--trace", "x", "--numjobs", "2"]).output().unwrap();
+    let out = Command::new(BENCH)
+        .args(["--rw", "replay", "--trace", "x", "--numjobs", "2"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// A short run of the bench through every engine this build has (CI builds with `nixl`).
+#[test]
+fn every_engine_runs() {
+    let mut engines = vec!["psync", "io_uring", "auto"];
+    if cfg!(feature = "nixl") {
+        let have = std::path::Path::new(".nixl/lib/libnixl_capi.so").exists()
+            || std::env::var_os("TIERKV_NIXL_DIR").is_some();
+        if have || std::env::var_os("TIERKV_REQUIRE_NIXL").is_some() {
+            engines.push("nixl");
+        } else {
+            eprintln!("skipped the nixl engine: no NIXL library (tools/fetch-nixl.sh)");
+        }
+    }
+    for engine in engines {
+        for direct in [false, true] {
+            let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+            let mut args = vec![
+                "--dir",
+                dir.path().to_str().unwrap(),
+                "--bs",
+                "16k",
+                "--nblocks",
+                "64",
+            ];
+            args.extend(["--loops", "2", "--iodepth", "8", "--ioengine", engine]);
+            if direct {
+                args.push("--direct");
+            }
+            let r = run_json(&args);
+            assert_eq!(r["hits"], 128, "{engine} direct={direct}");
+            assert_eq!(r["errors"], 0, "{engine}");
+            assert_eq!(r["corrupt"], 0, "{engine}");
+        }
+    }
 }
