@@ -81,6 +81,13 @@ fn round_trips_misses_and_corruption() {
                 }
             }
             assert_eq!(check_all_blocks(store.dir()), sizes.len(), "{name}");
+            // Truncated in place behind the store's back while its descriptor is cached: a
+            // corrupt miss, removed, for every engine.
+            let p4 = store.path_of(&ks[4].hash);
+            std::fs::OpenOptions::new().write(true).open(&p4).unwrap().set_len(4096 + 100).unwrap();
+            assert_eq!(store.get(&ks[4], &mut vec![0u8; 65_536]).unwrap(), Lookup::Miss, "{name}");
+            assert!(!p4.exists(), "{name}: removed");
+            assert_eq!(store.stats().corrupt, 1, "{name}");
             // Miss after deletion behind the store's back.
             std::fs::remove_file(store.path_of(&ks[2].hash)).unwrap();
             assert_eq!(

@@ -72,6 +72,10 @@ impl IoEngine for FaultyEngine {
         "faulty"
     }
 
+    fn forget_file(&self, fd: std::os::fd::BorrowedFd<'_>) {
+        self.inner.forget_file(fd);
+    }
+
     fn submit(&self, batch: &mut [IoRequest<'_>]) -> Vec<io::Result<usize>> {
         let mut out = Vec::with_capacity(batch.len());
         for req in batch.iter_mut() {

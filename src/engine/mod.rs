@@ -49,6 +49,9 @@ pub struct IoRequest<'a> {
     /// open-file cache): an engine may keep per-file state for it, such as a registration,
     /// until [`IoEngine::forget_file`].
     pub cached: bool,
+    /// The file's length when the store knows it (a cached, validated block file), so an
+    /// engine that must not read past the end of a file need not look it up.
+    pub file_len: Option<u64>,
 }
 
 impl<'a> IoRequest<'a> {
@@ -59,6 +62,7 @@ impl<'a> IoRequest<'a> {
             offset,
             kind: IoKind::Read(bufs),
             cached: false,
+            file_len: None,
         }
     }
 
@@ -69,12 +73,19 @@ impl<'a> IoRequest<'a> {
             offset,
             kind: IoKind::Write(bufs),
             cached: false,
+            file_len: None,
         }
     }
 
     /// Marks the descriptor as one the store keeps open (see [`IoRequest::cached`]).
     pub fn on_cached_file(mut self) -> Self {
         self.cached = true;
+        self
+    }
+
+    /// Records the file's length (see [`IoRequest::file_len`]).
+    pub fn with_file_len(mut self, len: u64) -> Self {
+        self.file_len = Some(len);
         self
     }
 

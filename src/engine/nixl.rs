@@ -178,8 +178,8 @@ pub struct NixlEngine {
     /// neither pins nor maps DRAM (a registration is bookkeeping of address ranges), so a
     /// kept registration of memory the caller has since freed is never dereferenced.
     dram: Mutex<lru::LruCache<(usize, usize), RegistrationHandle>>,
-    /// Length and `O_DIRECT` mode of cached descriptors' files.
-    meta: Mutex<std::collections::HashMap<RawFd, (u64, bool)>>,
+    /// `O_DIRECT` mode of cached descriptors.
+    meta: Mutex<std::collections::HashMap<RawFd, bool>>,
     /// Registrations made, for the tests and the benchmark.
     registrations: std::sync::atomic::AtomicU64,
 }
@@ -470,8 +470,20 @@ impl IoEngine for NixlEngine {
                 if is_write != write {
                     continue;
                 }
-                // A cached descriptor's file never changes (the store publishes new files, it
-                // never rewrites one), so its length and mode are looked up once.
+                // The file's length: given by the store for cached, validated files (it
+                // checks their size on every read), else looked up.
+                let len = match r.file_len {
+                    Some(n) => n,
+                    None => match file_len(fd) {
+                        Ok(n) => n,
+                        Err(e) => {
+                            results[i] = Some(Err(e));
+                            continue;
+                        }
+                    },
+                };
+                // O_DIRECT descriptors need aligned lengths. A descriptor's mode never
+                // changes; for cached ones it is looked up once (forgotten in forget_file).
                 let known = if r.cached {
                     self.meta
                         .lock()
@@ -481,28 +493,17 @@ impl IoEngine for NixlEngine {
                 } else {
                     None
                 };
-                let (len, direct) = match known {
-                    Some(m) => m,
-                    None => {
-                        let len = match file_len(fd) {
-                            Ok(n) => n,
-                            Err(e) => {
-                                results[i] = Some(Err(e));
-                                continue;
-                            }
-                        };
-                        // O_DIRECT descriptors need aligned lengths.
-                        let direct = rustix::fs::fcntl_getfl(r.fd)
-                            .is_ok_and(|f| f.contains(rustix::fs::OFlags::DIRECT));
-                        if r.cached {
-                            self.meta
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .insert(fd, (len, direct));
-                        }
-                        (len, direct)
+                let direct = known.unwrap_or_else(|| {
+                    let d = rustix::fs::fcntl_getfl(r.fd)
+                        .is_ok_and(|f| f.contains(rustix::fs::OFlags::DIRECT));
+                    if r.cached {
+                        self.meta
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(fd, d);
                     }
-                };
+                    d
+                });
                 let file_len = (!write).then_some(len);
                 idx.push(i);
                 reqs.push(PlanRequest {

@@ -131,13 +131,19 @@ fn run_job(ring: &mut IoUring, mut ops: Vec<Op>) -> Vec<io::Result<usize>> {
         }
         match ring.submit_and_wait(1) {
             Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            // Interrupted, or the kernel is short of resources or completion slots: reap what
+            // completed and go on.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                ) => {}
             Err(e) => {
-                // The ring itself failed: nothing more can complete through it.
-                for op in ops.iter_mut().filter(|o| o.result.is_none()) {
-                    op.result = Some(Err(io::Error::new(e.kind(), e.to_string())));
-                }
-                break;
+                // Operations in flight hold pointers into buffers this call only borrows:
+                // returning now would let the kernel write memory the caller may free. A ring
+                // that can no longer even be waited on leaves no sound way out.
+                tracing::error!(error = %e, inflight, "io_uring wait failed with operations in flight");
+                std::process::abort();
             }
         }
         let done: Vec<(u64, i32)> = ring

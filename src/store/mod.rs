@@ -648,6 +648,17 @@ impl Inner {
         }
     }
 
+    /// Forgets a block found missing, under its stripe lock and after looking again, so a
+    /// put that published it meanwhile keeps its entry.
+    fn forget_if_missing(&self, hash: &BlockHash, rel: &layout::RelPath) {
+        let _stripe = self.lock_stripe(self.stripe_of(hash));
+        if let Err(Errno::NOENT | Errno::NOTDIR) =
+            rustix::fs::statat(&self.dirfd, rel.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+        {
+            self.index.remove(hash);
+        }
+    }
+
     fn stripe_of(&self, hash: &BlockHash) -> usize {
         hash.0[30] as usize % self.stripes.len()
     }
@@ -676,7 +687,7 @@ impl Inner {
                 && st.st_size as u64 >= PAYLOAD_OFFSET),
             Err(Errno::NOENT | Errno::NOTDIR) => {
                 // Deleted behind the store's back.
-                self.index.remove(&key.hash);
+                self.forget_if_missing(&key.hash, &rel);
                 Ok(false)
             }
             Err(e) => Err(Error::from_io(self.path(rel.as_str()), io_err(e))),
@@ -689,7 +700,9 @@ impl Inner {
         let _stripe = self.lock_stripe(self.stripe_of(&key.hash));
         let r = rustix::fs::unlinkat(&self.dirfd, rel.as_str(), AtFlags::empty());
         self.fds.invalidate(&key.hash);
-        self.index.remove(&key.hash);
+        if matches!(r, Ok(()) | Err(Errno::NOENT | Errno::NOTDIR)) {
+            self.index.remove(&key.hash);
+        }
         match r {
             Ok(()) => {
                 Counters::add(&self.counters.removes, 1);

@@ -87,7 +87,8 @@ impl Inner {
                             PAYLOAD_OFFSET,
                             vec![IoSliceMut::new(b)],
                         )
-                        .on_cached_file(),
+                        .on_cached_file()
+                        .with_file_len(block.header.file_len()),
                         None => {
                             let n = block.header.payload_len as usize;
                             IoRequest::read(
@@ -96,6 +97,7 @@ impl Inner {
                                 vec![IoSliceMut::new(&mut buf[..n])],
                             )
                             .on_cached_file()
+                            .with_file_len(block.header.file_len())
                         }
                     },
                     ReadPlan::Fresh {
@@ -164,6 +166,22 @@ impl Inner {
             // A cached descriptor may name a file that was deleted or replaced behind our
             // back: its link count is then 0, and the path is looked up again.
             match rustix::fs::fstat(&block.fd) {
+                Ok(st) if st.st_nlink > 0 && st.st_size as u64 != block.header.file_len() => {
+                    // Truncated or appended to in place behind the store's back.
+                    let rel = self.layout.rel_path(&key.hash);
+                    let reason = format!(
+                        "file is {} bytes, header says {}",
+                        st.st_size,
+                        block.header.file_len()
+                    );
+                    return ReadPlan::Done(Ok(self.corrupt(
+                        &key.hash,
+                        &rel,
+                        &block.fd,
+                        Some(&block),
+                        reason,
+                    )));
+                }
                 Ok(st) if st.st_nlink > 0 => {
                     Counters::add(&self.counters.fd_hits, 1);
                     let need = block.header.payload_len as usize;
@@ -202,7 +220,7 @@ impl Inner {
             }
             Err(Errno::NOENT | Errno::NOTDIR) => {
                 // Deleted behind the store's back.
-                self.index.remove(&key.hash);
+                self.forget_if_missing(&key.hash, &rel);
                 ReadPlan::Done(Ok(Lookup::Miss))
             }
             Err(Errno::LOOP | Errno::XDEV) => {

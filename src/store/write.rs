@@ -310,9 +310,15 @@ impl Inner {
     fn link_anonymous(&self, fd: &OwnedFd, rel: &str) -> rustix::io::Result<()> {
         if self.link_empty_path.load(Ordering::Relaxed) {
             match rustix::fs::linkat(fd, "", &self.dirfd, rel, AtFlags::EMPTY_PATH) {
-                Err(Errno::NOENT | Errno::PERM) if self.link_via_proc(fd, rel).is_ok() => {
-                    self.link_empty_path.store(false, Ordering::Relaxed);
-                    return Ok(());
+                // Without CAP_DAC_READ_SEARCH: link through /proc instead, from now on
+                // (unless that fails the same way: then the directory itself is missing).
+                Err(e @ (Errno::NOENT | Errno::PERM)) => {
+                    let r = self.link_via_proc(fd, rel);
+                    if !matches!(r, Err(Errno::NOENT | Errno::PERM)) {
+                        self.link_empty_path.store(false, Ordering::Relaxed);
+                        return r;
+                    }
+                    return Err(e);
                 }
                 r => return r,
             }
