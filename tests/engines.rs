@@ -84,8 +84,17 @@ fn round_trips_misses_and_corruption() {
             // Truncated in place behind the store's back while its descriptor is cached: a
             // corrupt miss, removed, for every engine.
             let p4 = store.path_of(&ks[4].hash);
-            std::fs::OpenOptions::new().write(true).open(&p4).unwrap().set_len(4096 + 100).unwrap();
-            assert_eq!(store.get(&ks[4], &mut vec![0u8; 65_536]).unwrap(), Lookup::Miss, "{name}");
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&p4)
+                .unwrap()
+                .set_len(4096 + 100)
+                .unwrap();
+            assert_eq!(
+                store.get(&ks[4], &mut vec![0u8; 65_536]).unwrap(),
+                Lookup::Miss,
+                "{name}"
+            );
             assert!(!p4.exists(), "{name}: removed");
             assert_eq!(store.stats().corrupt, 1, "{name}");
             // Miss after deletion behind the store's back.
@@ -122,29 +131,9 @@ fn round_trips_misses_and_corruption() {
 /// The same full-filesystem error for every engine (needs root for the tmpfs).
 #[test]
 fn a_full_filesystem_is_no_space_for_every_engine() {
-    let mnt = tempfile::tempdir().unwrap();
-    let ok = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m", "tierkv-engines"])
-        .arg(mnt.path())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        let msg = "skipped: cannot mount a tmpfs (needs root)";
-        assert!(
-            std::env::var_os("TIERKV_REQUIRE_PRIVILEGED_TESTS").is_none(),
-            "{msg}"
-        );
-        eprintln!("{msg}");
+    let Some(mnt) = Tmpfs::mount("1m", "the full-filesystem test") else {
         return;
-    }
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _guard = Unmount(mnt.path().to_path_buf());
+    };
     for (name, engine) in engines() {
         let root = mnt.path().join(&name);
         let store = store_with(&root, engine, StoreConfig::default());

@@ -110,28 +110,9 @@ fn read_errors_are_errors_not_misses_and_keep_the_file() {
 /// TIERKV_REQUIRE_PRIVILEGED_TESTS=1 so that this cannot silently skip there.
 #[test]
 fn a_real_full_disk_is_no_space_and_leaves_nothing_partial() {
-    let mnt = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=2m", "tierkv-enospc"])
-        .arg(mnt.path())
-        .stderr(std::process::Stdio::null())
-        .status();
-    if !matches!(status, Ok(s) if s.success()) {
-        let msg = "skipped: cannot mount a tmpfs (needs root) for the real ENOSPC test";
-        assert!(
-            std::env::var_os("TIERKV_REQUIRE_PRIVILEGED_TESTS").is_none(),
-            "{msg}"
-        );
-        eprintln!("{msg}");
+    let Some(mnt) = Tmpfs::mount("2m", "the real ENOSPC test") else {
         return;
-    }
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _guard = Unmount(mnt.path().to_path_buf());
+    };
 
     let store = open(mnt.path(), "w");
     // 200 blocks of 96 KiB (19 MiB) into 2 MiB: every put succeeds by evicting older blocks

@@ -98,3 +98,44 @@ pub fn umask() -> u32 {
     let line = status.lines().find(|l| l.starts_with("Umask:")).unwrap();
     u32::from_str_radix(line.split_whitespace().nth(1).unwrap(), 8).unwrap()
 }
+
+/// A tmpfs of `size` (e.g. "2m") mounted on a fresh temp dir, unmounted on drop. `None` when
+/// mounting is not permitted (not root): the caller skips, unless CI requires the test
+/// (TIERKV_REQUIRE_PRIVILEGED_TESTS), where this panics instead.
+pub struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    pub fn mount(size: &str, why: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tierkv-test"])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Some(Tmpfs { dir });
+        }
+        let msg = format!("skipped: cannot mount a tmpfs (needs root) for {why}");
+        assert!(
+            std::env::var_os("TIERKV_REQUIRE_PRIVILEGED_TESTS").is_none(),
+            "{msg}"
+        );
+        eprintln!("{msg}");
+        None
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.dir.path())
+            .status();
+    }
+}

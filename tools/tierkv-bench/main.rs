@@ -20,17 +20,10 @@ use tierkv::{
     VerifyMode, WorkerId,
 };
 
-/// A usage error found after parsing: reported like clap's, with exit status 2.
-#[derive(Debug)]
-struct UsageError(String);
+#[path = "../common.rs"]
+mod common;
 
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
+use common::{BoxError, UsageError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Rw {
@@ -173,37 +166,15 @@ struct Run {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    common::init_logging();
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
-        // A closed pipe (`| head`) is not a failure of the benchmark.
-        Err(e)
-            if e.downcast_ref::<std::io::Error>()
-                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
-        {
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("tierkv-bench: {e}");
-            // Bad input (options, worker id, configuration) is a usage error, like clap's.
-            let usage = e.is::<UsageError>()
-                || matches!(
-                    e.downcast_ref::<tierkv::Error>(),
-                    Some(tierkv::Error::Config(_) | tierkv::Error::InvalidKey { .. })
-                );
-            ExitCode::from(if usage { 2 } else { 1 })
-        }
+        Err(e) => common::exit_for("tierkv-bench", &e),
     }
 }
 
-fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+fn run(args: &Args) -> Result<(), BoxError> {
     let worker = args.worker.clone();
     let tmp;
     let root = match &args.dir {
@@ -306,7 +277,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Writes the blocks that are missing (fio's "laying out IO file").
-fn lay_out(store: &Store, keys: &[BlockKey], bs: usize) -> Result<(), Box<dyn std::error::Error>> {
+fn lay_out(store: &Store, keys: &[BlockKey], bs: usize) -> Result<(), BoxError> {
     let present = store.contains_many(keys);
     let missing: Vec<usize> = present
         .iter()
@@ -480,7 +451,7 @@ fn report(
     run: &Run,
     before: &tierkv::StoreStats,
     after: &tierkv::StoreStats,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Result<(), BoxError> {
     let secs = run.elapsed.as_secs_f64().max(1e-9);
     let ops_per_sec = run.ops as f64 / secs;
     let bw = run.bytes as f64 / secs;
@@ -610,7 +581,7 @@ fn trace_hash(id: u64) -> BlockHash {
     BlockHash(*h.finalize().as_bytes())
 }
 
-fn load_trace(path: &std::path::Path) -> Result<Vec<Vec<u64>>, Box<dyn std::error::Error>> {
+fn load_trace(path: &std::path::Path) -> Result<Vec<Vec<u64>>, BoxError> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut out = Vec::new();
     for (n, line) in text
@@ -642,7 +613,7 @@ fn replay(
     trace: &std::path::Path,
     bs: usize,
     oracle: Option<&Arc<Mutex<Oracle>>>,
-) -> Result<ReplayRun, Box<dyn std::error::Error>> {
+) -> Result<ReplayRun, BoxError> {
     let reqs = load_trace(trace)?;
     // Next use of each reference position, for the Belady oracle.
     let flat: Vec<u64> = reqs.iter().flatten().copied().collect();
@@ -712,7 +683,7 @@ fn report_replay(
     store: &Store,
     root: &std::path::Path,
     r: &ReplayRun,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Result<(), BoxError> {
     let s = store.stats();
     let secs = r.elapsed.as_secs_f64().max(1e-9);
     let hit_ratio = if r.refs > 0 {

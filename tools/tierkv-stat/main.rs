@@ -160,40 +160,20 @@ struct Report {
     workers: BTreeMap<String, WorkerReport>,
 }
 
-#[derive(Debug)]
-struct UsageError(String);
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-impl std::error::Error for UsageError {}
+#[path = "../common.rs"]
+mod common;
 
-type BoxError = Box<dyn std::error::Error>;
+use common::{BoxError, UsageError};
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    common::init_logging();
     let mut args = Args::parse();
     if args.json {
         args.format = Format::Json;
     }
     match run(&args) {
         Ok(code) => code,
-        Err(e) => {
-            if e.downcast_ref::<std::io::Error>()
-                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
-            {
-                return ExitCode::SUCCESS;
-            }
-            eprintln!("tierkv-stat: {e}");
-            ExitCode::from(if e.is::<UsageError>() { 2 } else { 1 })
-        }
+        Err(e) => common::exit_for("tierkv-stat", &e),
     }
 }
 

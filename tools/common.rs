@@ -1,0 +1,46 @@
+//! What the command-line tools share: logging set-up and how an error becomes an exit status.
+
+use std::process::ExitCode;
+
+/// A usage error found after parsing: reported like clap's, with exit status 2.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// The tools' error type.
+pub type BoxError = Box<dyn std::error::Error>;
+
+/// Logs to stderr, filtered by `RUST_LOG` (default: warnings).
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// The exit status for a tool's error, after printing it: a closed pipe (`| head`) is not a
+/// failure; bad input (options, worker ids, configuration) is a usage error (2); the rest 1.
+pub fn exit_for(tool: &str, e: &BoxError) -> ExitCode {
+    if e.downcast_ref::<std::io::Error>()
+        .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    {
+        return ExitCode::SUCCESS;
+    }
+    eprintln!("{tool}: {e}");
+    let usage = e.is::<UsageError>()
+        || matches!(
+            e.downcast_ref::<tierkv::Error>(),
+            Some(tierkv::Error::Config(_) | tierkv::Error::InvalidKey { .. })
+        );
+    ExitCode::from(if usage { 2 } else { 1 })
+}
