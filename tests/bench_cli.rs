@@ -241,3 +241,143 @@ fn every_engine_runs() {
         }
     }
 }
+
+#[test]
+fn fio_style_modes_and_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    // --size sets the block count; randwrite writes every block once per loop.
+    let w = run_json(&[
+        "--dir",
+        d,
+        "--rw",
+        "randwrite",
+        "--bs",
+        "4k",
+        "--size",
+        "400KiB",
+        "--loops",
+        "2",
+    ]);
+    assert_eq!(
+        (
+            w["nblocks"].as_u64(),
+            w["ops"].as_u64(),
+            w["errors"].as_u64()
+        ),
+        (Some(100), Some(200), Some(0))
+    );
+    // --ops caps the run across jobs; reads of the written blocks all hit.
+    let r = run_json(&[
+        "--dir",
+        d,
+        "--rw",
+        "randread",
+        "--bs",
+        "4k",
+        "--nblocks",
+        "100",
+        "--ops",
+        "250",
+        "--numjobs",
+        "2",
+        "--no-layout",
+    ]);
+    assert_eq!(
+        (r["ops"].as_u64(), r["hits"].as_u64()),
+        (Some(250), Some(250))
+    );
+    // --runtime runs passes until the time is up (fio's time_based).
+    let r = run_json(&[
+        "--dir",
+        d,
+        "--rw",
+        "read",
+        "--bs",
+        "4k",
+        "--nblocks",
+        "100",
+        "--runtime",
+        "300ms",
+        "--no-layout",
+    ]);
+    let secs = r["elapsed_s"].as_f64().unwrap();
+    assert!((0.25..5.0).contains(&secs), "{secs}");
+    assert!(r["ops"].as_u64().unwrap() > 100, "more than one pass");
+    // randrw mixes reads and writes: 0 % reads is all writes, 100 % all reads.
+    for (mix, reads) in [("0", false), ("100", true)] {
+        let r = run_json(&[
+            "--dir",
+            d,
+            "--rw",
+            "randrw",
+            "--rwmixread",
+            mix,
+            "--bs",
+            "4k",
+            "--nblocks",
+            "100",
+            "--ops",
+            "120",
+            "--iodepth",
+            "4",
+            "--no-layout",
+        ]);
+        assert_eq!(r["ops"], 120);
+        assert_eq!(r["hits"].as_u64().unwrap() == 120, reads, "mix {mix}");
+        assert_eq!(
+            r["store"]["puts"].as_u64().unwrap() == 120,
+            !reads,
+            "mix {mix}"
+        );
+    }
+    // Zipf draws a skewed key set: far fewer distinct blocks are opened than read.
+    let r = run_json(&[
+        "--dir",
+        d,
+        "--rw",
+        "randread",
+        "--random_distribution",
+        "zipf:1.2",
+        "--bs",
+        "4k",
+        "--nblocks",
+        "100",
+        "--loops",
+        "5",
+        "--no-layout",
+    ]);
+    assert_eq!(r["hits"], 500);
+    assert!(
+        r["fd_cache"]["misses"].as_u64().unwrap() < 90,
+        "{}",
+        r["fd_cache"]
+    );
+    // Cold reads after dropping the working set from the page cache still hit.
+    let r = run_json(&[
+        "--dir",
+        d,
+        "--rw",
+        "randread",
+        "--invalidate",
+        "--bs",
+        "4k",
+        "--nblocks",
+        "100",
+        "--no-layout",
+        "--progress",
+        "never",
+    ]);
+    assert_eq!(r["hits"], 100);
+    // Contradictions and bad values: exit 2.
+    for args in [
+        &["--size", "1MiB", "--nblocks", "5"][..],
+        &["--size", "1k", "--bs", "4k"],
+        &["--random_distribution", "zipf:0"],
+        &["--rwmixread", "101"],
+        &["--runtime", "0s"],
+    ] {
+        let out = Command::new(BENCH).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+}

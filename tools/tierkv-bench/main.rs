@@ -3,7 +3,7 @@
 //! Keys derive from the block index and the worker id, so a `--rw write` run and a later
 //! `--rw read` run on the same `--dir` (separate processes) use the same blocks.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -33,6 +33,10 @@ enum Rw {
     Read,
     /// Read every block once per loop, in a random order.
     Randread,
+    /// Write every block once per loop, in a random order.
+    Randwrite,
+    /// Random reads and writes mixed per batch (`--rwmixread`), keys drawn with replacement.
+    Randrw,
     /// Replay a Mooncake-format trace (`--trace`) through the store: per request, read the
     /// longest present prefix, then offer the rest (stored or touched).
     Replay,
@@ -63,9 +67,32 @@ struct Args {
     /// Number of blocks.
     #[arg(long, default_value_t = 4096)]
     nblocks: u64,
+    /// Working-set size (e.g. 1GiB): sets the number of blocks to SIZE / bs.
+    #[arg(long, value_parser = parse_size, conflicts_with = "nblocks")]
+    size: Option<u64>,
     /// Passes over the blocks (fio's `loops`).
     #[arg(long, default_value_t = 1)]
     loops: u64,
+    /// Stop after this long (e.g. 15s, 2m), whatever the loops.
+    #[arg(long, value_parser = parse_duration)]
+    runtime: Option<Duration>,
+    /// Stop after this many block operations in all.
+    #[arg(long)]
+    ops: Option<u64>,
+    /// randrw: percentage of batches that read.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
+    rwmixread: u8,
+    /// How random keys are drawn: random (every block once per loop, uniform for randrw) or
+    /// zipf:THETA (skewed, with replacement; THETA > 0, e.g. zipf:1.1).
+    #[arg(long = "random_distribution", alias = "random-distribution", default_value = "random", value_parser = parse_distribution)]
+    random_distribution: Distribution,
+    /// Reads: drop the working set from the page cache first (posix_fadvise DONTNEED), to
+    /// measure cold reads.
+    #[arg(long)]
+    invalidate: bool,
+    /// A progress bar on stderr: auto (when stderr is a terminal) or never.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "never"])]
+    progress: String,
     /// Blocks per store call (a batch of `get_many`/`put_many`).
     #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     iodepth: usize,
@@ -115,6 +142,99 @@ struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Normal)]
     output_format: OutputFormat,
+}
+
+/// How keys are drawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Distribution {
+    Random,
+    Zipf(f64),
+}
+
+fn parse_distribution(s: &str) -> Result<Distribution, String> {
+    match s.split_once(':') {
+        None if s == "random" => Ok(Distribution::Random),
+        Some(("zipf", t)) => match t.parse::<f64>() {
+            Ok(theta) if theta > 0.0 && theta.is_finite() => Ok(Distribution::Zipf(theta)),
+            _ => Err(format!(
+                "bad zipf theta {t:?}: a positive number, e.g. zipf:1.1"
+            )),
+        },
+        _ => Err(format!(
+            "unknown distribution {s:?}; use random or zipf:THETA"
+        )),
+    }
+}
+
+/// Parses `15s`, `500ms`, `2m`, `1h`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("bad duration unit in {s:?}; use ms, s, m or h")),
+    };
+    if secs <= 0.0 {
+        return Err("the duration must be positive".into());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Draws block indices from a Zipf distribution over `0..n` (rank 0 most likely), by
+/// inverse transform on the cumulative weights `1 / (i + 1)^theta`.
+struct Zipf {
+    cdf: Vec<f64>,
+}
+
+impl Zipf {
+    fn new(n: usize, theta: f64) -> Self {
+        let mut acc = 0.0;
+        let mut cdf: Vec<f64> = (0..n)
+            .map(|i| {
+                acc += 1.0 / ((i + 1) as f64).powf(theta);
+                acc
+            })
+            .collect();
+        for c in &mut cdf {
+            *c /= acc;
+        }
+        Zipf { cdf }
+    }
+
+    fn sample(&self, rng: &mut fastrand::Rng) -> usize {
+        let u = rng.f64();
+        self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1)
+    }
+}
+
+/// When every job stops: a deadline and an operation budget shared by all jobs.
+struct Budget {
+    deadline: Option<Instant>,
+    ops_left: Option<std::sync::atomic::AtomicI64>,
+    progress: indicatif::ProgressBar,
+}
+
+impl Budget {
+    /// Takes up to `want` operations; 0 when the run is over.
+    fn take(&self, want: usize) -> usize {
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            return 0;
+        }
+        match &self.ops_left {
+            None => want,
+            Some(left) => {
+                let before = left.fetch_sub(want as i64, std::sync::atomic::Ordering::Relaxed);
+                before.clamp(0, want as i64) as usize
+            }
+        }
+    }
 }
 
 /// Parses `4096`, `4k`, `64KiB`, `1MiB`, `1m`, `2GiB` (fio's convention: k = 1024).
@@ -247,29 +367,82 @@ fn run(args: &Args) -> Result<(), BoxError> {
         let r = replay(&store, trace, bs, oracle.as_ref())?;
         return report_replay(args, &store, &root, &r);
     }
-    let keys: Vec<BlockKey> = (0..args.nblocks)
+    let nblocks = match args.size {
+        Some(size) if bs == 0 || size < bs as u64 => {
+            return Err(UsageError(format!(
+                "--size {size} is smaller than one block of --bs {bs}"
+            ))
+            .into());
+        }
+        Some(size) => size / bs as u64,
+        None => args.nblocks,
+    };
+    if nblocks == 0 {
+        return Err(UsageError("the working set has no blocks".into()).into());
+    }
+    let keys: Vec<BlockKey> = (0..nblocks)
         .map(|i| store.key(block_hash(worker.as_str(), i)))
         .collect();
 
-    if args.rw != Rw::Write && !args.no_layout {
+    let reads = matches!(args.rw, Rw::Read | Rw::Randread | Rw::Randrw);
+    if reads && !args.no_layout {
         lay_out(&store, &keys, bs)?;
     }
-    let before = store.stats();
-    let run = match args.rw {
-        Rw::Write | Rw::Read | Rw::Randread => parallel(args.numjobs, |job| match args.rw {
-            Rw::Write => {
-                let (a, b) = (
-                    keys.len() * job / args.numjobs,
-                    keys.len() * (job + 1) / args.numjobs,
-                );
-                write(&store, &keys[a..b], a as u64, bs, args)
-            }
-            _ => read(&store, &keys, bs, args, job as u64),
-        }),
-        Rw::Replay => unreachable!("handled above"),
+    if reads && args.invalidate {
+        invalidate(&store, &keys)?;
+    }
+    let progress = if args.progress == "auto" && std::io::stderr().is_terminal() {
+        let total = args.ops.unwrap_or(
+            args.loops
+                .saturating_mul(nblocks)
+                .saturating_mul(args.numjobs as u64),
+        );
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} {pos}/{len} ops {per_sec} [{elapsed_precise}]",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    } else {
+        indicatif::ProgressBar::hidden()
     };
+    let budget = Budget {
+        deadline: args.runtime.map(|d| Instant::now() + d),
+        ops_left: args
+            .ops
+            .map(|n| std::sync::atomic::AtomicI64::new(n.min(i64::MAX as u64) as i64)),
+        progress,
+    };
+    let zipf = match args.random_distribution {
+        Distribution::Zipf(theta) => Some(Zipf::new(keys.len(), theta)),
+        Distribution::Random => None,
+    };
+    let before = store.stats();
+    let run = parallel(args.numjobs, |job| {
+        // Writes split the blocks between the jobs; reads go over all of them.
+        let (a, b) = match args.rw {
+            Rw::Write | Rw::Randwrite => (
+                keys.len() * job / args.numjobs,
+                keys.len() * (job + 1) / args.numjobs,
+            ),
+            _ => (0, keys.len()),
+        };
+        run_job(
+            &store,
+            &keys[a..b],
+            a as u64,
+            bs,
+            args,
+            job as u64,
+            &budget,
+            zipf.as_ref(),
+        )
+    });
+    budget.progress.finish_and_clear();
     let after = store.stats();
-    report(args, &store, &root, &run, &before, &after)?;
+    report(args, &store, &root, nblocks, &run, &before, &after)?;
     if args.keep && args.dir.is_none() {
         eprintln!("tierkv-bench: kept {}", root.display());
     }
@@ -335,92 +508,149 @@ fn parallel(n: usize, job: impl Fn(usize) -> Run + Sync) -> Run {
     total
 }
 
-/// Writes `keys`, whose first is block `first` (so contents follow the global index).
-fn write(store: &Store, keys: &[BlockKey], first: u64, bs: usize, args: &Args) -> Run {
-    let mut lat = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram");
-    let mut datas: Vec<Vec<u8>> = (0..args.iodepth).map(|_| vec![0xA5u8; bs]).collect();
-    let (mut ops, mut errors) = (0u64, 0u64);
-    let start = Instant::now();
-    for _ in 0..args.loops {
-        for (c, chunk) in keys.chunks(args.iodepth).enumerate() {
-            let base = first + (c * args.iodepth) as u64;
-            for (j, d) in datas.iter_mut().enumerate().take(chunk.len()) {
-                fill_block(d, base + j as u64);
-            }
-            let items: Vec<(BlockKey, &[u8])> = chunk
-                .iter()
-                .cloned()
-                .zip(datas.iter().map(Vec::as_slice))
-                .collect();
-            let t = Instant::now();
-            let res = store.put_many(&items);
-            lat.saturating_record(t.elapsed().as_nanos() as u64);
-            for r in res {
-                ops += 1;
-                if let Err(e) = r {
-                    errors += 1;
-                    tracing::warn!(error = %e, "put failed");
-                }
-            }
+/// Drops the working set's blocks from the page cache (posix_fadvise DONTNEED), so that the
+/// reads that follow come from the device.
+fn invalidate(store: &Store, keys: &[BlockKey]) -> Result<(), BoxError> {
+    for k in keys {
+        let p = store.path_of(&k.hash);
+        match std::fs::File::open(&p) {
+            Ok(f) => rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed)
+                .map_err(|e| format!("{}: {e}", p.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("{}: {e}", p.display()).into()),
         }
     }
-    let elapsed = start.elapsed();
-    Run {
-        ops,
-        hits: 0,
-        misses: 0,
-        errors,
-        bytes: (ops - errors) * bs as u64,
-        elapsed,
-        lat,
-    }
+    Ok(())
 }
 
-fn read(store: &Store, keys: &[BlockKey], bs: usize, args: &Args, job: u64) -> Run {
+/// One job: batches of `--iodepth` blocks, read or written, until the loops, the runtime or
+/// the operation budget run out. `keys[i]` is block `first + i` (contents follow the global
+/// index, so a later read can check them).
+#[allow(clippy::too_many_arguments)]
+fn run_job(
+    store: &Store,
+    keys: &[BlockKey],
+    first: u64,
+    bs: usize,
+    args: &Args,
+    job: u64,
+    budget: &Budget,
+    zipf: Option<&Zipf>,
+) -> Run {
     let mut lat = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram");
     // Page-aligned, as engines' buffer pools are (and as fio's are): copies into misaligned
     // buffers run several times slower.
     let mut bufs: Vec<AlignedBuf> = (0..args.iodepth).map(|_| AlignedBuf::zeroed(bs)).collect();
-    let mut order: Vec<usize> = (0..keys.len()).collect();
+    let mut datas: Vec<Vec<u8>> = (0..args.iodepth).map(|_| vec![0xA5u8; bs]).collect();
     let mut rng = fastrand::Rng::with_seed(0x7165_726b + job);
-    let (mut ops, mut hits, mut misses, mut errors, mut bytes) = (0u64, 0u64, 0u64, 0u64, 0u64);
-    let mut batch: Vec<BlockKey> = Vec::with_capacity(args.iodepth);
+    let mut run = Run {
+        ops: 0,
+        hits: 0,
+        misses: 0,
+        errors: 0,
+        bytes: 0,
+        elapsed: Duration::ZERO,
+        lat: Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram"),
+    };
     let start = Instant::now();
-    for _ in 0..args.loops {
-        if args.rw == Rw::Randread {
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    let mut batch_idx: Vec<usize> = Vec::with_capacity(args.iodepth);
+    // randrw without a runtime or an op budget runs loops x blocks operations.
+    // With --runtime or --ops, passes repeat until that limit (fio's time_based); else
+    // --loops passes. randrw draws keys instead of passing over them: loops x blocks ops.
+    let limited = args.runtime.is_some() || args.ops.is_some();
+    let passes = if limited { u64::MAX } else { args.loops.max(1) };
+    let mut mixed_left = if limited {
+        u64::MAX
+    } else {
+        args.loops.saturating_mul(keys.len() as u64)
+    };
+    'passes: for _ in 0..passes {
+        let shuffle = matches!(args.rw, Rw::Randread | Rw::Randwrite);
+        if shuffle && zipf.is_none() {
             rng.shuffle(&mut order);
         }
-        for chunk in order.chunks(args.iodepth) {
-            batch.clear();
-            batch.extend(chunk.iter().map(|&i| keys[i].clone()));
-            let t = Instant::now();
-            let res = store.get_many(&batch, &mut bufs[..chunk.len()]);
-            lat.saturating_record(t.elapsed().as_nanos() as u64);
-            for r in res {
-                ops += 1;
-                match r {
-                    Ok(Lookup::Hit(n)) => {
-                        hits += 1;
-                        bytes += n as u64;
+        let mut pos = 0usize;
+        loop {
+            // The next batch's block indices.
+            batch_idx.clear();
+            let want = match args.rw {
+                Rw::Randrw => {
+                    if mixed_left == 0 {
+                        break 'passes;
                     }
-                    Ok(Lookup::Miss) => misses += 1,
-                    Err(e) => {
-                        errors += 1;
-                        tracing::warn!(error = %e, "read failed");
+                    args.iodepth.min(mixed_left.min(usize::MAX as u64) as usize)
+                }
+                _ => args.iodepth.min(keys.len() - pos),
+            };
+            if want == 0 {
+                break;
+            }
+            let n = budget.take(want);
+            if n == 0 {
+                break 'passes;
+            }
+            for j in 0..n {
+                batch_idx.push(match (args.rw, zipf) {
+                    (Rw::Read | Rw::Write, _) => pos + j,
+                    (_, Some(z)) => z.sample(&mut rng),
+                    (Rw::Randrw, None) => rng.usize(..keys.len()),
+                    _ => order[pos + j],
+                });
+            }
+            pos += n;
+            mixed_left = mixed_left.saturating_sub(n as u64);
+            let write = match args.rw {
+                Rw::Write | Rw::Randwrite => true,
+                Rw::Randrw => rng.u8(0..100) >= args.rwmixread,
+                _ => false,
+            };
+            let batch: Vec<BlockKey> = batch_idx.iter().map(|&i| keys[i].clone()).collect();
+            let t = Instant::now();
+            if write {
+                for (d, &i) in datas.iter_mut().zip(&batch_idx) {
+                    fill_block(d, first + i as u64);
+                }
+                let items: Vec<(BlockKey, &[u8])> = batch
+                    .into_iter()
+                    .zip(datas.iter().map(Vec::as_slice))
+                    .collect();
+                let res = store.put_many(&items);
+                lat.saturating_record(t.elapsed().as_nanos() as u64);
+                for r in res {
+                    run.ops += 1;
+                    match r {
+                        Ok(()) => run.bytes += bs as u64,
+                        Err(e) => {
+                            run.errors += 1;
+                            tracing::warn!(error = %e, "put failed");
+                        }
+                    }
+                }
+            } else {
+                let res = store.get_many(&batch, &mut bufs[..n]);
+                lat.saturating_record(t.elapsed().as_nanos() as u64);
+                for r in res {
+                    run.ops += 1;
+                    match r {
+                        Ok(Lookup::Hit(len)) => {
+                            run.hits += 1;
+                            run.bytes += len as u64;
+                        }
+                        Ok(Lookup::Miss) => run.misses += 1,
+                        Err(e) => {
+                            run.errors += 1;
+                            tracing::warn!(error = %e, "read failed");
+                        }
                     }
                 }
             }
+            budget.progress.inc(n as u64);
         }
     }
-    Run {
-        ops,
-        hits,
-        misses,
-        errors,
-        bytes,
-        elapsed: start.elapsed(),
-        lat,
-    }
+    run.elapsed = start.elapsed();
+    run.lat = lat;
+    run
 }
 
 fn human_bytes(b: f64) -> String {
@@ -448,6 +678,7 @@ fn report(
     args: &Args,
     store: &Store,
     root: &std::path::Path,
+    nblocks: u64,
     run: &Run,
     before: &tierkv::StoreStats,
     after: &tierkv::StoreStats,
@@ -466,17 +697,17 @@ fn report(
     let l = &run.lat;
     let q = |p: f64| l.value_at_quantile(p) as f64 / 1e3;
     let mut out = std::io::stdout().lock();
-    let direction = if args.rw == Rw::Write {
-        "write"
-    } else {
-        "read"
+    let direction = match args.rw {
+        Rw::Write | Rw::Randwrite => "write",
+        Rw::Randrw => "rw",
+        _ => "read",
     };
     match args.output_format {
         OutputFormat::Json => {
             let doc = json!({
                 "rw": format!("{:?}", args.rw).to_lowercase(),
                 "bs": args.bs,
-                "nblocks": args.nblocks,
+                "nblocks": nblocks,
                 "loops": args.loops,
                 "iodepth": args.iodepth,
                 "numjobs": args.numjobs,
@@ -510,7 +741,7 @@ fn report(
                 "tierkv-bench: rw={:?} bs={} nblocks={} loops={} iodepth={} numjobs={} engine={} layout=({}) fd-cache={} verify={}{}",
                 args.rw,
                 human_bytes(args.bs as f64),
-                args.nblocks,
+                nblocks,
                 args.loops,
                 args.iodepth,
                 args.numjobs,
@@ -539,7 +770,7 @@ fn report(
                 q(0.999),
                 l.max() as f64 / 1e3
             )?;
-            if direction == "read" {
+            if direction != "write" {
                 writeln!(
                     out,
                     "  hits={} misses={} corrupt={} errors={} bytes={}",
