@@ -414,7 +414,9 @@ impl Store {
 
     /// Reads a batch of blocks (a request's chain, root first), each into the front of its
     /// buffer; one result per key, in order: `Hit(len)`, `Miss`, or an error (invalid key,
-    /// buffer too small, I/O error).
+    /// buffer too small, I/O error). Bytes of a buffer past its block are unspecified (with
+    /// `O_DIRECT` and a page-aligned buffer the read goes straight into it, in whole 4 KiB
+    /// blocks).
     ///
     /// A key the index does not hold is a miss without a system call. A missing file is a
     /// miss, never an error, even if it was deleted behind the store's back after being read

@@ -10,7 +10,7 @@ use rustix::io::Errno;
 
 use super::fdcache::OpenBlock;
 use super::{Counters, Inner, Lookup, VerifyMode, io_err};
-use crate::buf::PooledBuf;
+use crate::buf::{DIRECT_ALIGN, PooledBuf, align_up};
 use crate::engine::IoRequest;
 use crate::error::{Error, Result};
 use crate::format::{HEADER_LEN, Header, PAYLOAD_OFFSET};
@@ -68,7 +68,8 @@ impl Inner {
                 Err(e) => ReadPlan::Done(Err(e)),
                 Ok(()) if present.next() == Some(true) => {
                     pinned.push(k.hash);
-                    self.plan_read(k, b.as_mut().len())
+                    let b = b.as_mut();
+                    self.plan_read(k, b.len(), b.as_ptr() as usize)
                 }
                 Ok(()) => ReadPlan::Done(Ok(Lookup::Miss)),
             });
@@ -90,7 +91,10 @@ impl Inner {
                         .on_cached_file()
                         .with_file_len(block.header.file_len()),
                         None => {
-                            let n = block.header.payload_len as usize;
+                            // O_DIRECT without a bounce reads whole aligned blocks (the
+                            // kernel shortens the last one at the end of the file).
+                            let len = block.header.payload_len as usize;
+                            let n = if self.direct { align_up(len) } else { len };
                             IoRequest::read(
                                 block.fd.as_fd(),
                                 PAYLOAD_OFFSET,
@@ -158,7 +162,7 @@ impl Inner {
         results
     }
 
-    fn plan_read(&self, key: &BlockKey, buf_len: usize) -> ReadPlan {
+    fn plan_read(&self, key: &BlockKey, buf_len: usize, buf_addr: usize) -> ReadPlan {
         if let Err(e) = self.check_key(key) {
             return ReadPlan::Done(Err(e));
         }
@@ -192,7 +196,10 @@ impl Inner {
                             have: buf_len,
                         }));
                     }
-                    let bounce = self.direct.then(|| self.bufs.take(need));
+                    // O_DIRECT straight into the caller's buffer when it is aligned and holds
+                    // the block rounded up to the alignment; else through a bounce buffer.
+                    let fits = buf_addr % DIRECT_ALIGN == 0 && buf_len >= align_up(need);
+                    let bounce = (self.direct && !fits).then(|| self.bufs.take(need));
                     return ReadPlan::Cached { block, bounce };
                 }
                 _ => self.fds.invalidate_if(&key.hash, &block),
