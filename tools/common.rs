@@ -1,6 +1,7 @@
 //! What the command-line tools share: logging set-up and how an error becomes an exit status.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// A usage error found after parsing: reported like clap's, with exit status 2.
 #[derive(Debug)]
@@ -43,4 +44,25 @@ pub fn exit_for(tool: &str, e: &BoxError) -> ExitCode {
             Some(tierkv::Error::Config(_) | tierkv::Error::InvalidKey { .. })
         );
     ExitCode::from(if usage { 2 } else { 1 })
+}
+
+/// Parses a positive duration: `15s`, `500ms`, `2m`, `1h` (a bare number is seconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("bad duration unit in {s:?}; use ms, s, m or h")),
+    };
+    if secs <= 0.0 {
+        return Err("the duration must be positive".into());
+    }
+    Ok(Duration::from_secs_f64(secs))
 }

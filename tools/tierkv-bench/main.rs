@@ -23,7 +23,7 @@ use tierkv::{
 #[path = "../common.rs"]
 mod common;
 
-use common::{BoxError, UsageError};
+use common::{BoxError, UsageError, parse_duration};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Rw {
@@ -166,27 +166,6 @@ fn parse_distribution(s: &str) -> Result<Distribution, String> {
     }
 }
 
-/// Parses `15s`, `500ms`, `2m`, `1h`.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("bad duration unit in {s:?}; use ms, s, m or h")),
-    };
-    if secs <= 0.0 {
-        return Err("the duration must be positive".into());
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
 /// Draws block indices from a Zipf distribution over `0..n` (rank 0 most likely), by
 /// inverse transform on the cumulative weights `1 / (i + 1)^theta`.
 struct Zipf {
@@ -283,6 +262,21 @@ struct Run {
     bytes: u64,
     elapsed: Duration,
     lat: Histogram<u64>,
+}
+
+impl Run {
+    /// Nothing done yet; latencies in nanoseconds up to an hour.
+    fn empty() -> Run {
+        Run {
+            ops: 0,
+            hits: 0,
+            misses: 0,
+            errors: 0,
+            bytes: 0,
+            elapsed: Duration::ZERO,
+            lat: Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram"),
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -487,15 +481,7 @@ fn parallel(n: usize, job: impl Fn(usize) -> Run + Sync) -> Run {
             .map(|h| h.join().expect("bench job panicked"))
             .collect()
     });
-    let mut total = Run {
-        ops: 0,
-        hits: 0,
-        misses: 0,
-        errors: 0,
-        bytes: 0,
-        elapsed: Duration::ZERO,
-        lat: Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram"),
-    };
+    let mut total = Run::empty();
     for r in runs {
         total.ops += r.ops;
         total.hits += r.hits;
@@ -537,25 +523,15 @@ fn run_job(
     budget: &Budget,
     zipf: Option<&Zipf>,
 ) -> Run {
-    let mut lat = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram");
     // Page-aligned, as engines' buffer pools are (and as fio's are): copies into misaligned
     // buffers run several times slower.
     let mut bufs: Vec<AlignedBuf> = (0..args.iodepth).map(|_| AlignedBuf::zeroed(bs)).collect();
     let mut datas: Vec<Vec<u8>> = (0..args.iodepth).map(|_| vec![0xA5u8; bs]).collect();
     let mut rng = fastrand::Rng::with_seed(0x7165_726b + job);
-    let mut run = Run {
-        ops: 0,
-        hits: 0,
-        misses: 0,
-        errors: 0,
-        bytes: 0,
-        elapsed: Duration::ZERO,
-        lat: Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram"),
-    };
+    let mut run = Run::empty();
     let start = Instant::now();
     let mut order: Vec<usize> = (0..keys.len()).collect();
     let mut batch_idx: Vec<usize> = Vec::with_capacity(args.iodepth);
-    // randrw without a runtime or an op budget runs loops x blocks operations.
     // With --runtime or --ops, passes repeat until that limit (fio's time_based); else
     // --loops passes. randrw draws keys instead of passing over them: loops x blocks ops.
     let limited = args.runtime.is_some() || args.ops.is_some();
@@ -616,7 +592,7 @@ fn run_job(
                     .zip(datas.iter().map(Vec::as_slice))
                     .collect();
                 let res = store.put_many(&items);
-                lat.saturating_record(t.elapsed().as_nanos() as u64);
+                run.lat.saturating_record(t.elapsed().as_nanos() as u64);
                 for r in res {
                     run.ops += 1;
                     match r {
@@ -629,7 +605,7 @@ fn run_job(
                 }
             } else {
                 let res = store.get_many(&batch, &mut bufs[..n]);
-                lat.saturating_record(t.elapsed().as_nanos() as u64);
+                run.lat.saturating_record(t.elapsed().as_nanos() as u64);
                 for r in res {
                     run.ops += 1;
                     match r {
@@ -649,7 +625,6 @@ fn run_job(
         }
     }
     run.elapsed = start.elapsed();
-    run.lat = lat;
     run
 }
 

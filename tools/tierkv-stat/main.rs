@@ -62,25 +62,6 @@ struct Args {
     iterations: Option<u64>,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" => n * 60.0,
-        _ => return Err(format!("bad duration unit in {s:?}; use ms, s or m")),
-    };
-    if secs <= 0.0 {
-        return Err("the duration must be positive".into());
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
 /// One bar of a histogram.
 #[derive(Debug, Serialize, Clone)]
 struct Bucket {
@@ -163,7 +144,7 @@ struct Report {
 #[path = "../common.rs"]
 mod common;
 
-use common::{BoxError, UsageError};
+use common::{BoxError, UsageError, parse_duration};
 
 fn main() -> ExitCode {
     common::init_logging();
