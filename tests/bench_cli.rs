@@ -209,17 +209,27 @@ fn numjobs_share_one_store() {
 /// A short run of the bench through every engine this build has (CI builds with `nixl`).
 #[test]
 fn every_engine_runs() {
-    let mut engines = vec!["psync", "io_uring", "auto"];
+    // (engine, extra options): io_uring also with a ring shallower than the batch (the batch
+    // streams through it), nixl with each of its POSIX queues.
+    let mut variants: Vec<(&str, Vec<&str>)> = vec![
+        ("psync", vec![]),
+        ("io_uring", vec![]),
+        ("io_uring", vec!["--queue-depth", "3"]),
+        ("auto", vec![]),
+    ];
     if cfg!(feature = "nixl") {
         let have = std::path::Path::new(".nixl/lib/libnixl_capi.so").exists()
             || std::env::var_os("TIERKV_NIXL_DIR").is_some();
         if have || std::env::var_os("TIERKV_REQUIRE_NIXL").is_some() {
-            engines.push("nixl");
+            variants.push(("nixl", vec![]));
+            for q in ["libaio", "uring", "posix-aio"] {
+                variants.push(("nixl", vec!["--nixl-posix-queue", q]));
+            }
         } else {
             eprintln!("skipped the nixl engine: no NIXL library (tools/fetch-nixl.sh)");
         }
     }
-    for engine in engines {
+    for (engine, extra) in variants {
         for direct in [false, true] {
             let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
             let mut args = vec![
@@ -231,13 +241,14 @@ fn every_engine_runs() {
                 "64",
             ];
             args.extend(["--loops", "2", "--iodepth", "8", "--ioengine", engine]);
+            args.extend(&extra);
             if direct {
                 args.push("--direct");
             }
             let r = run_json(&args);
-            assert_eq!(r["hits"], 128, "{engine} direct={direct}");
-            assert_eq!(r["errors"], 0, "{engine}");
-            assert_eq!(r["corrupt"], 0, "{engine}");
+            assert_eq!(r["hits"], 128, "{engine} {extra:?} direct={direct}");
+            assert_eq!(r["errors"], 0, "{engine} {extra:?}");
+            assert_eq!(r["corrupt"], 0, "{engine} {extra:?}");
         }
     }
 }
@@ -380,4 +391,219 @@ fn fio_style_modes_and_limits() {
         let out = Command::new(BENCH).args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
     }
+}
+
+#[test]
+fn randrw_reports_each_direction() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let r = run_json(&[
+        "--dir",
+        d,
+        "--rw",
+        "randrw",
+        "--rwmixread",
+        "50",
+        "--bs",
+        "4k",
+        "--nblocks",
+        "100",
+        "--ops",
+        "400",
+        "--iodepth",
+        "2",
+    ]);
+    let (reads, writes) = (
+        r["read"]["ops"].as_u64().unwrap(),
+        r["write"]["ops"].as_u64().unwrap(),
+    );
+    // 200 batches of 2, each a coin toss: both directions ran, and they add up.
+    assert_eq!(reads + writes, 400);
+    assert!(
+        reads > 100 && writes > 100,
+        "{reads} reads, {writes} writes"
+    );
+    assert_eq!(r["hits"], reads);
+    assert_eq!(r["read"]["bytes"], reads * 4096);
+    assert_eq!(r["write"]["bytes"], writes * 4096);
+    assert_eq!(r["store"]["puts"].as_u64().unwrap(), 100 + writes);
+    for dir in ["read", "write"] {
+        let lat = &r[dir]["lat_us"];
+        let (min, p50, max) = (
+            lat["min"].as_f64().unwrap(),
+            lat["p50"].as_f64().unwrap(),
+            lat["max"].as_f64().unwrap(),
+        );
+        assert!(0.0 < min && min <= p50 && p50 <= max, "{dir}: {lat}");
+    }
+}
+
+#[test]
+fn workers_are_tensor_parallel_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let w = run_json(&[
+        "--dir",
+        d,
+        "--rw",
+        "write",
+        "--workers",
+        "3",
+        "--numjobs",
+        "2",
+        "--bs",
+        "4k",
+        "--nblocks",
+        "50",
+    ]);
+    assert_eq!(w["nworkers"], 3);
+    assert_eq!(w["ops"], 150);
+    assert_eq!(w["errors"], 0);
+    let ws = w["workers"].as_array().unwrap();
+    assert_eq!(ws.len(), 3);
+    for (i, x) in ws.iter().enumerate() {
+        assert_eq!(x["worker"], i.to_string());
+        assert_eq!(x["ops"], 50);
+    }
+    // Each rank has its own directory holding the same 50 block names.
+    let names = |rank: &str| {
+        let mut v: Vec<String> = walk(&dir.path().join("v1").join(rank));
+        v.sort();
+        v
+    };
+    let r0 = names("0");
+    assert_eq!(r0.len(), 50);
+    assert_eq!(r0, names("1"));
+    assert_eq!(r0, names("2"));
+    // A later run of the ranks reads them all back.
+    let r = run_json(&[
+        "--dir",
+        d,
+        "--rw",
+        "randread",
+        "--workers",
+        "3",
+        "--bs",
+        "4k",
+        "--nblocks",
+        "50",
+        "--no-layout",
+    ]);
+    assert_eq!(
+        (r["hits"].as_u64(), r["misses"].as_u64()),
+        (Some(150), Some(0))
+    );
+    // --workers and --worker contradict each other.
+    let out = Command::new(BENCH)
+        .args(["--workers", "2", "--worker", "7"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// The names of the block files under `dir` (64 hex digits), at any depth.
+fn walk(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().into_string().unwrap();
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk(&e.path()));
+        } else if name.len() == 64 {
+            out.push(name);
+        }
+    }
+    out
+}
+
+#[test]
+fn metadata_mode_measures_each_depth() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let r = run_json(&[
+        "--dir",
+        d,
+        "--rw",
+        "metadata",
+        "--bs",
+        "512",
+        "--nblocks",
+        "300",
+        "--layout-depths",
+        "0,2",
+        "--layout-fanout",
+        "16",
+        "--numjobs",
+        "2",
+        "--iodepth",
+        "8",
+        "--keep",
+    ]);
+    let depths = r["depths"].as_array().unwrap();
+    assert_eq!(depths.len(), 2);
+    for (row, depth) in depths.iter().zip([0u64, 2]) {
+        assert_eq!(row["depth"], depth);
+        assert_eq!(row["fanout"], 16);
+        assert_eq!(row["rebuilt_blocks"], 300, "{row}");
+        assert_eq!(
+            (row["missing"].as_u64(), row["errors"].as_u64()),
+            (Some(0), Some(0))
+        );
+        for phase in ["create", "rebuild", "lookup", "read"] {
+            assert!(
+                row[format!("{phase}_per_sec")].as_f64().unwrap() > 0.0,
+                "{row}"
+            );
+        }
+        assert!(row["cold_read_per_sec"].is_null());
+        // --keep leaves the tree, laid out at that depth.
+        let worker = dir.path().join(format!("depth{depth}-16/v1/0"));
+        let files = walk(&worker);
+        assert_eq!(files.len(), 300);
+        let leaf_dirs = std::fs::read_dir(&worker)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_type().unwrap().is_dir())
+            .count();
+        assert_eq!(leaf_dirs > 0, depth > 0, "depth {depth}");
+    }
+    // Without --keep the trees go; a non-empty tree is refused.
+    let fresh = tempfile::tempdir().unwrap();
+    let f = fresh.path().to_str().unwrap();
+    let r = run_json(&[
+        "--dir",
+        f,
+        "--rw",
+        "metadata",
+        "--nblocks",
+        "50",
+        "--bs",
+        "512",
+    ]);
+    assert_eq!(r["depths"].as_array().unwrap().len(), 3);
+    assert_eq!(std::fs::read_dir(fresh.path()).unwrap().count(), 0);
+    let out = Command::new(BENCH)
+        .args([
+            "--dir",
+            d,
+            "--rw",
+            "metadata",
+            "--layout-depths",
+            "0",
+            "--layout-fanout",
+            "16",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // --layout-depths belongs to the metadata mode.
+    let out = Command::new(BENCH)
+        .args(["--rw", "randread", "--layout-depths", "0,1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
 }

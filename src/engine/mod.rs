@@ -142,12 +142,99 @@ pub enum EngineKind {
     Nixl,
 }
 
+/// The queue NIXL's POSIX backend submits through.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PosixQueue {
+    /// NIXL's choice (libaio in NIXL 1.5).
+    #[default]
+    Default,
+    /// Linux native AIO (libaio): backend parameter `use_aio`.
+    Libaio,
+    /// io_uring (liburing): `use_uring`.
+    Uring,
+    /// POSIX AIO (glibc's threads): `use_posix_aio`.
+    PosixAio,
+}
+
+impl PosixQueue {
+    /// The backend parameter that selects this queue, if any.
+    pub fn backend_param(self) -> Option<&'static str> {
+        match self {
+            PosixQueue::Default => None,
+            PosixQueue::Libaio => Some("use_aio"),
+            PosixQueue::Uring => Some("use_uring"),
+            PosixQueue::PosixAio => Some("use_posix_aio"),
+        }
+    }
+}
+
+impl FromStr for PosixQueue {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "default" => Ok(PosixQueue::Default),
+            "libaio" | "aio" => Ok(PosixQueue::Libaio),
+            "uring" | "io_uring" => Ok(PosixQueue::Uring),
+            "posix-aio" | "posix_aio" => Ok(PosixQueue::PosixAio),
+            _ => Err(Error::Config(format!(
+                "unknown NIXL POSIX queue {s:?}; available: default, libaio, uring, posix-aio"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for PosixQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PosixQueue::Default => "default",
+            PosixQueue::Libaio => "libaio",
+            PosixQueue::Uring => "uring",
+            PosixQueue::PosixAio => "posix-aio",
+        })
+    }
+}
+
+/// Settings of the engines beyond which one is chosen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EngineOptions {
+    /// io_uring: the ring's depth, the bound on I/Os in flight per submitting thread (default
+    /// [`DEFAULT_QUEUE_DEPTH`]). A larger batch streams through this many slots.
+    pub queue_depth: u32,
+    /// NIXL: the POSIX backend's queue.
+    pub nixl_posix_queue: PosixQueue,
+    /// NIXL: the directory of `libnixl_capi.so` (default: `$TIERKV_NIXL_DIR`, then
+    /// `.nixl/lib`, then the loader's search path).
+    pub nixl_lib_dir: Option<std::path::PathBuf>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            queue_depth: DEFAULT_QUEUE_DEPTH,
+            nixl_posix_queue: PosixQueue::Default,
+            nixl_lib_dir: None,
+        }
+    }
+}
+
 impl EngineKind {
-    /// Builds the engine.
+    /// Builds the engine with default options.
     pub fn build(self) -> Result<Arc<dyn IoEngine>, Error> {
+        self.build_with(&EngineOptions::default())
+    }
+
+    /// Builds the engine.
+    pub fn build_with(self, opts: &EngineOptions) -> Result<Arc<dyn IoEngine>, Error> {
+        if opts.queue_depth == 0 {
+            return Err(Error::Config(
+                "the engine queue depth must be at least 1".into(),
+            ));
+        }
         match self {
             EngineKind::Psync => Ok(Arc::new(PsyncEngine::new())),
-            EngineKind::IoUring => UringEngine::new(DEFAULT_QUEUE_DEPTH)
+            EngineKind::IoUring => UringEngine::new(opts.queue_depth)
                 .map(|e| Arc::new(e) as Arc<dyn IoEngine>)
                 .map_err(|e| {
                     Error::Config(format!(
@@ -155,14 +242,15 @@ impl EngineKind {
                     ))
                 }),
             #[cfg(feature = "nixl")]
-            EngineKind::Nixl => Ok(Arc::new(nixl::NixlEngine::new(
-                &nixl::NixlConfig::default(),
-            )?)),
+            EngineKind::Nixl => Ok(Arc::new(nixl::NixlEngine::new(&nixl::NixlConfig {
+                lib_dir: opts.nixl_lib_dir.clone(),
+                posix_queue: opts.nixl_posix_queue,
+            })?)),
             #[cfg(not(feature = "nixl"))]
             EngineKind::Nixl => Err(Error::Config(
                 "this build has no NIXL engine: rebuild with --features nixl".into(),
             )),
-            EngineKind::Auto => match UringEngine::new(DEFAULT_QUEUE_DEPTH) {
+            EngineKind::Auto => match UringEngine::new(opts.queue_depth) {
                 Ok(e) => Ok(Arc::new(e)),
                 Err(e) => {
                     tracing::warn!(error = %e, "io_uring refused by the kernel: using psync");

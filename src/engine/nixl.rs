@@ -43,8 +43,8 @@ pub struct NixlConfig {
     /// Directory of `libnixl_capi.so` (default: `$TIERKV_NIXL_DIR`, then `.nixl/lib` under the
     /// current directory, then the dynamic loader's search path).
     pub lib_dir: Option<PathBuf>,
-    /// The POSIX backend's queue: `None` (libaio, NIXL's default), `Some("uring")`, `Some("aio")`.
-    pub posix_queue: Option<String>,
+    /// The POSIX backend's queue.
+    pub posix_queue: super::PosixQueue,
 }
 
 /// One transfer descriptor: (address or file offset, length, device id).
@@ -260,14 +260,8 @@ impl NixlEngine {
             .get_plugin_params("POSIX")
             .map_err(|e| nerr("POSIX plugin", e))?;
         let mut params = params.clone().map_err(|e| nerr("params", e))?;
-        match cfg.posix_queue.as_deref() {
-            Some("uring") => params
-                .set("use_uring", "true")
-                .map_err(|e| nerr("params", e))?,
-            Some("aio") => params
-                .set("use_aio", "true")
-                .map_err(|e| nerr("params", e))?,
-            _ => {}
+        if let Some(p) = cfg.posix_queue.backend_param() {
+            params.set(p, "true").map_err(|e| nerr("params", e))?;
         }
         agent
             .create_backend("POSIX", &params)

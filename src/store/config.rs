@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::engine::EngineKind;
+use crate::engine::{EngineKind, EngineOptions, PosixQueue};
 use crate::error::{Error, Result};
 use crate::index::Limits;
 use crate::index::policy::PolicyKind;
@@ -110,6 +110,8 @@ pub struct StoreConfig {
     pub sync_writes: bool,
     /// The I/O engine (default psync).
     pub engine: EngineKind,
+    /// The engine's settings (queue depth, NIXL's queue and library).
+    pub engine_options: EngineOptions,
     /// How puts publish files (default [`Publish::Rename`]).
     pub publish: Publish,
     /// Largest total of on-disk bytes of the worker's block files (headers included, as
@@ -143,6 +145,7 @@ impl Default for StoreConfig {
             direct_io: false,
             sync_writes: false,
             engine: EngineKind::default(),
+            engine_options: EngineOptions::default(),
             publish: Publish::default(),
             capacity_bytes: None,
             capacity_files: None,
@@ -207,6 +210,19 @@ impl StoreConfig {
     /// Chooses the I/O engine (default psync).
     pub fn with_engine(mut self, engine: EngineKind) -> Self {
         self.engine = engine;
+        self
+    }
+
+    /// Bounds the I/Os an engine keeps in flight per submitting thread (io_uring's ring
+    /// depth; default [`crate::engine::DEFAULT_QUEUE_DEPTH`]).
+    pub fn with_queue_depth(mut self, depth: u32) -> Self {
+        self.engine_options.queue_depth = depth;
+        self
+    }
+
+    /// Chooses the queue of NIXL's POSIX backend (nixl engine only).
+    pub fn with_nixl_posix_queue(mut self, queue: PosixQueue) -> Self {
+        self.engine_options.nixl_posix_queue = queue;
         self
     }
 

@@ -215,7 +215,7 @@ impl Store {
         config.validate()?;
         let engine = match parts.engine {
             Some(e) => e,
-            None => config.engine.build()?,
+            None => config.engine.build_with(&config.engine_options)?,
         };
         let policy = parts.policy.unwrap_or_else(|| config.policy.build());
         let dir = layout::worker_dir(root.as_ref(), &worker);

@@ -3,27 +3,31 @@
 //! Keys derive from the block index and the worker id, so a `--rw write` run and a later
 //! `--rw read` run on the same `--dir` (separate processes) use the same blocks.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
-use serde_json::json;
 use std::sync::{Arc, Mutex};
 
 use tierkv::buf::AlignedBuf;
-use tierkv::index::policy::{Belady, Oracle, belady::NEVER};
+use tierkv::engine::PosixQueue;
+use tierkv::index::policy::{Belady, Oracle};
 use tierkv::{
     BlockHash, BlockKey, Layout, Lookup, Parts, PolicyKind, Publish, Store, StoreConfig,
-    VerifyMode, WorkerId,
+    StoreStats, VerifyMode, WorkerId,
 };
 
 #[path = "../common.rs"]
 mod common;
+mod metadata;
+mod replay;
+mod report;
 
 use common::{BoxError, UsageError, parse_duration};
+use report::{RankResult, human_bytes, report};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Rw {
@@ -40,6 +44,10 @@ enum Rw {
     /// Replay a Mooncake-format trace (`--trace`) through the store: per request, read the
     /// longest present prefix, then offer the rest (stored or touched).
     Replay,
+    /// Metadata scale: per shard depth (`--layout-depths`), create `--nblocks` blocks in a
+    /// fresh tree, reopen it (index rebuild), look every block up and read every block with
+    /// open+read+close (`--fd-cache 0` unless given); rates per phase.
+    Metadata,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -103,9 +111,16 @@ struct Args {
     /// Worker id (tensor-parallel rank).
     #[arg(long, default_value = "0")]
     worker: WorkerId,
+    /// Tensor-parallel ranks: N stores (worker ids 0 to N-1) on one root, each with the same
+    /// block hashes and its own --numjobs threads.
+    #[arg(long, conflicts_with = "worker", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    workers: Option<usize>,
     /// Shard directory levels (0 = one flat directory). Default: the tree's, else 2.
     #[arg(long)]
     layout_depth: Option<u8>,
+    /// --rw metadata: the shard depths to compare, comma-separated (default 0,1,2).
+    #[arg(long, value_delimiter = ',', conflicts_with = "layout_depth")]
+    layout_depths: Vec<u8>,
     /// Directories per shard level: 16, 256 or 4096.
     #[arg(long, default_value_t = 256)]
     layout_fanout: u32,
@@ -118,12 +133,19 @@ struct Args {
     /// How puts publish files: rename (temp file + rename) or tmpfile (O_TMPFILE + linkat).
     #[arg(long, default_value = "rename")]
     publish: Publish,
-    /// I/O engine: psync, io_uring, auto (io_uring where the kernel allows it).
+    /// I/O engine: psync, io_uring, auto (io_uring where the kernel allows it), nixl.
     #[arg(long, default_value = "psync")]
     ioengine: tierkv::engine::EngineKind,
     /// Use O_DIRECT.
     #[arg(long)]
     direct: bool,
+    /// The engine's bound on I/Os in flight (the io_uring ring's depth; default 64). A batch
+    /// larger than this streams through that many slots.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    queue_depth: Option<u32>,
+    /// The nixl engine's POSIX queue: libaio (NIXL's default), uring, or posix-aio.
+    #[arg(long)]
+    nixl_posix_queue: Option<PosixQueue>,
     /// Capacity of the worker's block files on disk (e.g. 10GiB); evicts beyond it.
     #[arg(long, value_parser = parse_size)]
     capacity: Option<u64>,
@@ -254,29 +276,72 @@ fn fill_block(buf: &mut [u8], index: u64) {
     buf[..n].copy_from_slice(&stamp[..n]);
 }
 
-struct Run {
+/// One direction's figures, like fio's read and write sections.
+struct Dir {
     ops: u64,
-    hits: u64,
-    misses: u64,
-    errors: u64,
     bytes: u64,
-    elapsed: Duration,
+    errors: u64,
+    /// Latency per store call, in nanoseconds up to an hour.
     lat: Histogram<u64>,
 }
 
-impl Run {
-    /// Nothing done yet; latencies in nanoseconds up to an hour.
-    fn empty() -> Run {
-        Run {
+impl Dir {
+    fn new() -> Dir {
+        Dir {
             ops: 0,
-            hits: 0,
-            misses: 0,
-            errors: 0,
             bytes: 0,
-            elapsed: Duration::ZERO,
+            errors: 0,
             lat: Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram"),
         }
     }
+
+    fn merge(&mut self, o: &Dir) {
+        self.ops += o.ops;
+        self.bytes += o.bytes;
+        self.errors += o.errors;
+        self.lat.add(&o.lat).expect("same bounds");
+    }
+}
+
+/// What one job (or several, merged) did.
+struct Run {
+    read: Dir,
+    write: Dir,
+    hits: u64,
+    misses: u64,
+    elapsed: Duration,
+}
+
+impl Run {
+    /// Nothing done yet.
+    fn empty() -> Run {
+        Run {
+            read: Dir::new(),
+            write: Dir::new(),
+            hits: 0,
+            misses: 0,
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    /// Adds the figures of a job that ran at the same time.
+    fn merge(&mut self, o: &Run) {
+        self.read.merge(&o.read);
+        self.write.merge(&o.write);
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.elapsed = self.elapsed.max(o.elapsed);
+    }
+
+    fn ops(&self) -> u64 {
+        self.read.ops + self.write.ops
+    }
+}
+
+/// One worker (tensor-parallel rank): its store and its keys.
+struct Rank {
+    store: Store,
+    keys: Vec<BlockKey>,
 }
 
 fn main() -> ExitCode {
@@ -289,7 +354,6 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<(), BoxError> {
-    let worker = args.worker.clone();
     let tmp;
     let root = match &args.dir {
         Some(d) => d.clone(),
@@ -307,6 +371,12 @@ fn run(args: &Args) -> Result<(), BoxError> {
         .with_direct_io(args.direct)
         .with_publish(args.publish)
         .with_engine(args.ioengine);
+    if let Some(q) = args.queue_depth {
+        config = config.with_queue_depth(q);
+    }
+    if let Some(q) = args.nixl_posix_queue {
+        config = config.with_nixl_posix_queue(q);
+    }
     if let Some(d) = args.layout_depth {
         config = config.with_layout(Layout::new(d, args.layout_fanout)?);
     }
@@ -320,6 +390,16 @@ fn run(args: &Args) -> Result<(), BoxError> {
     }
     if let Some(c) = args.capacity_blocks {
         config = config.with_capacity_files(c);
+    }
+    if !args.layout_depths.is_empty() && args.rw != Rw::Metadata {
+        return Err(UsageError("--layout-depths is for --rw metadata".into()).into());
+    }
+    if args.workers.is_some() && matches!(args.rw, Rw::Replay | Rw::Metadata) {
+        return Err(UsageError(format!(
+            "--workers is not for --rw {}: it runs one store",
+            format!("{:?}", args.rw).to_lowercase()
+        ))
+        .into());
     }
     let mut parts = Parts::new();
     let mut oracle = None;
@@ -355,12 +435,6 @@ fn run(args: &Args) -> Result<(), BoxError> {
     } else if args.trace.is_some() {
         return Err(UsageError("--trace is only for --rw replay".into()).into());
     }
-    let store = Store::open_with(&root, worker.clone(), config, parts)?;
-    if args.rw == Rw::Replay {
-        let trace = args.trace.as_ref().expect("checked above");
-        let r = replay(&store, trace, bs, oracle.as_ref())?;
-        return report_replay(args, &store, &root, &r);
-    }
     let nblocks = match args.size {
         Some(size) if bs == 0 || size < bs as u64 => {
             return Err(UsageError(format!(
@@ -374,23 +448,58 @@ fn run(args: &Args) -> Result<(), BoxError> {
     if nblocks == 0 {
         return Err(UsageError("the working set has no blocks".into()).into());
     }
-    let keys: Vec<BlockKey> = (0..nblocks)
-        .map(|i| store.key(block_hash(worker.as_str(), i)))
-        .collect();
+    if args.rw == Rw::Metadata {
+        return metadata::scale(args, &root, &config, bs, nblocks);
+    }
+    if args.rw == Rw::Replay {
+        let store = Store::open_with(&root, args.worker.clone(), config, parts)?;
+        let trace = args.trace.as_ref().expect("checked above");
+        let r = replay::replay(&store, trace, bs, oracle.as_ref())?;
+        return replay::report_replay(args, &store, &root, &r);
+    }
+
+    // Without --workers: one store, keys of its own. With --workers N: N stores (worker ids 0
+    // to N-1) on one root, all with the same block hashes, as tensor-parallel ranks store
+    // their shards of one block.
+    let (ids, namespace) = match args.workers {
+        None => (vec![args.worker.clone()], args.worker.as_str().to_owned()),
+        Some(n) => (
+            (0..n)
+                .map(|r| WorkerId::new(&r.to_string()))
+                .collect::<Result<Vec<_>, _>>()?,
+            "tp".to_owned(),
+        ),
+    };
+    let mut ranks = Vec::with_capacity(ids.len());
+    for id in &ids {
+        let store = Store::open(&root, id.clone(), config.clone())?;
+        let keys = (0..nblocks)
+            .map(|i| store.key(block_hash(&namespace, i)))
+            .collect();
+        ranks.push(Rank { store, keys });
+    }
 
     let reads = matches!(args.rw, Rw::Read | Rw::Randread | Rw::Randrw);
-    if reads && !args.no_layout {
-        lay_out(&store, &keys, bs)?;
-    }
-    if reads && args.invalidate {
-        invalidate(&store, &keys)?;
+    for r in &ranks {
+        if reads && !args.no_layout {
+            lay_out(&r.store, &r.keys, bs)?;
+        }
+        if reads && args.invalidate {
+            invalidate(&r.store, &r.keys)?;
+        }
     }
     let progress = if args.progress == "auto" && std::io::stderr().is_terminal() {
-        let total = args.ops.unwrap_or(
-            args.loops
+        let per_rank = match args.rw {
+            // Writes split the blocks between a rank's jobs.
+            Rw::Write | Rw::Randwrite => args.loops.saturating_mul(nblocks),
+            _ => args
+                .loops
                 .saturating_mul(nblocks)
                 .saturating_mul(args.numjobs as u64),
-        );
+        };
+        let total = args
+            .ops
+            .unwrap_or(per_rank.saturating_mul(ranks.len() as u64));
         let bar = indicatif::ProgressBar::new(total);
         bar.set_style(
             indicatif::ProgressStyle::with_template(
@@ -410,33 +519,53 @@ fn run(args: &Args) -> Result<(), BoxError> {
         progress,
     };
     let zipf = match args.random_distribution {
-        Distribution::Zipf(theta) => Some(Zipf::new(keys.len(), theta)),
+        Distribution::Zipf(theta) => Some(Zipf::new(nblocks as usize, theta)),
         Distribution::Random => None,
     };
-    let before = store.stats();
-    let run = parallel(args.numjobs, |job| {
-        // Writes split the blocks between the jobs; reads go over all of them.
+    let before: Vec<StoreStats> = ranks.iter().map(|r| r.store.stats()).collect();
+    let jobs = parallel(ranks.len() * args.numjobs, |j| {
+        let rank = &ranks[j / args.numjobs];
+        let jr = j % args.numjobs;
+        // Writes split the rank's blocks between its jobs; reads go over all of them.
+        let n = rank.keys.len();
         let (a, b) = match args.rw {
-            Rw::Write | Rw::Randwrite => (
-                keys.len() * job / args.numjobs,
-                keys.len() * (job + 1) / args.numjobs,
-            ),
-            _ => (0, keys.len()),
+            Rw::Write | Rw::Randwrite => (n * jr / args.numjobs, n * (jr + 1) / args.numjobs),
+            _ => (0, n),
         };
         run_job(
-            &store,
-            &keys[a..b],
+            &rank.store,
+            &rank.keys[a..b],
             a as u64,
             bs,
             args,
-            job as u64,
+            j as u64,
             &budget,
             zipf.as_ref(),
         )
     });
     budget.progress.finish_and_clear();
-    let after = store.stats();
-    report(args, &store, &root, nblocks, &run, &before, &after)?;
+    let results: Vec<RankResult> = ranks
+        .iter()
+        .zip(ids)
+        .zip(before)
+        .enumerate()
+        .map(|(i, ((rank, worker), before))| {
+            let mut run = Run::empty();
+            for r in &jobs[i * args.numjobs..(i + 1) * args.numjobs] {
+                run.merge(r);
+            }
+            RankResult {
+                worker,
+                run,
+                before,
+                after: rank.store.stats(),
+            }
+        })
+        .collect();
+    let engine = ranks[0].store.engine_name();
+    let layout = ranks[0].store.layout();
+    drop(ranks);
+    report(args, engine, layout, &root, nblocks, &results)?;
     if args.keep && args.dir.is_none() {
         eprintln!("tierkv-bench: kept {}", root.display());
     }
@@ -456,8 +585,9 @@ fn lay_out(store: &Store, keys: &[BlockKey], bs: usize) -> Result<(), BoxError> 
         return Ok(());
     }
     eprintln!(
-        "tierkv-bench: laying out {} blocks of {bs} bytes",
-        missing.len()
+        "tierkv-bench: laying out {} blocks of {bs} bytes for worker {}",
+        missing.len(),
+        store.worker()
     );
     let mut data = vec![0xA5u8; bs];
     for &i in &missing {
@@ -467,9 +597,9 @@ fn lay_out(store: &Store, keys: &[BlockKey], bs: usize) -> Result<(), BoxError> 
     Ok(())
 }
 
-/// Runs `job` on `n` threads at once and merges their results.
-fn parallel(n: usize, job: impl Fn(usize) -> Run + Sync) -> Run {
-    let runs: Vec<Run> = std::thread::scope(|s| {
+/// Runs `job` on `n` threads at once; their results in job order.
+fn parallel<T: Send>(n: usize, job: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .map(|j| {
                 let job = &job;
@@ -480,18 +610,7 @@ fn parallel(n: usize, job: impl Fn(usize) -> Run + Sync) -> Run {
             .into_iter()
             .map(|h| h.join().expect("bench job panicked"))
             .collect()
-    });
-    let mut total = Run::empty();
-    for r in runs {
-        total.ops += r.ops;
-        total.hits += r.hits;
-        total.misses += r.misses;
-        total.errors += r.errors;
-        total.bytes += r.bytes;
-        total.elapsed = total.elapsed.max(r.elapsed);
-        total.lat.add(&r.lat).expect("same bounds");
-    }
-    total
+    })
 }
 
 /// Drops the working set's blocks from the page cache (posix_fadvise DONTNEED), so that the
@@ -592,30 +711,32 @@ fn run_job(
                     .zip(datas.iter().map(Vec::as_slice))
                     .collect();
                 let res = store.put_many(&items);
-                run.lat.saturating_record(t.elapsed().as_nanos() as u64);
+                let w = &mut run.write;
+                w.lat.saturating_record(t.elapsed().as_nanos() as u64);
                 for r in res {
-                    run.ops += 1;
+                    w.ops += 1;
                     match r {
-                        Ok(()) => run.bytes += bs as u64,
+                        Ok(()) => w.bytes += bs as u64,
                         Err(e) => {
-                            run.errors += 1;
+                            w.errors += 1;
                             tracing::warn!(error = %e, "put failed");
                         }
                     }
                 }
             } else {
                 let res = store.get_many(&batch, &mut bufs[..n]);
-                run.lat.saturating_record(t.elapsed().as_nanos() as u64);
+                let rd = &mut run.read;
+                rd.lat.saturating_record(t.elapsed().as_nanos() as u64);
                 for r in res {
-                    run.ops += 1;
+                    rd.ops += 1;
                     match r {
                         Ok(Lookup::Hit(len)) => {
                             run.hits += 1;
-                            run.bytes += len as u64;
+                            rd.bytes += len as u64;
                         }
                         Ok(Lookup::Miss) => run.misses += 1,
                         Err(e) => {
-                            run.errors += 1;
+                            rd.errors += 1;
                             tracing::warn!(error = %e, "read failed");
                         }
                     }
@@ -626,343 +747,6 @@ fn run_job(
     }
     run.elapsed = start.elapsed();
     run
-}
-
-fn human_bytes(b: f64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < units.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    format!("{v:.1}{}", units[u])
-}
-
-fn human_count(n: f64) -> String {
-    if n >= 1e6 {
-        format!("{:.2}M", n / 1e6)
-    } else if n >= 1e3 {
-        format!("{:.1}k", n / 1e3)
-    } else {
-        format!("{n:.0}")
-    }
-}
-
-fn report(
-    args: &Args,
-    store: &Store,
-    root: &std::path::Path,
-    nblocks: u64,
-    run: &Run,
-    before: &tierkv::StoreStats,
-    after: &tierkv::StoreStats,
-) -> Result<(), BoxError> {
-    let secs = run.elapsed.as_secs_f64().max(1e-9);
-    let ops_per_sec = run.ops as f64 / secs;
-    let bw = run.bytes as f64 / secs;
-    let corrupt = after.corrupt - before.corrupt;
-    let fd_hits = after.fd_cache_hits - before.fd_cache_hits;
-    let fd_misses = after.fd_cache_misses - before.fd_cache_misses;
-    let fd_ratio = if fd_hits + fd_misses > 0 {
-        fd_hits as f64 / (fd_hits + fd_misses) as f64
-    } else {
-        0.0
-    };
-    let l = &run.lat;
-    let q = |p: f64| l.value_at_quantile(p) as f64 / 1e3;
-    let mut out = std::io::stdout().lock();
-    let direction = match args.rw {
-        Rw::Write | Rw::Randwrite => "write",
-        Rw::Randrw => "rw",
-        _ => "read",
-    };
-    match args.output_format {
-        OutputFormat::Json => {
-            let doc = json!({
-                "rw": format!("{:?}", args.rw).to_lowercase(),
-                "bs": args.bs,
-                "nblocks": nblocks,
-                "loops": args.loops,
-                "iodepth": args.iodepth,
-                "numjobs": args.numjobs,
-                "worker": args.worker.as_str(),
-                "engine": store.engine_name(),
-                "layout": {"depth": store.layout().depth, "fanout": store.layout().fanout},
-                "fd_cache_capacity": after.fd_cache_capacity,
-                "verify": args.verify.to_string(),
-                "direct": args.direct,
-                "dir": root.display().to_string(),
-                "ops": run.ops,
-                "elapsed_s": secs,
-                "ops_per_sec": ops_per_sec,
-                "bw_bytes_per_sec": bw,
-                "bytes": run.bytes,
-                "hits": run.hits,
-                "misses": run.misses,
-                "errors": run.errors,
-                "corrupt": corrupt,
-                "fd_cache": {"hits": fd_hits, "misses": fd_misses, "hit_ratio": fd_ratio,
-                             "evictions": after.fd_cache_evictions - before.fd_cache_evictions},
-                "lat_us": {"min": l.min() as f64 / 1e3, "mean": l.mean() / 1e3, "p50": q(0.5),
-                           "p90": q(0.9), "p99": q(0.99), "p99.9": q(0.999), "max": l.max() as f64 / 1e3},
-                "store": after,
-            });
-            writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
-        }
-        OutputFormat::Normal => {
-            writeln!(
-                out,
-                "tierkv-bench: rw={:?} bs={} nblocks={} loops={} iodepth={} numjobs={} engine={} layout=({}) fd-cache={} verify={}{}",
-                args.rw,
-                human_bytes(args.bs as f64),
-                nblocks,
-                args.loops,
-                args.iodepth,
-                args.numjobs,
-                store.engine_name(),
-                store.layout(),
-                after.fd_cache_capacity,
-                args.verify,
-                if args.direct { " direct" } else { "" },
-            )?;
-            writeln!(
-                out,
-                "  {direction}: IOPS={}, BW={}/s, {} ops in {:.3}s",
-                human_count(ops_per_sec),
-                human_bytes(bw),
-                run.ops,
-                secs
-            )?;
-            writeln!(
-                out,
-                "    lat per call (usec): min={:.1}, avg={:.1}, p50={:.1}, p90={:.1}, p99={:.1}, p99.9={:.1}, max={:.1}",
-                l.min() as f64 / 1e3,
-                l.mean() / 1e3,
-                q(0.5),
-                q(0.9),
-                q(0.99),
-                q(0.999),
-                l.max() as f64 / 1e3
-            )?;
-            if direction != "write" {
-                writeln!(
-                    out,
-                    "  hits={} misses={} corrupt={} errors={} bytes={}",
-                    run.hits, run.misses, corrupt, run.errors, run.bytes
-                )?;
-                writeln!(
-                    out,
-                    "  fd-cache: hits={fd_hits} misses={fd_misses} hit-ratio={fd_ratio:.3} evictions={}",
-                    after.fd_cache_evictions - before.fd_cache_evictions
-                )?;
-            } else {
-                writeln!(
-                    out,
-                    "  puts={} errors={} bytes={}",
-                    run.ops - run.errors,
-                    run.errors,
-                    run.bytes
-                )?;
-            }
-        }
-    }
-    Ok(())
-}
-
-struct ReplayRun {
-    requests: u64,
-    refs: u64,
-    hits: u64,
-    read_misses: u64,
-    errors: u64,
-    elapsed: Duration,
-}
-
-/// The store key of a trace's hash id.
-fn trace_hash(id: u64) -> BlockHash {
-    let mut h = blake3::Hasher::new();
-    h.update(b"tierkv-trace.v1");
-    h.update(&id.to_le_bytes());
-    BlockHash(*h.finalize().as_bytes())
-}
-
-fn load_trace(path: &std::path::Path) -> Result<Vec<Vec<u64>>, BoxError> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut out = Vec::new();
-    for (n, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let v: serde_json::Value =
-            serde_json::from_str(line).map_err(|e| format!("{}:{}: {e}", path.display(), n + 1))?;
-        let ids = v["hash_ids"]
-            .as_array()
-            .ok_or_else(|| format!("{}:{}: no hash_ids array", path.display(), n + 1))?
-            .iter()
-            .map(|x| {
-                x.as_u64().ok_or_else(|| {
-                    format!("{}:{}: hash id is not an integer", path.display(), n + 1)
-                })
-            })
-            .collect::<Result<Vec<u64>, _>>()?;
-        out.push(ids);
-    }
-    Ok(out)
-}
-
-/// Per request: hits = longest present prefix (read for real, every block verified), then
-/// the rest is offered in one batch (absent blocks stored, present ones touched).
-fn replay(
-    store: &Store,
-    trace: &std::path::Path,
-    bs: usize,
-    oracle: Option<&Arc<Mutex<Oracle>>>,
-) -> Result<ReplayRun, BoxError> {
-    let reqs = load_trace(trace)?;
-    // Next use of each reference position, for the Belady oracle.
-    let flat: Vec<u64> = reqs.iter().flatten().copied().collect();
-    let mut next = vec![NEVER; flat.len()];
-    let mut last: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
-    for (i, id) in flat.iter().enumerate().rev() {
-        next[i] = last.get(id).copied().unwrap_or(NEVER);
-        last.insert(*id, i as u64);
-    }
-    let longest = reqs.iter().map(Vec::len).max().unwrap_or(0);
-    let mut bufs: Vec<Vec<u8>> = (0..longest).map(|_| vec![0u8; bs]).collect();
-    let mut data = vec![0xA5u8; bs];
-    let mut run = ReplayRun {
-        requests: 0,
-        refs: 0,
-        hits: 0,
-        read_misses: 0,
-        errors: 0,
-        elapsed: Duration::ZERO,
-    };
-    let start = Instant::now();
-    let mut pos = 0usize;
-    for r in &reqs {
-        if let Some(o) = oracle {
-            let mut o = o.lock().unwrap_or_else(|e| e.into_inner());
-            for (j, id) in r.iter().enumerate() {
-                o.set(trace_hash(*id), next[pos + j]);
-            }
-        }
-        pos += r.len();
-        let keys: Vec<BlockKey> = r.iter().map(|&id| store.key(trace_hash(id))).collect();
-        let n = store.contains_prefix(&keys)?;
-        run.requests += 1;
-        run.refs += r.len() as u64;
-        run.hits += n as u64;
-        for res in store.get_many(&keys[..n], &mut bufs[..n]) {
-            match res {
-                Ok(Lookup::Hit(_)) => {}
-                Ok(Lookup::Miss) => run.read_misses += 1,
-                Err(e) => {
-                    run.errors += 1;
-                    tracing::warn!(error = %e, "replay read failed");
-                }
-            }
-        }
-        let items: Vec<(BlockKey, Vec<u8>)> = keys[n..]
-            .iter()
-            .zip(&r[n..])
-            .map(|(k, id)| {
-                fill_block(&mut data, *id);
-                (k.clone(), data.clone())
-            })
-            .collect();
-        for res in store.offer_many(&items) {
-            if let Err(e) = res {
-                run.errors += 1;
-                tracing::warn!(error = %e, "replay put failed");
-            }
-        }
-    }
-    run.elapsed = start.elapsed();
-    Ok(run)
-}
-
-fn report_replay(
-    args: &Args,
-    store: &Store,
-    root: &std::path::Path,
-    r: &ReplayRun,
-) -> Result<(), BoxError> {
-    let s = store.stats();
-    let secs = r.elapsed.as_secs_f64().max(1e-9);
-    let hit_ratio = if r.refs > 0 {
-        r.hits as f64 / r.refs as f64
-    } else {
-        0.0
-    };
-    let mut out = std::io::stdout().lock();
-    match args.output_format {
-        OutputFormat::Json => {
-            let doc = json!({
-                "rw": "replay",
-                "trace": args.trace.as_ref().map(|p| p.display().to_string()),
-                "policy": store.policy_name(),
-                "bs": args.bs,
-                "capacity_bytes": s.capacity_bytes,
-                "capacity_blocks": s.capacity_files,
-                "requests": r.requests,
-                "refs": r.refs,
-                "hits": r.hits,
-                "hit_ratio": hit_ratio,
-                "read_misses": r.read_misses,
-                "errors": r.errors,
-                "bytes_written": s.bytes_written,
-                "bytes_read": s.bytes_read,
-                "evictions": s.evictions,
-                "not_admitted": s.not_admitted,
-                "elapsed_s": secs,
-                "requests_per_sec": r.requests as f64 / secs,
-                "blocks_per_sec": r.refs as f64 / secs,
-                "dir": root.display().to_string(),
-                "store": s,
-            });
-            writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
-        }
-        OutputFormat::Normal => {
-            writeln!(
-                out,
-                "tierkv-bench: rw=replay policy={} bs={} capacity={} engine={}",
-                store.policy_name(),
-                human_bytes(args.bs as f64),
-                match (s.capacity_files, s.capacity_bytes) {
-                    (Some(f), _) => format!("{f} blocks"),
-                    (None, Some(b)) => human_bytes(b as f64),
-                    (None, None) => "unbounded".into(),
-                },
-                store.engine_name()
-            )?;
-            writeln!(
-                out,
-                "  replay: {} requests, {} block references in {:.2}s ({:.0} requests/s, {:.0} blocks/s)",
-                r.requests,
-                r.refs,
-                secs,
-                r.requests as f64 / secs,
-                r.refs as f64 / secs
-            )?;
-            writeln!(
-                out,
-                "  hit ratio={hit_ratio:.4} hits={} read-misses={} errors={}",
-                r.hits, r.read_misses, r.errors
-            )?;
-            writeln!(
-                out,
-                "  written={} read={} evictions={} not-admitted={}",
-                human_bytes(s.bytes_written as f64),
-                human_bytes(s.bytes_read as f64),
-                s.evictions,
-                s.not_admitted
-            )?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

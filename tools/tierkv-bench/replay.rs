@@ -1,0 +1,207 @@
+//! `--rw replay`: a Mooncake-format trace through the store.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tierkv::index::policy::{Oracle, belady::NEVER};
+use tierkv::{BlockHash, BlockKey, Lookup, Store};
+
+use crate::common::BoxError;
+use crate::{Args, OutputFormat, fill_block, human_bytes};
+
+pub(crate) struct ReplayRun {
+    requests: u64,
+    refs: u64,
+    hits: u64,
+    read_misses: u64,
+    errors: u64,
+    elapsed: Duration,
+}
+
+/// The store key of a trace's hash id.
+fn trace_hash(id: u64) -> BlockHash {
+    let mut h = blake3::Hasher::new();
+    h.update(b"tierkv-trace.v1");
+    h.update(&id.to_le_bytes());
+    BlockHash(*h.finalize().as_bytes())
+}
+
+fn load_trace(path: &std::path::Path) -> Result<Vec<Vec<u64>>, BoxError> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("{}:{}: {e}", path.display(), n + 1))?;
+        let ids = v["hash_ids"]
+            .as_array()
+            .ok_or_else(|| format!("{}:{}: no hash_ids array", path.display(), n + 1))?
+            .iter()
+            .map(|x| {
+                x.as_u64().ok_or_else(|| {
+                    format!("{}:{}: hash id is not an integer", path.display(), n + 1)
+                })
+            })
+            .collect::<Result<Vec<u64>, _>>()?;
+        out.push(ids);
+    }
+    Ok(out)
+}
+
+/// Per request: hits = longest present prefix (read for real, every block verified), then
+/// the rest is offered in one batch (absent blocks stored, present ones touched).
+pub(crate) fn replay(
+    store: &Store,
+    trace: &std::path::Path,
+    bs: usize,
+    oracle: Option<&Arc<Mutex<Oracle>>>,
+) -> Result<ReplayRun, BoxError> {
+    let reqs = load_trace(trace)?;
+    // Next use of each reference position, for the Belady oracle.
+    let flat: Vec<u64> = reqs.iter().flatten().copied().collect();
+    let mut next = vec![NEVER; flat.len()];
+    let mut last: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    for (i, id) in flat.iter().enumerate().rev() {
+        next[i] = last.get(id).copied().unwrap_or(NEVER);
+        last.insert(*id, i as u64);
+    }
+    let longest = reqs.iter().map(Vec::len).max().unwrap_or(0);
+    let mut bufs: Vec<Vec<u8>> = (0..longest).map(|_| vec![0u8; bs]).collect();
+    let mut data = vec![0xA5u8; bs];
+    let mut run = ReplayRun {
+        requests: 0,
+        refs: 0,
+        hits: 0,
+        read_misses: 0,
+        errors: 0,
+        elapsed: Duration::ZERO,
+    };
+    let start = Instant::now();
+    let mut pos = 0usize;
+    for r in &reqs {
+        if let Some(o) = oracle {
+            let mut o = o.lock().unwrap_or_else(|e| e.into_inner());
+            for (j, id) in r.iter().enumerate() {
+                o.set(trace_hash(*id), next[pos + j]);
+            }
+        }
+        pos += r.len();
+        let keys: Vec<BlockKey> = r.iter().map(|&id| store.key(trace_hash(id))).collect();
+        let n = store.contains_prefix(&keys)?;
+        run.requests += 1;
+        run.refs += r.len() as u64;
+        run.hits += n as u64;
+        for res in store.get_many(&keys[..n], &mut bufs[..n]) {
+            match res {
+                Ok(Lookup::Hit(_)) => {}
+                Ok(Lookup::Miss) => run.read_misses += 1,
+                Err(e) => {
+                    run.errors += 1;
+                    tracing::warn!(error = %e, "replay read failed");
+                }
+            }
+        }
+        let items: Vec<(BlockKey, Vec<u8>)> = keys[n..]
+            .iter()
+            .zip(&r[n..])
+            .map(|(k, id)| {
+                fill_block(&mut data, *id);
+                (k.clone(), data.clone())
+            })
+            .collect();
+        for res in store.offer_many(&items) {
+            if let Err(e) = res {
+                run.errors += 1;
+                tracing::warn!(error = %e, "replay put failed");
+            }
+        }
+    }
+    run.elapsed = start.elapsed();
+    Ok(run)
+}
+
+pub(crate) fn report_replay(
+    args: &Args,
+    store: &Store,
+    root: &std::path::Path,
+    r: &ReplayRun,
+) -> Result<(), BoxError> {
+    let s = store.stats();
+    let secs = r.elapsed.as_secs_f64().max(1e-9);
+    let hit_ratio = if r.refs > 0 {
+        r.hits as f64 / r.refs as f64
+    } else {
+        0.0
+    };
+    let mut out = std::io::stdout().lock();
+    match args.output_format {
+        OutputFormat::Json => {
+            let doc = json!({
+                "rw": "replay",
+                "trace": args.trace.as_ref().map(|p| p.display().to_string()),
+                "policy": store.policy_name(),
+                "bs": args.bs,
+                "capacity_bytes": s.capacity_bytes,
+                "capacity_blocks": s.capacity_files,
+                "requests": r.requests,
+                "refs": r.refs,
+                "hits": r.hits,
+                "hit_ratio": hit_ratio,
+                "read_misses": r.read_misses,
+                "errors": r.errors,
+                "bytes_written": s.bytes_written,
+                "bytes_read": s.bytes_read,
+                "evictions": s.evictions,
+                "not_admitted": s.not_admitted,
+                "elapsed_s": secs,
+                "requests_per_sec": r.requests as f64 / secs,
+                "blocks_per_sec": r.refs as f64 / secs,
+                "dir": root.display().to_string(),
+                "store": s,
+            });
+            writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        }
+        OutputFormat::Normal => {
+            writeln!(
+                out,
+                "tierkv-bench: rw=replay policy={} bs={} capacity={} engine={}",
+                store.policy_name(),
+                human_bytes(args.bs as f64),
+                match (s.capacity_files, s.capacity_bytes) {
+                    (Some(f), _) => format!("{f} blocks"),
+                    (None, Some(b)) => human_bytes(b as f64),
+                    (None, None) => "unbounded".into(),
+                },
+                store.engine_name()
+            )?;
+            writeln!(
+                out,
+                "  replay: {} requests, {} block references in {:.2}s ({:.0} requests/s, {:.0} blocks/s)",
+                r.requests,
+                r.refs,
+                secs,
+                r.requests as f64 / secs,
+                r.refs as f64 / secs
+            )?;
+            writeln!(
+                out,
+                "  hit ratio={hit_ratio:.4} hits={} read-misses={} errors={}",
+                r.hits, r.read_misses, r.errors
+            )?;
+            writeln!(
+                out,
+                "  written={} read={} evictions={} not-admitted={}",
+                human_bytes(s.bytes_written as f64),
+                human_bytes(s.bytes_read as f64),
+                s.evictions,
+                s.not_admitted
+            )?;
+        }
+    }
+    Ok(())
+}
