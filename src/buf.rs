@@ -1,4 +1,5 @@
-//! A heap buffer aligned for `O_DIRECT`.
+//! Buffers: a heap buffer aligned for `O_DIRECT`, a pool of them, and [`DeviceMem`], GPU
+//! memory the store moves blocks to and from without touching it.
 
 use std::alloc::{self, Layout};
 use std::ops::{Deref, DerefMut};
@@ -83,6 +84,57 @@ impl Drop for AlignedBuf {
 impl std::fmt::Debug for AlignedBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "AlignedBuf({} bytes)", self.len)
+    }
+}
+
+/// A range of GPU memory that blocks are read into or written from. The store never
+/// dereferences it: only an engine that addresses device memory (the nixl engine, through
+/// NIXL's GDS backends) moves its bytes; the others refuse it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DeviceMem {
+    addr: u64,
+    len: usize,
+    device: u32,
+}
+
+impl DeviceMem {
+    /// Names `len` bytes at `addr` in the memory of CUDA device `device`.
+    ///
+    /// # Safety
+    /// `addr .. addr + len` must be memory of device `device` allocated in its primary
+    /// context (e.g. `cuMemAlloc` or `cudaMalloc`), and must stay allocated, and unused by
+    /// anything else, for as long as a store call that is given it runs: reads write it by
+    /// DMA, and no bounds are checked beyond `len`.
+    pub unsafe fn new(addr: u64, len: usize, device: u32) -> Self {
+        DeviceMem { addr, len, device }
+    }
+
+    /// The device address of the first byte.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The CUDA device index.
+    pub fn device(&self) -> u32 {
+        self.device
+    }
+
+    /// The first `len` bytes (at most all of them).
+    pub fn prefix(&self, len: usize) -> DeviceMem {
+        DeviceMem {
+            len: len.min(self.len),
+            ..*self
+        }
     }
 }
 

@@ -77,6 +77,10 @@ pub enum Error {
         /// The worker's directory.
         path: PathBuf,
     },
+    /// The operation needs something this store was not built with, e.g. GPU memory with an
+    /// engine that moves host memory only. Nothing was read or written.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     /// The configuration is inconsistent.
     #[error("invalid configuration: {0}")]
     Config(String),

@@ -47,6 +47,7 @@ pub fn exit_for(tool: &str, e: &BoxError) -> ExitCode {
 }
 
 /// Parses a positive duration: `15s`, `500ms`, `2m`, `1h` (a bare number is seconds).
+#[allow(dead_code)] // not every tool takes durations
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     let split = t
@@ -65,4 +66,26 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err("the duration must be positive".into());
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parses `4096`, `4k`, `64KiB`, `1MiB`, `1m`, `2GiB` (fio's convention: k = 1024).
+#[allow(dead_code)] // not every tool takes sizes
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "bad size unit in {s:?}; use k, KiB, m, MiB, g, GiB"
+            ));
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} overflows"))
 }

@@ -1,20 +1,38 @@
 #!/usr/bin/env bash
-# Random reads of whole blocks through tierkv's psync and io_uring engines and through fio's
-# io_uring engine, on the same block files, side by side: 64 KiB and 256 KiB blocks, queue
-# depth (tierkv: blocks per get_many) 1 and 32, buffered and O_DIRECT. Installs fio if missing.
-# usage: tools/engines-bench.sh [NBLOCKS] [SECONDS]      (defaults: 1000 4)
+# The engines side by side on the same block files, against fio's io_uring engine:
+#
+# 1. Random reads of whole blocks (64 KiB, 256 KiB), queue depth 1 and 32, buffered and
+#    O_DIRECT: fio; tierkv psync; tierkv io_uring with one batch of QD blocks per get_many
+#    (a barrier after each batch); tierkv io_uring "streamed" (batches of 8 x QD blocks through
+#    a ring of depth QD: QD reads in flight, refilled as each completes, as fio does); and,
+#    when the NIXL library is present (tools/fetch-nixl.sh), the nixl engine with its POSIX
+#    backend on libaio and on io_uring, batches of QD blocks.
+# 2. Random writes of whole blocks, queue depth 32: fio creating and writing one file per
+#    block vs tierkv io_uring put_many (temp file, write, rename, one batch of 32).
+#
+# Installs fio if missing. usage: tools/engines-bench.sh [NBLOCKS] [SECONDS]  (default 1000 4)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-1000}; SECS=${2:-4}
 command -v fio >/dev/null || { apt-get update -qq && apt-get install -y -qq fio >/dev/null; }
-cargo build --release --quiet --bin tierkv-bench
+NIXL=0
+if [ -e .nixl/lib/libnixl_capi.so ] || [ -n "${TIERKV_NIXL_DIR:-}" ]; then NIXL=1; fi
+if [ $NIXL = 1 ]; then
+  cargo build --release --quiet --features nixl --bin tierkv-bench
+else
+  cargo build --release --quiet --bin tierkv-bench
+fi
 B=target/release/tierkv-bench
 W=$(mktemp -d /tmp/tierkv-engines.XXXXXX); trap 'rm -rf "$W"' EXIT
-mibs() { python3 -c 'import json,sys; print("%.0f" % (json.load(sys.stdin)["bw_bytes_per_sec"] / 1048576))'; }
+mibs() { python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["errors"] == 0 and d["misses"] == 0, d; print("%.0f" % (d["bw_bytes_per_sec"] / 1048576))'; }
+fio_mibs() { python3 -c "import json,sys; t=sys.stdin.read(); print('%.0f' % (json.loads(t[t.index('{'):])['jobs'][0]['$1']['bw_bytes'] / 1048576))"; }
+ratio() { python3 -c "print('%.2fx' % ($1 / max($2, 1)))"; }
 echo "machine: $(nproc) cores, kernel $(uname -r), $(df -T "$W" | awk 'NR==2 {print $2}'), fio $(fio --version)"
 echo
-echo "| bs | qd | direct | fio io_uring MiB/s | tierkv psync MiB/s | tierkv io_uring MiB/s | io_uring / fio |"
-echo "|---:|---:|---|---:|---:|---:|---:|"
+echo "Random reads (MiB/s):"
+echo
+echo "| bs | qd | direct | fio io_uring | psync | io_uring | io_uring streamed | nixl libaio | nixl uring | io_uring / fio | streamed / fio |"
+echo "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 for bs in 64k 256k; do
   d="$W/$bs"
   $B --dir "$d" --rw write --bs $bs --nblocks "$N" >/dev/null
@@ -34,16 +52,40 @@ for bs in 64k 256k; do
       rm -f "$d/v1/0/LAYOUT" "$d/v1/0/STATS.json" "$d/v1/0/.lock"
       f=$(fio --name=blocks --opendir="$d/v1/0" --rw=randread --bs=$bs --ioengine=io_uring \
             --iodepth=$qd --direct=$direct --invalidate=$direct --time_based --runtime="$SECS" --file_service_type=random \
-            --openfiles=4096 --output-format=json 2>/dev/null \
-          | python3 -c 'import json,sys; t=sys.stdin.read(); print("%.0f" % (json.loads(t[t.index("{"):])["jobs"][0]["read"]["bw_bytes"] / 1048576))')
-      res=()
-      for eng in psync io_uring; do
-        # Enough passes over the blocks to run for about SECS seconds at fio's rate.
-        loops=$(python3 -c "import math; print(max(1, math.ceil($f * 1048576 * $SECS / ($N * $(numfmt --from=iec ${bs^^})))))")
-        res+=("$($B --dir "$d" --rw randread --bs $bs --nblocks "$N" --loops "$loops" --iodepth $qd \
-                 --ioengine $eng $dflag --verify never --no-layout --output-format json | mibs)")
-      done
-      python3 -c "print('| $bs | $qd | $([ $direct = 1 ] && echo yes || echo no) | $f | ${res[0]} | ${res[1]} | %.2fx |' % (${res[1]} / max($f, 1)))"
+            --openfiles=4096 --output-format=json 2>/dev/null | fio_mibs read)
+      # Enough passes over the blocks to run for about SECS seconds at fio's rate.
+      loops=$(python3 -c "import math; print(max(1, math.ceil($f * 1048576 * $SECS / ($N * $(numfmt --from=iec ${bs^^})))))")
+      t() { $B --dir "$d" --rw randread --bs $bs --nblocks "$N" --loops "$loops" $dflag --verify never --no-layout --output-format json "$@" | mibs; }
+      ps=$(t --ioengine psync --iodepth $qd)
+      ur=$(t --ioengine io_uring --iodepth $qd)
+      st=$(t --ioengine io_uring --iodepth $((qd * 8)) --queue-depth $qd)
+      if [ $NIXL = 1 ]; then
+        na=$(t --ioengine nixl --nixl-posix-queue libaio --iodepth $qd)
+        nu=$(t --ioengine nixl --nixl-posix-queue uring --iodepth $qd)
+      else
+        na=-; nu=-
+      fi
+      echo "| $bs | $qd | $([ $direct = 1 ] && echo yes || echo no) | $f | $ps | $ur | $st | $na | $nu | $(ratio "$ur" "$f") | $(ratio "$st" "$f") |"
     done
+  done
+done
+echo
+echo "Random writes of whole blocks, qd 32 (MiB/s): fio creates and writes one file per block;"
+echo "tierkv writes a temp file and renames it over the block, 32 blocks per put_many."
+echo
+echo "| bs | direct | fio io_uring | tierkv io_uring | tierkv / fio |"
+echo "|---:|---|---:|---:|---:|"
+for bs in 64k 256k; do
+  for direct in 0 1; do
+    [ $direct = 1 ] && dflag=--direct || dflag=
+    fd="$W/fio-w$bs$direct"; mkdir -p "$fd"
+    f=$(fio --name=w --directory="$fd" --nrfiles="$N" --filesize=$bs --bs=$bs --rw=write \
+          --ioengine=io_uring --iodepth=32 --direct=$direct --create_on_open=1 --fallocate=none \
+          --file_service_type=sequential --openfiles=32 --output-format=json 2>/dev/null | fio_mibs write)
+    rm -rf "$fd"
+    td="$W/tk-w$bs$direct"
+    tk=$($B --dir "$td" --rw randwrite --bs $bs --nblocks "$N" --ioengine io_uring --iodepth 32 $dflag --output-format json | mibs)
+    rm -rf "$td"
+    echo "| $bs | $([ $direct = 1 ] && echo yes || echo no) | $f | $tk | $(ratio "$tk" "$f") |"
   done
 done

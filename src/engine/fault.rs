@@ -76,12 +76,18 @@ impl IoEngine for FaultyEngine {
         self.inner.forget_file(fd);
     }
 
+    fn moves_device_memory(&self) -> bool {
+        self.inner.moves_device_memory()
+    }
+
     fn submit(&self, batch: &mut [IoRequest<'_>]) -> Vec<io::Result<usize>> {
         let mut out = Vec::with_capacity(batch.len());
         for req in batch.iter_mut() {
             let (counter, from) = match req.kind {
-                IoKind::Read(_) => (&self.reads, self.plan.fail_reads_from),
-                IoKind::Write(_) => (&self.writes, self.plan.fail_writes_from),
+                IoKind::Read(_) | IoKind::ReadDevice(_) => (&self.reads, self.plan.fail_reads_from),
+                IoKind::Write(_) | IoKind::WriteDevice(_) => {
+                    (&self.writes, self.plan.fail_writes_from)
+                }
             };
             let idx = counter.fetch_add(1, Ordering::Relaxed);
             let fail = from.is_some_and(|f| idx >= f);

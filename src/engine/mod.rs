@@ -15,6 +15,7 @@ use std::os::fd::BorrowedFd;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use crate::buf::DeviceMem;
 use crate::error::Error;
 
 mod fault;
@@ -25,6 +26,7 @@ mod uring;
 
 pub use fault::{FaultPlan, FaultyEngine};
 pub use psync::PsyncEngine;
+pub(crate) use psync::{read_full, write_full};
 pub use uring::{DEFAULT_QUEUE_DEPTH, UringEngine};
 
 /// What one request does.
@@ -34,6 +36,11 @@ pub enum IoKind<'a> {
     Read(Vec<IoSliceMut<'a>>),
     /// Write these buffers, in order, to consecutive file bytes.
     Write(Vec<IoSlice<'a>>),
+    /// Fill this GPU memory from consecutive file bytes (engines whose
+    /// [`IoEngine::moves_device_memory`] is true; the others fail the request).
+    ReadDevice(DeviceMem),
+    /// Write this GPU memory to consecutive file bytes (as `ReadDevice`).
+    WriteDevice(DeviceMem),
 }
 
 /// One positioned, vectored transfer on one open file.
@@ -77,6 +84,33 @@ impl<'a> IoRequest<'a> {
         }
     }
 
+    /// A read into GPU memory at `offset`.
+    pub fn read_device(fd: BorrowedFd<'a>, offset: u64, mem: DeviceMem) -> Self {
+        IoRequest {
+            fd,
+            offset,
+            kind: IoKind::ReadDevice(mem),
+            cached: false,
+            file_len: None,
+        }
+    }
+
+    /// A write from GPU memory at `offset`.
+    pub fn write_device(fd: BorrowedFd<'a>, offset: u64, mem: DeviceMem) -> Self {
+        IoRequest {
+            fd,
+            offset,
+            kind: IoKind::WriteDevice(mem),
+            cached: false,
+            file_len: None,
+        }
+    }
+
+    /// True for a write (host or device memory).
+    pub fn is_write(&self) -> bool {
+        matches!(self.kind, IoKind::Write(_) | IoKind::WriteDevice(_))
+    }
+
     /// Marks the descriptor as one the store keeps open (see [`IoRequest::cached`]).
     pub fn on_cached_file(mut self) -> Self {
         self.cached = true;
@@ -94,6 +128,7 @@ impl<'a> IoRequest<'a> {
         match &self.kind {
             IoKind::Read(b) => b.iter().map(|s| s.len()).sum(),
             IoKind::Write(b) => b.iter().map(|s| s.len()).sum(),
+            IoKind::ReadDevice(m) | IoKind::WriteDevice(m) => m.len(),
         }
     }
 
@@ -120,11 +155,29 @@ pub trait IoEngine: Send + Sync + fmt::Debug {
     /// Runs a batch; see the trait's contract.
     fn submit(&self, batch: &mut [IoRequest<'_>]) -> Vec<io::Result<usize>>;
 
+    /// True when the engine can move GPU memory ([`IoKind::ReadDevice`] and
+    /// [`IoKind::WriteDevice`]); the default is false, and such requests fail with
+    /// [`device_unsupported`].
+    fn moves_device_memory(&self) -> bool {
+        false
+    }
+
     /// The store is about to close a descriptor it had cached (evicted from its open-file
     /// cache): drop any per-file state kept for it. The default keeps none.
     fn forget_file(&self, fd: BorrowedFd<'_>) {
         let _ = fd;
     }
+}
+
+/// The error of a device-memory request given to an engine that moves host memory only.
+pub fn device_unsupported(engine: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!(
+            "the {engine} engine moves host memory only; GPU memory needs the nixl engine \
+             (NIXL's GDS backends)"
+        ),
+    )
 }
 
 /// The engines that can be chosen by configuration.

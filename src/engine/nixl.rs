@@ -3,6 +3,12 @@
 //! stub/dlopen mode); when it is absent, building this engine fails with instructions, and
 //! nothing else in the process is affected.
 //!
+//! GPU memory ([`IoKind::ReadDevice`], [`IoKind::WriteDevice`]) moves through NIXL's GDS_MT
+//! backend (else GDS; NIXL allows one of the two per agent), created on the first such
+//! request: VRAM descriptors carry the CUDA device index, transfers are pinned to that
+//! backend, and once it exists FILE registrations cover both backends (a deregistration
+//! removes a file from every backend). Host buffers stay on POSIX.
+//!
 //! Per batch: one FILE registration per request (offset 0 to the end of the transfer, the fd as
 //! device id) and one DRAM registration per buffer segment, one descriptor pair per segment,
 //! one transfer request per direction, posted and polled to completion. Reads are clamped to
@@ -15,8 +21,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use nixl_sys::{
-    Agent, MemType, MemoryRegion, NixlDescriptor, RegistrationHandle, XferDescList, XferOp,
-    XferStatus,
+    Agent, Backend, MemType, MemoryRegion, NixlDescriptor, OptArgs, RegistrationHandle,
+    XferDescList, XferOp, XferStatus,
 };
 
 use super::{IoEngine, IoKind, IoRequest};
@@ -163,11 +169,16 @@ impl NixlDescriptor for Region {
     }
 }
 
-/// Data movement through NIXL (POSIX backend).
+/// Data movement through NIXL (POSIX backend; GDS for GPU memory).
 #[derive(Debug)]
 pub struct NixlEngine {
     agent: Agent,
     name: String,
+    /// The POSIX backend: host memory.
+    posix: Backend,
+    /// The GPU-direct backend (name, handle), created on the first device request, or why it
+    /// could not be.
+    gds: std::sync::OnceLock<Result<(&'static str, Backend), String>>,
     /// NIXL serialises calls on an agent; one batch at a time keeps its queue simple.
     lock: Mutex<()>,
     /// FILE registrations kept for descriptors in the store's open-file cache: (handle,
@@ -263,12 +274,14 @@ impl NixlEngine {
         if let Some(p) = cfg.posix_queue.backend_param() {
             params.set(p, "true").map_err(|e| nerr("params", e))?;
         }
-        agent
+        let posix = agent
             .create_backend("POSIX", &params)
             .map_err(|e| nerr("POSIX backend", e))?;
         Ok(NixlEngine {
             agent,
             name,
+            posix,
+            gds: std::sync::OnceLock::new(),
             lock: Mutex::new(()),
             files: Mutex::new(std::collections::HashMap::new()),
             meta: Mutex::new(std::collections::HashMap::new()),
@@ -290,35 +303,117 @@ impl NixlEngine {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn register(&self, r: &Region) -> Result<RegistrationHandle, String> {
+    /// The GPU-direct backend in use, if one was created.
+    pub fn gds_backend(&self) -> Option<&'static str> {
+        match self.gds.get() {
+            Some(Ok((name, _))) => Some(name),
+            _ => None,
+        }
+    }
+
+    /// The GPU-direct backend, created on first use: GDS_MT (a thread pool of synchronous
+    /// cuFile calls), else GDS (cuFile's batch API).
+    fn gds(&self) -> Result<&Backend, String> {
+        let made = self.gds.get_or_init(|| {
+            let mut why = Vec::new();
+            for name in ["GDS_MT", "GDS"] {
+                let params = match self.agent.get_plugin_params(name) {
+                    Ok((_, p)) => match p.clone() {
+                        Ok(p) => p,
+                        Err(e) => {
+                            why.push(format!("{name} params: {e:?}"));
+                            continue;
+                        }
+                    },
+                    Err(e) => {
+                        why.push(format!("{name} plugin: {e:?}"));
+                        continue;
+                    }
+                };
+                match self.agent.create_backend(name, &params) {
+                    Ok(b) => {
+                        // FILE registrations kept so far belong to POSIX alone: drop them, so
+                        // that every file is registered again with both backends.
+                        self.files.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                        tracing::info!(backend = name, "NIXL GPU-direct backend created");
+                        return Ok((name, b));
+                    }
+                    Err(e) => why.push(format!("{name}: {e:?}")),
+                }
+            }
+            Err(format!(
+                "no NIXL GPU-direct backend could be created ({}); GDS needs a GPU with its \
+                 driver, libcufile.so.0 and libcudart.so.12 beside the NIXL libraries \
+                 (tools/fetch-nixl.sh --gpu), and without the nvidia-fs module a cufile.json \
+                 with allow_compat_mode named by CUFILE_ENV_PATH_JSON (tools/gds-roundtrip.sh)",
+                why.join("; ")
+            ))
+        });
+        made.as_ref().map(|(_, b)| b).map_err(Clone::clone)
+    }
+
+    fn register(&self, r: &Region, backends: &[&Backend]) -> Result<RegistrationHandle, String> {
         self.registrations
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let opt = opt_args(backends)?;
         self.agent
-            .register_memory(r, None)
+            .register_memory(r, Some(&opt))
             .map_err(|x| format!("register {:?}: {x:?}", r.mem))
     }
 
-    /// Runs one transfer (all reads or all writes) of `plan`.
-    fn transfer(&self, plan: &TransferPlan, write: bool) -> Result<(), String> {
+    /// Runs one transfer (all reads or all writes) of `plan`, whose local side is at
+    /// `location`.
+    fn transfer(
+        &self,
+        plan: &TransferPlan,
+        write: bool,
+        location: BufferLocation,
+    ) -> Result<(), String> {
         if plan.local.is_empty() {
             return Ok(());
         }
         let e = |what: &str, err: nixl_sys::NixlError| format!("{what}: {err:?}");
+        let (backend, local_mem) = match location {
+            BufferLocation::Dram => (&self.posix, MemType::Dram),
+            BufferLocation::Vram { .. } => (self.gds()?, MemType::Vram),
+        };
+        // Files are registered with every backend that may move them.
+        let file_backends: Vec<&Backend> = match self.gds.get() {
+            Some(Ok((_, g))) => vec![&self.posix, g],
+            _ => vec![&self.posix],
+        };
         // Registrations live until the transfer completed (dropped at the end of this call).
         let mut regs: Vec<RegistrationHandle> = Vec::with_capacity(plan.local.len() + 1);
-        {
+        if local_mem == MemType::Dram {
             let mut dram = self.dram.lock().unwrap_or_else(|e| e.into_inner());
             for &(addr, len, dev) in &plan.local {
                 if dram.get(&(addr, len)).is_none() {
-                    let h = self.register(&Region {
-                        addr,
-                        len,
-                        mem: MemType::Dram,
-                        dev,
-                    })?;
+                    let h = self.register(
+                        &Region {
+                            addr,
+                            len,
+                            mem: MemType::Dram,
+                            dev,
+                        },
+                        &[&self.posix],
+                    )?;
                     // An evicted registration is dropped (deregistered) here.
                     dram.put((addr, len), h);
                 }
+            }
+        } else {
+            // GPU buffers are registered for this transfer only, each exactly as its
+            // descriptor (NIXL 1.5's GDS_MT takes a descriptor's address as the buffer base).
+            for &(addr, len, dev) in &plan.local {
+                regs.push(self.register(
+                    &Region {
+                        addr,
+                        len,
+                        mem: MemType::Vram,
+                        dev,
+                    },
+                    &[backend],
+                )?);
             }
         }
         let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
@@ -345,25 +440,26 @@ impl NixlEngine {
                 dev: fd as u64,
             };
             if !cached {
-                regs.push(self.register(&region)?);
+                regs.push(self.register(&region, &file_backends)?);
             } else if files.get(&fd).is_none_or(|(_, len)| *len < extent) {
                 // Registered once per open descriptor, kept until the store closes it.
                 files.remove(&fd);
-                let h = self.register(&region)?;
+                let h = self.register(&region, &file_backends)?;
                 files.insert(fd, (h, extent));
             }
         }
         drop(files);
-        let mut local = XferDescList::new(MemType::Dram).map_err(|x| e("descriptor list", x))?;
+        let mut local = XferDescList::new(local_mem).map_err(|x| e("descriptor list", x))?;
         let mut remote = XferDescList::new(MemType::File).map_err(|x| e("descriptor list", x))?;
         for (&(a, l, d), &(o, rl, fd)) in plan.local.iter().zip(&plan.remote) {
             local.add_desc(a, l, d);
             remote.add_desc(o, rl, fd);
         }
         let op = if write { XferOp::Write } else { XferOp::Read };
+        let pin = opt_args(&[backend])?;
         let req = self
             .agent
-            .create_xfer_req(op, &local, &remote, &self.name, None)
+            .create_xfer_req(op, &local, &remote, &self.name, Some(&pin))
             .map_err(|x| e("create transfer", x))?;
         let mut pending = self
             .agent
@@ -383,6 +479,40 @@ impl NixlEngine {
         drop(regs);
         Ok(())
     }
+}
+
+/// Where a request's memory is.
+fn location_of(r: &IoRequest<'_>) -> BufferLocation {
+    match &r.kind {
+        IoKind::ReadDevice(m) | IoKind::WriteDevice(m) => BufferLocation::Vram {
+            device: u64::from(m.device()),
+        },
+        _ => BufferLocation::Dram,
+    }
+}
+
+/// The transfers a batch becomes: one per direction and memory location, reads before
+/// writes, each in the order its first request appears.
+pub fn transfer_groups(batch: &[IoRequest<'_>]) -> Vec<(bool, BufferLocation)> {
+    let mut groups: Vec<(bool, BufferLocation)> = Vec::new();
+    for write in [false, true] {
+        for r in batch {
+            let g = (write, location_of(r));
+            if r.is_write() == write && !groups.contains(&g) {
+                groups.push(g);
+            }
+        }
+    }
+    groups
+}
+
+/// Optional arguments naming `backends`.
+fn opt_args(backends: &[&Backend]) -> Result<OptArgs, String> {
+    let mut o = OptArgs::new().map_err(|e| format!("opt args: {e:?}"))?;
+    for b in backends {
+        o.add_backend(b).map_err(|e| format!("opt args: {e:?}"))?;
+    }
+    Ok(o)
 }
 
 /// Reads the end-of-file blocks of `O_DIRECT` requests (see [`TransferPlan::tails`]).
@@ -441,29 +571,32 @@ impl IoEngine for NixlEngine {
         drop(gone); // deregisters
     }
 
+    fn moves_device_memory(&self) -> bool {
+        true
+    }
+
     fn submit(&self, batch: &mut [IoRequest<'_>]) -> Vec<io::Result<usize>> {
         let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut results: Vec<Option<io::Result<usize>>> = (0..batch.len()).map(|_| None).collect();
-        for write in [false, true] {
+        let groups = transfer_groups(batch);
+        for (write, location) in groups {
             let mut idx = Vec::new();
             let mut reqs = Vec::new();
             for (i, r) in batch.iter_mut().enumerate() {
-                let fd = r.fd.as_raw_fd();
-                let (is_write, segments): (bool, Vec<(usize, usize)>) = match &mut r.kind {
-                    IoKind::Read(b) => (
-                        false,
-                        b.iter_mut()
-                            .map(|s| (s.as_mut_ptr() as usize, s.len()))
-                            .collect(),
-                    ),
-                    IoKind::Write(b) => (
-                        true,
-                        b.iter().map(|s| (s.as_ptr() as usize, s.len())).collect(),
-                    ),
-                };
-                if is_write != write {
+                if r.is_write() != write || location_of(r) != location {
                     continue;
                 }
+                let fd = r.fd.as_raw_fd();
+                let segments: Vec<(usize, usize)> = match &mut r.kind {
+                    IoKind::Read(b) => b
+                        .iter_mut()
+                        .map(|s| (s.as_mut_ptr() as usize, s.len()))
+                        .collect(),
+                    IoKind::Write(b) => b.iter().map(|s| (s.as_ptr() as usize, s.len())).collect(),
+                    IoKind::ReadDevice(m) | IoKind::WriteDevice(m) => {
+                        vec![(m.addr() as usize, m.len())]
+                    }
+                };
                 // The file's length: given by the store for cached, validated files (it
                 // checks their size on every read), else looked up.
                 let len = match r.file_len {
@@ -476,28 +609,10 @@ impl IoEngine for NixlEngine {
                         }
                     },
                 };
-                // O_DIRECT descriptors need aligned lengths. A descriptor's mode never
-                // changes; for cached ones it is looked up once (forgotten in forget_file).
-                let known = if r.cached {
-                    self.meta
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .get(&fd)
-                        .copied()
-                } else {
-                    None
-                };
-                let direct = known.unwrap_or_else(|| {
-                    let d = rustix::fs::fcntl_getfl(r.fd)
-                        .is_ok_and(|f| f.contains(rustix::fs::OFlags::DIRECT));
-                    if r.cached {
-                        self.meta
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(fd, d);
-                    }
-                    d
-                });
+                // O_DIRECT descriptors need aligned host transfers (cuFile handles alignment
+                // of GPU ones itself). A descriptor's mode never changes; for cached ones it
+                // is looked up once (forgotten in forget_file).
+                let direct = location == BufferLocation::Dram && self.is_direct(r);
                 let file_len = (!write).then_some(len);
                 idx.push(i);
                 reqs.push(PlanRequest {
@@ -512,8 +627,11 @@ impl IoEngine for NixlEngine {
             if reqs.is_empty() {
                 continue;
             }
-            let plan = plan_transfer(&reqs, BufferLocation::Dram);
-            match self.transfer(&plan, write).and_then(|()| read_tails(&plan)) {
+            let plan = plan_transfer(&reqs, location);
+            match self
+                .transfer(&plan, write, location)
+                .and_then(|()| read_tails(&plan))
+            {
                 Ok(()) => {
                     for (k, &i) in idx.iter().enumerate() {
                         results[i] = Some(Ok(plan.bytes[k]));
@@ -523,12 +641,12 @@ impl IoEngine for NixlEngine {
                     // One request failed the whole transfer: run them one by one so each gets
                     // its own outcome, as with the other engines.
                     for (k, &i) in idx.iter().enumerate() {
-                        let one =
-                            plan_transfer(std::slice::from_ref(&reqs[k]), BufferLocation::Dram);
+                        let one = plan_transfer(std::slice::from_ref(&reqs[k]), location);
                         let r = if reqs.len() == 1 {
                             Err(msg.clone())
                         } else {
-                            self.transfer(&one, write).and_then(|()| read_tails(&one))
+                            self.transfer(&one, write, location)
+                                .and_then(|()| read_tails(&one))
                         };
                         results[i] = Some(match r {
                             Ok(()) => Ok(one.bytes[0]),
@@ -542,6 +660,34 @@ impl IoEngine for NixlEngine {
             }
         }
         results.into_iter().map(|r| r.unwrap_or(Ok(0))).collect()
+    }
+}
+
+impl NixlEngine {
+    /// Whether the request's descriptor was opened with `O_DIRECT`; remembered for cached
+    /// descriptors.
+    fn is_direct(&self, r: &IoRequest<'_>) -> bool {
+        let fd = r.fd.as_raw_fd();
+        let known = if r.cached {
+            self.meta
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&fd)
+                .copied()
+        } else {
+            None
+        };
+        known.unwrap_or_else(|| {
+            let d =
+                rustix::fs::fcntl_getfl(r.fd).is_ok_and(|f| f.contains(rustix::fs::OFlags::DIRECT));
+            if r.cached {
+                self.meta
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(fd, d);
+            }
+            d
+        })
     }
 }
 
@@ -607,6 +753,34 @@ mod tests {
             vec![(7, 4196, false), (8, 22, true), (9, 8192, false)]
         );
         assert_eq!(p.tails, vec![(9, 0x10000 + 8192, 4096, 8192)]);
+    }
+
+    #[test]
+    fn a_batch_becomes_one_transfer_per_direction_and_memory() {
+        let f = tempfile::tempfile().unwrap();
+        let fd = std::os::fd::AsFd::as_fd(&f);
+        let mut host = [0u8; 8];
+        // SAFETY: never dereferenced: only grouped.
+        let gpu = |d: u32| unsafe { crate::buf::DeviceMem::new(0x1000, 8, d) };
+        let batch = [
+            IoRequest::write_device(fd, 0, gpu(1)),
+            IoRequest::read_device(fd, 0, gpu(1)),
+            IoRequest::read(fd, 0, vec![io::IoSliceMut::new(&mut host)]),
+            IoRequest::read_device(fd, 0, gpu(0)),
+            IoRequest::write(fd, 0, vec![io::IoSlice::new(b"x")]),
+            IoRequest::read_device(fd, 0, gpu(1)),
+        ];
+        let v = |device| BufferLocation::Vram { device };
+        assert_eq!(
+            transfer_groups(&batch),
+            [
+                (false, v(1)),
+                (false, BufferLocation::Dram),
+                (false, v(0)),
+                (true, v(1)),
+                (true, BufferLocation::Dram),
+            ]
+        );
     }
 
     #[test]

@@ -78,6 +78,9 @@ impl IoEngine for PsyncEngine {
             .map(|r| match &mut r.kind {
                 IoKind::Read(bufs) => read_full(r.fd, r.offset, bufs),
                 IoKind::Write(bufs) => write_full(r.fd, r.offset, bufs),
+                IoKind::ReadDevice(_) | IoKind::WriteDevice(_) => {
+                    Err(super::device_unsupported(self.name()))
+                }
             })
             .collect()
     }

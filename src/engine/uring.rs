@@ -94,7 +94,9 @@ fn run_job(ring: &mut IoUring, mut ops: Vec<Op>) -> Vec<io::Result<usize>> {
     let depth = ring.params().sq_entries() as usize;
     let mut pending: VecDeque<usize> = VecDeque::new();
     for (i, op) in ops.iter_mut().enumerate() {
-        if op.want == 0 {
+        if op.result.is_some() {
+            // Refused before submission.
+        } else if op.want == 0 {
             op.result = Some(Ok(0));
         } else {
             pending.push_back(i);
@@ -194,6 +196,7 @@ impl IoEngine for UringEngine {
         let ops: Vec<Op> = batch
             .iter_mut()
             .map(|r| {
+                let mut result = None;
                 let (write, iov): (bool, Vec<libc::iovec>) = match &mut r.kind {
                     IoKind::Read(bufs) => (
                         false,
@@ -205,6 +208,10 @@ impl IoEngine for UringEngine {
                         true,
                         bufs.iter().map(|b| make_iov(b.as_ptr(), b.len())).collect(),
                     ),
+                    IoKind::ReadDevice(_) | IoKind::WriteDevice(_) => {
+                        result = Some(Err(super::device_unsupported("io_uring")));
+                        (false, Vec::new())
+                    }
                 };
                 let want = iov.iter().map(|v| v.iov_len).sum();
                 Op {
@@ -215,7 +222,7 @@ impl IoEngine for UringEngine {
                     rest: Vec::new(),
                     want,
                     done: 0,
-                    result: None,
+                    result,
                 }
             })
             .collect();

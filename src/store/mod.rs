@@ -22,6 +22,7 @@ use crate::layout::{self, LAYOUT_FILE, LOCK_FILE, Layout, TEMP_PREFIX};
 
 mod async_api;
 mod config;
+mod device;
 mod evict;
 mod fdcache;
 mod read;
@@ -566,7 +567,7 @@ impl Inner {
 
     /// A put batch, then (for items that met ENOSPC below the capacity) eviction and one
     /// retry.
-    fn put_with_retry<D: AsRef<[u8]>>(
+    fn put_with_retry<D: write::Source>(
         &self,
         items: &[(BlockKey, D)],
         replace: bool,
@@ -584,7 +585,7 @@ impl Inner {
             // The filesystem is full before our capacity is: make room and try once more.
             let need: u64 = retry
                 .iter()
-                .map(|&i| write::disk_estimate(items[i].1.as_ref().len()))
+                .map(|&i| write::disk_estimate(write::Source::len(&items[i].1)))
                 .sum();
             let floor = self.index.counts().bytes / 100;
             let keep: Vec<BlockHash> = retry.iter().map(|&i| items[i].0.hash).collect();

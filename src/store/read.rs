@@ -32,6 +32,19 @@ pub(super) enum ReadPlan {
     },
 }
 
+/// Checks the first [`PAYLOAD_OFFSET`] bytes of a block file read for `key`: a valid header
+/// naming that key, zero padding. The error is the reason the file is corrupt.
+pub(super) fn check_head(key: &BlockKey, head: &[u8]) -> std::result::Result<Header, String> {
+    let header = Header::decode(head).map_err(|e| e.to_string())?;
+    if head.len() < PAYLOAD_OFFSET as usize || head[HEADER_LEN..].iter().any(|&b| b != 0) {
+        return Err("header padding is not zero".into());
+    }
+    if header.key != key.hash {
+        return Err(format!("header names block {}", header.key));
+    }
+    Ok(header)
+}
+
 impl Inner {
     /// Reads a batch; see [`Store::get_many`](super::Store::get_many).
     pub(super) fn get_batch<B: AsMut<[u8]>>(
@@ -295,30 +308,10 @@ impl Inner {
                     Some(b) => &b[..n.min(PAYLOAD_OFFSET as usize)],
                     None => &head[..n.min(PAYLOAD_OFFSET as usize)],
                 };
-                let header = match Header::decode(head_bytes) {
+                let header = match check_head(key, head_bytes) {
                     Ok(h) => h,
-                    Err(e) => return Ok(self.corrupt(&key.hash, &rel, &fd, None, e.to_string())),
+                    Err(reason) => return Ok(self.corrupt(&key.hash, &rel, &fd, None, reason)),
                 };
-                if head_bytes.len() < PAYLOAD_OFFSET as usize
-                    || head_bytes[HEADER_LEN..].iter().any(|&b| b != 0)
-                {
-                    return Ok(self.corrupt(
-                        &key.hash,
-                        &rel,
-                        &fd,
-                        None,
-                        "header padding is not zero".into(),
-                    ));
-                }
-                if header.key != key.hash {
-                    return Ok(self.corrupt(
-                        &key.hash,
-                        &rel,
-                        &fd,
-                        None,
-                        format!("header names block {}", header.key),
-                    ));
-                }
                 let len = header.payload_len as usize;
                 if header.payload_len > buf.len() as u64 {
                     return Err(Error::BufferTooSmall {
@@ -373,7 +366,7 @@ impl Inner {
 
     /// Handles a corrupt file: removes it if the path still names the same file, counts it,
     /// logs it, and reports a miss.
-    fn corrupt(
+    pub(super) fn corrupt(
         &self,
         hash: &BlockHash,
         rel: &RelPath,

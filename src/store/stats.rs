@@ -211,7 +211,8 @@ impl Counters {
             Error::InvalidKey { .. }
             | Error::TooLarge { .. }
             | Error::BufferTooSmall { .. }
-            | Error::Config(_) => &self.err_input,
+            | Error::Config(_)
+            | Error::Unsupported(_) => &self.err_input,
             _ => &self.err_other,
         };
         Self::add(c, 1);

@@ -1,6 +1,6 @@
 //! The put path: validation, admission, room, temp files, one engine batch, publication.
 
-use std::io::IoSlice;
+use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 
@@ -8,8 +8,8 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::{Counters, DIR_MODE, FILE_MODE, Inner, io_err};
-use crate::buf::{PooledBuf, align_up};
-use crate::engine::IoRequest;
+use crate::buf::{DeviceMem, PooledBuf, align_up};
+use crate::engine::{IoRequest, read_full, write_full};
 use crate::error::{Error, Result};
 use crate::format::{HEADER_LEN, Header, PADDING, PAYLOAD_OFFSET};
 use crate::index::Offer;
@@ -29,6 +29,43 @@ pub(super) struct WritePlan {
     pub bounce: Option<PooledBuf>,
     pub hash: BlockHash,
     pub len: usize,
+    /// The payload comes from GPU memory: the engine writes it, then the header is computed
+    /// from the bytes in the file and written (see `Inner::seal`).
+    pub device: bool,
+}
+
+/// What a put writes: host bytes, or GPU memory.
+pub(super) trait Source {
+    /// Payload bytes.
+    fn len(&self) -> usize;
+    /// The bytes, when they are in host memory.
+    fn host(&self) -> Option<&[u8]>;
+    /// The memory, when it is on a GPU.
+    fn device(&self) -> Option<DeviceMem>;
+}
+
+impl<D: AsRef<[u8]>> Source for D {
+    fn len(&self) -> usize {
+        self.as_ref().len()
+    }
+    fn host(&self) -> Option<&[u8]> {
+        Some(self.as_ref())
+    }
+    fn device(&self) -> Option<DeviceMem> {
+        None
+    }
+}
+
+impl Source for DeviceMem {
+    fn len(&self) -> usize {
+        DeviceMem::len(self)
+    }
+    fn host(&self) -> Option<&[u8]> {
+        None
+    }
+    fn device(&self) -> Option<DeviceMem> {
+        Some(*self)
+    }
 }
 
 /// The bytes a block file of `len` payload bytes takes on a 4 KiB-block filesystem; used to
@@ -41,7 +78,7 @@ impl Inner {
     /// Writes and publishes the items at `which`; one result per entry of `which`. With
     /// `replace`, present blocks are rewritten (`put_many`); without, they are only touched
     /// (`offer_many`).
-    pub(super) fn put_batch<D: AsRef<[u8]>>(
+    pub(super) fn put_batch<D: Source>(
         &self,
         items: &[(BlockKey, D)],
         which: &[usize],
@@ -51,7 +88,7 @@ impl Inner {
         // 1. Validate everything before anything is written.
         let mut valid: Vec<usize> = Vec::with_capacity(which.len());
         for (slot, &i) in which.iter().enumerate() {
-            let (key, data) = (&items[i].0, items[i].1.as_ref());
+            let (key, data) = (&items[i].0, &items[i].1);
             if let Err(e) = self.check_key(key) {
                 results[slot] = Some(Err(e));
             } else if data.len() > self.max_block {
@@ -68,7 +105,7 @@ impl Inner {
         let offered: Vec<(BlockHash, u64)> = valid
             .iter()
             .map(|&slot| {
-                let (key, data) = (&items[which[slot]].0, items[which[slot]].1.as_ref());
+                let (key, data) = (&items[which[slot]].0, &items[which[slot]].1);
                 (key.hash, disk_estimate(data.len()))
             })
             .collect();
@@ -78,7 +115,7 @@ impl Inner {
         // 3. Temp files for what must be written.
         let mut plans: Vec<(usize, Offer, WritePlan)> = Vec::with_capacity(valid.len());
         for (slot, offer) in valid.into_iter().zip(offers) {
-            let (key, data) = (&items[which[slot]].0, items[which[slot]].1.as_ref());
+            let (key, data) = (&items[which[slot]].0, &items[which[slot]].1);
             match offer {
                 Offer::Touched | Offer::NotAdmitted => results[slot] = Some(Ok(())),
                 Offer::Reserved | Offer::Replace => match self.plan_write(key, data) {
@@ -95,10 +132,10 @@ impl Inner {
         let io_results = {
             let mut reqs = Vec::with_capacity(plans.len());
             for (slot, _, p) in &plans {
-                let data = items[which[*slot]].1.as_ref();
-                reqs.push(match &p.bounce {
-                    Some(b) => IoRequest::write(p.fd.as_fd(), 0, vec![IoSlice::new(b)]),
-                    None => IoRequest::write(
+                let data = &items[which[*slot]].1;
+                reqs.push(match (&p.bounce, data.host(), data.device()) {
+                    (Some(b), _, _) => IoRequest::write(p.fd.as_fd(), 0, vec![IoSlice::new(b)]),
+                    (None, Some(data), _) => IoRequest::write(
                         p.fd.as_fd(),
                         0,
                         vec![
@@ -107,6 +144,10 @@ impl Inner {
                             IoSlice::new(data),
                         ],
                     ),
+                    (None, None, Some(mem)) => {
+                        IoRequest::write_device(p.fd.as_fd(), PAYLOAD_OFFSET, mem)
+                    }
+                    (None, None, None) => unreachable!("a payload is in host or device memory"),
                 });
             }
             self.engine.submit(&mut reqs)
@@ -115,6 +156,11 @@ impl Inner {
         // 5. Size, sync; failures unlink their temp file and drop their reservation.
         let mut written: Vec<(usize, Offer, WritePlan, u64)> = Vec::with_capacity(plans.len());
         for ((slot, offer, plan), io) in plans.into_iter().zip(io_results) {
+            let io = if plan.device {
+                io.and_then(|n| self.seal(&plan, n))
+            } else {
+                io
+            };
             match self.finish_write(&plan, io) {
                 Ok(bytes) => written.push((slot, offer, plan, bytes)),
                 Err(e) => {
@@ -164,6 +210,31 @@ impl Inner {
             .into_iter()
             .map(|r| r.expect("every item has a result"))
             .collect()
+    }
+
+    /// Completes a file whose payload the engine wrote from GPU memory (`n` bytes): reads the
+    /// payload back, and writes the header with its checksum and the zero padding. Returns
+    /// the bytes of the whole file, as a host write would have.
+    fn seal(&self, plan: &WritePlan, n: usize) -> std::io::Result<usize> {
+        if n != plan.len {
+            return Err(std::io::Error::from(std::io::ErrorKind::WriteZero));
+        }
+        // Aligned buffers and lengths, so that O_DIRECT descriptors work too.
+        let mut payload = self.bufs.take(plan.len);
+        let got = read_full(
+            plan.fd.as_fd(),
+            PAYLOAD_OFFSET,
+            &mut [IoSliceMut::new(&mut payload)],
+        )?;
+        if got != plan.len {
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+        }
+        let header = Header::for_payload(plan.hash, &payload[..plan.len]).encode();
+        let mut head = self.bufs.take(PAYLOAD_OFFSET as usize);
+        head[..HEADER_LEN].copy_from_slice(&header);
+        head[HEADER_LEN..PAYLOAD_OFFSET as usize].fill(0);
+        write_full(plan.fd.as_fd(), 0, &mut [IoSlice::new(&head)])?;
+        Ok(PAYLOAD_OFFSET as usize + plan.len)
     }
 
     /// Checks a write's outcome, gives the file its exact length, syncs it if configured, and
@@ -218,8 +289,12 @@ impl Inner {
     }
 
     /// Creates the temp file of one validated, admitted put.
-    fn plan_write(&self, key: &BlockKey, data: &[u8]) -> Result<WritePlan> {
-        let header = Header::for_payload(key.hash, data).encode();
+    fn plan_write<D: Source>(&self, key: &BlockKey, data: &D) -> Result<WritePlan> {
+        // From GPU memory, the header is written once the payload is in the file.
+        let header = match data.host() {
+            Some(d) => Header::for_payload(key.hash, d).encode(),
+            None => [0; HEADER_LEN],
+        };
         let rel = self.layout.rel_path(&key.hash);
         let seq = self.temp_seq.fetch_add(1, Ordering::Relaxed);
         let name = format!(
@@ -241,7 +316,7 @@ impl Inner {
         let (fd, anonymous) = self
             .create_temp(&rel, &temp_rel, direct, mode)
             .map_err(|e| Error::from_io(self.path(&temp_rel), io_err(e)))?;
-        let bounce = self.direct.then(|| {
+        let bounce = data.host().filter(|_| self.direct).map(|data| {
             let total = PAYLOAD_OFFSET as usize + data.len();
             let mut b = self.bufs.take(total);
             b[..HEADER_LEN].copy_from_slice(&header);
@@ -250,6 +325,7 @@ impl Inner {
             b[PAYLOAD_OFFSET as usize..total].copy_from_slice(data);
             b
         });
+        let device = data.device().is_some();
         Ok(WritePlan {
             rel,
             temp_rel,
@@ -259,12 +335,14 @@ impl Inner {
             bounce,
             hash: key.hash,
             len: data.len(),
+            device,
         })
     }
 
     /// Creates the file a put writes: an anonymous `O_TMPFILE` inode in the block's directory
     /// where the filesystem supports it (nothing is left behind by a crash, and publishing is
-    /// one `linkat`), else a named temp file. Creates missing shard directories.
+    /// one `linkat`), else a named temp file. Creates missing shard directories. Opened for
+    /// reading too: a payload written from GPU memory is read back for its checksum.
     fn create_temp(
         &self,
         rel: &RelPath,
@@ -276,7 +354,7 @@ impl Inner {
         let mut made_dirs = false;
         loop {
             let r = if self.tmpfile.load(Ordering::Relaxed) {
-                match self.open_beneath(dir, OFlags::TMPFILE | OFlags::WRONLY | direct, mode) {
+                match self.open_beneath(dir, OFlags::TMPFILE | OFlags::RDWR | direct, mode) {
                     Ok(fd) => return Ok((fd, true)),
                     Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {
                         tracing::info!(
@@ -290,7 +368,7 @@ impl Inner {
             } else {
                 self.open_beneath(
                     temp_rel,
-                    OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | direct,
+                    OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | direct,
                     mode,
                 )
                 .map(|fd| (fd, false))

@@ -26,7 +26,7 @@ mod metadata;
 mod replay;
 mod report;
 
-use common::{BoxError, UsageError, parse_duration};
+use common::{BoxError, UsageError, parse_duration, parse_size};
 use report::{RankResult, human_bytes, report};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -236,27 +236,6 @@ impl Budget {
             }
         }
     }
-}
-
-/// Parses `4096`, `4k`, `64KiB`, `1MiB`, `1m`, `2GiB` (fio's convention: k = 1024).
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        _ => {
-            return Err(format!(
-                "bad size unit in {s:?}; use k, KiB, m, MiB, g, GiB"
-            ));
-        }
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("size {s:?} overflows"))
 }
 
 /// The hash of block `index` of `worker`.

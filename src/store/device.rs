@@ -1,0 +1,311 @@
+//! GPU memory: blocks read straight into, and written straight from, [`DeviceMem`] by an
+//! engine that moves device memory (the nixl engine, through NIXL's GDS backends).
+//!
+//! The semantics are the host paths': a missing file is a miss, a corrupt one is removed and
+//! is a miss, a put publishes a complete file or nothing. What differs is where checksums are
+//! computed, since the store never reads GPU memory:
+//! - a get checks the header through the host (it is read when a file is opened), and
+//!   verifies the payload checksum through a host read of the file when the verify mode asks
+//!   for it (on open: once per opened file; always: on every get), then moves the payload
+//!   into GPU memory;
+//! - a put has the engine write the payload into the temp file, reads it back to compute the
+//!   header's checksum, writes the header, and publishes.
+
+use std::io::IoSliceMut;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustix::fs::Mode;
+use rustix::io::Errno;
+
+use super::fdcache::OpenBlock;
+use super::read::check_head;
+use super::{Counters, Inner, Lookup, Store, VerifyMode, io_err};
+use crate::buf::DeviceMem;
+use crate::engine::{IoRequest, read_full};
+use crate::error::{Error, Result};
+use crate::format::PAYLOAD_OFFSET;
+use crate::key::{BlockHash, BlockKey};
+
+impl Store {
+    /// Reads a batch of blocks into GPU memory; one result per key, in order, as
+    /// [`Store::get_many`]: `Hit(len)` (the block is in the first `len` bytes of its buffer),
+    /// `Miss`, or an error. Needs an engine that moves device memory (`EngineKind::Nixl`);
+    /// with another every key fails with [`Error::Unsupported`] and nothing is read.
+    pub fn get_many_device(&self, keys: &[BlockKey], bufs: &[DeviceMem]) -> Vec<Result<Lookup>> {
+        let started = std::time::Instant::now();
+        let results = self.inner.get_device(keys, bufs);
+        let c = &self.inner.counters;
+        c.get_latency.record(started.elapsed());
+        for e in results.iter().filter_map(|r| r.as_ref().err()) {
+            c.error(e);
+        }
+        results
+    }
+
+    /// Stores a batch of blocks from GPU memory; one result per item, as
+    /// [`Store::put_many`] (same publication, capacity and admission rules). Needs an engine
+    /// that moves device memory; with another every item fails with [`Error::Unsupported`]
+    /// and nothing is written.
+    pub fn put_many_device(&self, items: &[(BlockKey, DeviceMem)]) -> Vec<Result<()>> {
+        if !self.inner.engine.moves_device_memory() {
+            return items
+                .iter()
+                .map(|_| Err(self.inner.device_unsupported()))
+                .collect();
+        }
+        self.inner.put_with_retry(items, true)
+    }
+}
+
+/// A get into GPU memory, before the engine runs.
+enum DevicePlan {
+    Done(Result<Lookup>),
+    Ready(Arc<OpenBlock>),
+}
+
+impl Inner {
+    fn device_unsupported(&self) -> Error {
+        Error::Unsupported(format!(
+            "the {} engine moves host memory only; GPU memory needs the nixl engine (NIXL GDS)",
+            self.engine.name()
+        ))
+    }
+
+    fn get_device(&self, keys: &[BlockKey], bufs: &[DeviceMem]) -> Vec<Result<Lookup>> {
+        if !self.engine.moves_device_memory() {
+            return keys
+                .iter()
+                .map(|_| Err(self.device_unsupported()))
+                .collect();
+        }
+        if keys.len() != bufs.len() {
+            return keys
+                .iter()
+                .map(|_| {
+                    Err(Error::Config(format!(
+                        "get_many_device got {} keys and {} buffers",
+                        keys.len(),
+                        bufs.len()
+                    )))
+                })
+                .collect();
+        }
+        // As the host path: present keys are pinned for the batch, others are misses.
+        let valid: Vec<Result<()>> = keys.iter().map(|k| self.check_key(k)).collect();
+        let to_pin: Vec<&BlockHash> = keys
+            .iter()
+            .zip(&valid)
+            .filter(|(_, v)| v.is_ok())
+            .map(|(k, _)| &k.hash)
+            .collect();
+        let mut present = self.index.pin_present(&to_pin).into_iter();
+        let mut pinned: Vec<BlockHash> = Vec::with_capacity(keys.len());
+        let mut plans: Vec<DevicePlan> = Vec::with_capacity(keys.len());
+        for ((k, v), b) in keys.iter().zip(valid).zip(bufs) {
+            plans.push(match v {
+                Err(e) => DevicePlan::Done(Err(e)),
+                Ok(()) if present.next() == Some(true) => {
+                    pinned.push(k.hash);
+                    self.plan_device_read(k, b.len())
+                }
+                Ok(()) => DevicePlan::Done(Ok(Lookup::Miss)),
+            });
+        }
+
+        let mut owners = Vec::with_capacity(keys.len());
+        let io_results = {
+            let mut reqs = Vec::with_capacity(keys.len());
+            for (i, (plan, buf)) in plans.iter().zip(bufs).enumerate() {
+                if let DevicePlan::Ready(block) = plan {
+                    let len = block.header.payload_len as usize;
+                    reqs.push(
+                        IoRequest::read_device(block.fd.as_fd(), PAYLOAD_OFFSET, buf.prefix(len))
+                            .on_cached_file()
+                            .with_file_len(block.header.file_len()),
+                    );
+                    owners.push(i);
+                }
+            }
+            self.engine.submit(&mut reqs)
+        };
+
+        let mut results: Vec<Result<Lookup>> = Vec::with_capacity(keys.len());
+        let mut io = owners.into_iter().zip(io_results).peekable();
+        for (i, plan) in plans.into_iter().enumerate() {
+            results.push(match plan {
+                DevicePlan::Done(r) => r,
+                DevicePlan::Ready(block) => {
+                    let (_, r) = io
+                        .next_if(|(j, _)| *j == i)
+                        .expect("one engine result per ready plan");
+                    let rel = self.layout.rel_path(&keys[i].hash);
+                    let len = block.header.payload_len as usize;
+                    match r {
+                        Ok(n) if n == len => Ok(Lookup::Hit(len)),
+                        Ok(n) => Ok(self.corrupt(
+                            &keys[i].hash,
+                            &rel,
+                            &block.fd,
+                            Some(&block),
+                            format!("payload is {n} bytes, header says {len}"),
+                        )),
+                        Err(e) => Err(Error::from_io(self.path(rel.as_str()), e)),
+                    }
+                }
+            });
+        }
+        let c = &self.counters;
+        let mut hits = Vec::with_capacity(keys.len());
+        for (k, r) in keys.iter().zip(&results) {
+            match r {
+                Ok(Lookup::Hit(n)) => {
+                    Counters::add(&c.hits, 1);
+                    Counters::add(&c.bytes_read, *n as u64);
+                    hits.push(k.hash);
+                }
+                Ok(Lookup::Miss) => Counters::add(&c.misses, 1),
+                Err(_) => Counters::add(&c.read_errors, 1),
+            }
+        }
+        self.index.record_hits(&hits);
+        self.index.unpin(&pinned);
+        results
+    }
+
+    /// Finds the block's open, checked file (the open-file cache, else the tree) and verifies
+    /// its payload through the host when the verify mode asks for it.
+    fn plan_device_read(&self, key: &BlockKey, buf_len: usize) -> DevicePlan {
+        let rel = self.layout.rel_path(&key.hash);
+        let mut block = None;
+        if let Some(b) = self.fds.get(&key.hash) {
+            match rustix::fs::fstat(&b.fd) {
+                Ok(st) if st.st_nlink > 0 && st.st_size as u64 != b.header.file_len() => {
+                    let reason = format!(
+                        "file is {} bytes, header says {}",
+                        st.st_size,
+                        b.header.file_len()
+                    );
+                    return DevicePlan::Done(Ok(self.corrupt(
+                        &key.hash,
+                        &rel,
+                        &b.fd,
+                        Some(&b),
+                        reason,
+                    )));
+                }
+                Ok(st) if st.st_nlink > 0 => {
+                    Counters::add(&self.counters.fd_hits, 1);
+                    block = Some(b);
+                }
+                _ => self.fds.invalidate_if(&key.hash, &b),
+            }
+        }
+        let block = match block {
+            Some(b) => b,
+            None => {
+                Counters::add(&self.counters.fd_misses, 1);
+                match self.open_device_block(key, &rel) {
+                    Ok(b) => b,
+                    Err(done) => return done,
+                }
+            }
+        };
+        let need = block.header.payload_len as usize;
+        if need > buf_len {
+            return DevicePlan::Done(Err(Error::BufferTooSmall {
+                key: key.to_string(),
+                need,
+                have: buf_len,
+            }));
+        }
+        let check = match self.verify {
+            VerifyMode::Always => true,
+            VerifyMode::Never => false,
+            VerifyMode::OnOpen => !block.verified.load(Ordering::Relaxed),
+        };
+        if check {
+            let mut payload = self.bufs.take(need);
+            let read = read_full(
+                block.fd.as_fd(),
+                PAYLOAD_OFFSET,
+                &mut [IoSliceMut::new(&mut payload)],
+            );
+            match read {
+                Ok(n) if n >= need && block.header.verify(&payload[..need]) => {
+                    block.verified.store(true, Ordering::Relaxed);
+                }
+                Ok(_) => {
+                    return DevicePlan::Done(Ok(self.corrupt(
+                        &key.hash,
+                        &rel,
+                        &block.fd,
+                        Some(&block),
+                        "payload checksum mismatch".into(),
+                    )));
+                }
+                Err(e) => {
+                    return DevicePlan::Done(Err(Error::from_io(self.path(rel.as_str()), e)));
+                }
+            }
+        }
+        DevicePlan::Ready(block)
+    }
+
+    /// Opens a block file, checks its header and size, and caches the descriptor.
+    fn open_device_block(
+        &self,
+        key: &BlockKey,
+        rel: &crate::layout::RelPath,
+    ) -> std::result::Result<Arc<OpenBlock>, DevicePlan> {
+        let fd = match self.open_beneath(rel.as_str(), self.read_flags(), Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT | Errno::NOTDIR) => {
+                self.forget_if_missing(&key.hash, rel);
+                return Err(DevicePlan::Done(Ok(Lookup::Miss)));
+            }
+            Err(Errno::LOOP | Errno::XDEV) => {
+                tracing::warn!(path = %self.path(rel.as_str()).display(), "symlink in the tree: not followed, counted as a miss");
+                Counters::add(&self.counters.foreign, 1);
+                return Err(DevicePlan::Done(Ok(Lookup::Miss)));
+            }
+            Err(e) => {
+                return Err(DevicePlan::Done(Err(Error::from_io(
+                    self.path(rel.as_str()),
+                    io_err(e),
+                ))));
+            }
+        };
+        let io_error =
+            |e: std::io::Error| DevicePlan::Done(Err(Error::from_io(self.path(rel.as_str()), e)));
+        // An aligned buffer, so that O_DIRECT descriptors work too.
+        let mut head = self.bufs.take(PAYLOAD_OFFSET as usize);
+        let n = read_full(fd.as_fd(), 0, &mut [IoSliceMut::new(&mut head)]).map_err(io_error)?;
+        let header = match check_head(key, &head[..n]) {
+            Ok(h) => h,
+            Err(reason) => {
+                return Err(DevicePlan::Done(Ok(
+                    self.corrupt(&key.hash, rel, &fd, None, reason)
+                )));
+            }
+        };
+        let size = rustix::fs::fstat(&fd)
+            .map_err(|e| io_error(io_err(e)))?
+            .st_size as u64;
+        if size != header.file_len() {
+            let reason = format!("file is {size} bytes, header says {}", header.file_len());
+            return Err(DevicePlan::Done(Ok(
+                self.corrupt(&key.hash, rel, &fd, None, reason)
+            )));
+        }
+        let block = Arc::new(OpenBlock {
+            engine: self.engine.clone(),
+            fd,
+            header,
+            verified: AtomicBool::new(false),
+        });
+        self.fds.insert(key.hash, block.clone());
+        Ok(block)
+    }
+}

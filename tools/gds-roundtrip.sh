@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The GDS round trip on a GPU machine: blocks from GPU memory to files and back through the
+# nixl engine (NIXL GDS_MT, else GDS), checked byte for byte (tools/gds-roundtrip/main.rs).
+#
+# Needs: an NVIDIA GPU and driver (libcuda.so.1), and the NIXL and CUDA libraries in .nixl/lib
+# (tools/fetch-nixl.sh --gpu, run where PyPI is reachable). Without the nvidia-fs kernel module
+# cuFile runs in compat mode (POSIX I/O through bounce buffers), which this script allows in
+# the cufile.json it writes; with nvidia-fs, GDS moves the bytes by DMA.
+#
+# usage: tools/gds-roundtrip.sh [DIR] [-- gds-roundtrip options]
+#   DIR: a directory on the filesystem to test (default: a temporary one under /tmp).
+#   GDS_BIN: a prebuilt gds-roundtrip binary (for a machine without a Rust toolchain; build
+#   it with `cargo build --release --features tools,nixl --bin gds-roundtrip`).
+#   Prints the tool's JSON (backend used, rates); exit status 0 when every block matched.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR=${1:-}; [ $# -gt 0 ] && shift; [ "${1:-}" = -- ] && shift
+BIN=${GDS_BIN:-target/release/gds-roundtrip}
+if [ ! -x "$BIN" ]; then
+  cargo build --release --quiet --features tools,nixl --bin gds-roundtrip
+fi
+bash tools/fetch-nixl.sh --gpu
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+if lsmod 2>/dev/null | grep -q '^nvidia_fs'; then echo "nvidia-fs: loaded (GDS DMA)"; else echo "nvidia-fs: absent (cuFile compat mode)"; fi
+W=$(mktemp -d /tmp/tierkv-gds.XXXXXX); trap 'rm -rf "$W"' EXIT
+cat > "$W/cufile.json" <<JSON
+{
+  "logging": { "dir": "$W", "level": "ERROR" },
+  "properties": {
+    "allow_compat_mode": true,
+    "io_batchsize": 128,
+    "max_direct_io_size_kb": 16384,
+    "per_buffer_cache_size_kb": 1024,
+    "max_device_cache_size_kb": 131072
+  }
+}
+JSON
+export CUFILE_ENV_PATH_JSON="$W/cufile.json"
+[ -n "$DIR" ] || DIR="$W/store"
+status=0
+RUST_LOG=${RUST_LOG:-info} "$BIN" --dir "$DIR" "$@" || status=$?
+if [ $status != 0 ] && [ -f "$W/cufile.log" ]; then
+  echo "--- cufile.log"; tail -50 "$W/cufile.log"
+fi
+exit $status
