@@ -49,7 +49,11 @@ async fn foyer_open(dir: &Path, capacity: usize) -> HybridCache<u64, Vec<u8>> {
 
 /// Inserts `keys` and waits until foyer has written them. foyer drops inserts beyond its
 /// flush buffers without an error, so batches stay well under a block; callers check.
-async fn foyer_put(cache: &HybridCache<u64, Vec<u8>>, keys: impl Iterator<Item = u64>, data: &[u8]) {
+async fn foyer_put(
+    cache: &HybridCache<u64, Vec<u8>>,
+    keys: impl Iterator<Item = u64>,
+    data: &[u8],
+) {
     let per_wait = (FOYER_BLOCK / 2 / (data.len() + 4096)).max(1);
     let mut pending = 0;
     for k in keys {

@@ -15,15 +15,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-1000}; SECS=${2:-4}
-command -v fio >/dev/null || { apt-get update -qq && apt-get install -y -qq fio >/dev/null; }
-NIXL=0
-if [ -e .nixl/lib/libnixl_capi.so ] || [ -n "${TIERKV_NIXL_DIR:-}" ]; then NIXL=1; fi
-if [ $NIXL = 1 ]; then
-  cargo build --release --quiet --features nixl --bin tierkv-bench
-else
-  cargo build --release --quiet --bin tierkv-bench
-fi
-B=target/release/tierkv-bench
+. tools/bench-common.sh
+need_fio
+build_bench
 W=$(mktemp -d /tmp/tierkv-engines.XXXXXX); trap 'rm -rf "$W"' EXIT
 mibs() { python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["errors"] == 0 and d["misses"] == 0, d; print("%.0f" % (d["bw_bytes_per_sec"] / 1048576))'; }
 fio_mibs() { python3 -c "import json,sys; t=sys.stdin.read(); print('%.0f' % (json.loads(t[t.index('{'):])['jobs'][0]['$1']['bw_bytes'] / 1048576))"; }

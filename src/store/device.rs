@@ -20,13 +20,13 @@ use rustix::fs::Mode;
 use rustix::io::Errno;
 
 use super::fdcache::OpenBlock;
-use super::read::check_head;
+use super::read::{check_head, count_mismatch};
 use super::{Counters, Inner, Lookup, Store, VerifyMode, io_err};
 use crate::buf::DeviceMem;
 use crate::engine::{IoRequest, read_full};
 use crate::error::{Error, Result};
 use crate::format::PAYLOAD_OFFSET;
-use crate::key::{BlockHash, BlockKey};
+use crate::key::BlockKey;
 
 impl Store {
     /// Reads a batch of blocks into GPU memory; one result per key, in order, as
@@ -36,11 +36,7 @@ impl Store {
     pub fn get_many_device(&self, keys: &[BlockKey], bufs: &[DeviceMem]) -> Vec<Result<Lookup>> {
         let started = std::time::Instant::now();
         let results = self.inner.get_device(keys, bufs);
-        let c = &self.inner.counters;
-        c.get_latency.record(started.elapsed());
-        for e in results.iter().filter_map(|r| r.as_ref().err()) {
-            c.error(e);
-        }
+        self.inner.record_get(started, &results);
         results
     }
 
@@ -80,39 +76,20 @@ impl Inner {
                 .map(|_| Err(self.device_unsupported()))
                 .collect();
         }
-        if keys.len() != bufs.len() {
-            return keys
-                .iter()
-                .map(|_| {
-                    Err(Error::Config(format!(
-                        "get_many_device got {} keys and {} buffers",
-                        keys.len(),
-                        bufs.len()
-                    )))
-                })
-                .collect();
+        if let Some(e) = count_mismatch("get_many_device", keys, bufs.len()) {
+            return e;
         }
-        // As the host path: present keys are pinned for the batch, others are misses.
-        let valid: Vec<Result<()>> = keys.iter().map(|k| self.check_key(k)).collect();
-        let to_pin: Vec<&BlockHash> = keys
+        let (present, pinned) = self.pin_batch(keys);
+        let plans: Vec<DevicePlan> = keys
             .iter()
-            .zip(&valid)
-            .filter(|(_, v)| v.is_ok())
-            .map(|(k, _)| &k.hash)
-            .collect();
-        let mut present = self.index.pin_present(&to_pin).into_iter();
-        let mut pinned: Vec<BlockHash> = Vec::with_capacity(keys.len());
-        let mut plans: Vec<DevicePlan> = Vec::with_capacity(keys.len());
-        for ((k, v), b) in keys.iter().zip(valid).zip(bufs) {
-            plans.push(match v {
+            .zip(present)
+            .zip(bufs)
+            .map(|((k, p), b)| match p {
                 Err(e) => DevicePlan::Done(Err(e)),
-                Ok(()) if present.next() == Some(true) => {
-                    pinned.push(k.hash);
-                    self.plan_device_read(k, b.len())
-                }
-                Ok(()) => DevicePlan::Done(Ok(Lookup::Miss)),
-            });
-        }
+                Ok(true) => self.plan_device_read(k, b.len()),
+                Ok(false) => DevicePlan::Done(Ok(Lookup::Miss)),
+            })
+            .collect();
 
         let mut owners = Vec::with_capacity(keys.len());
         let io_results = {
@@ -156,21 +133,7 @@ impl Inner {
                 }
             });
         }
-        let c = &self.counters;
-        let mut hits = Vec::with_capacity(keys.len());
-        for (k, r) in keys.iter().zip(&results) {
-            match r {
-                Ok(Lookup::Hit(n)) => {
-                    Counters::add(&c.hits, 1);
-                    Counters::add(&c.bytes_read, *n as u64);
-                    hits.push(k.hash);
-                }
-                Ok(Lookup::Miss) => Counters::add(&c.misses, 1),
-                Err(_) => Counters::add(&c.read_errors, 1),
-            }
-        }
-        self.index.record_hits(&hits);
-        self.index.unpin(&pinned);
+        self.end_batch(keys, &results, &pinned);
         results
     }
 
@@ -178,33 +141,10 @@ impl Inner {
     /// its payload through the host when the verify mode asks for it.
     fn plan_device_read(&self, key: &BlockKey, buf_len: usize) -> DevicePlan {
         let rel = self.layout.rel_path(&key.hash);
-        let mut block = None;
-        if let Some(b) = self.fds.get(&key.hash) {
-            match rustix::fs::fstat(&b.fd) {
-                Ok(st) if st.st_nlink > 0 && st.st_size as u64 != b.header.file_len() => {
-                    let reason = format!(
-                        "file is {} bytes, header says {}",
-                        st.st_size,
-                        b.header.file_len()
-                    );
-                    return DevicePlan::Done(Ok(self.corrupt(
-                        &key.hash,
-                        &rel,
-                        &b.fd,
-                        Some(&b),
-                        reason,
-                    )));
-                }
-                Ok(st) if st.st_nlink > 0 => {
-                    Counters::add(&self.counters.fd_hits, 1);
-                    block = Some(b);
-                }
-                _ => self.fds.invalidate_if(&key.hash, &b),
-            }
-        }
-        let block = match block {
-            Some(b) => b,
-            None => {
+        let block = match self.cached_block(key) {
+            Err(miss) => return DevicePlan::Done(Ok(miss)),
+            Ok(Some(b)) => b,
+            Ok(None) => {
                 Counters::add(&self.counters.fd_misses, 1);
                 match self.open_device_block(key, &rel) {
                     Ok(b) => b,

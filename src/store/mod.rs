@@ -431,11 +431,7 @@ impl Store {
     ) -> Vec<Result<Lookup>> {
         let started = std::time::Instant::now();
         let results = self.inner.get_batch(keys, bufs);
-        let c = &self.inner.counters;
-        c.get_latency.record(started.elapsed());
-        for e in results.iter().filter_map(|r| r.as_ref().err()) {
-            c.error(e);
-        }
+        self.inner.record_get(started, &results);
         results
     }
 
@@ -505,6 +501,14 @@ fn resolve_layout(dir: &Path, wanted: Option<Layout>) -> Result<Layout> {
 }
 
 impl Inner {
+    /// Records a get call's latency and its errors by kind.
+    fn record_get(&self, started: std::time::Instant, results: &[Result<Lookup>]) {
+        self.counters.get_latency.record(started.elapsed());
+        for e in results.iter().filter_map(|r| r.as_ref().err()) {
+            self.counters.error(e);
+        }
+    }
+
     fn check_key(&self, key: &BlockKey) -> Result<()> {
         if key.worker != self.worker {
             return Err(Error::invalid_key(format!(

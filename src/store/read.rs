@@ -45,6 +45,24 @@ pub(super) fn check_head(key: &BlockKey, head: &[u8]) -> std::result::Result<Hea
     Ok(header)
 }
 
+/// The error of every key of a batch whose keys and buffers do not pair up, if they don't.
+pub(super) fn count_mismatch(
+    call: &str,
+    keys: &[BlockKey],
+    nbufs: usize,
+) -> Option<Vec<Result<Lookup>>> {
+    (keys.len() != nbufs).then(|| {
+        keys.iter()
+            .map(|_| {
+                Err(Error::Config(format!(
+                    "{call} got {} keys and {nbufs} buffers",
+                    keys.len()
+                )))
+            })
+            .collect()
+    })
+}
+
 impl Inner {
     /// Reads a batch; see [`Store::get_many`](super::Store::get_many).
     pub(super) fn get_batch<B: AsMut<[u8]>>(
@@ -52,39 +70,19 @@ impl Inner {
         keys: &[BlockKey],
         bufs: &mut [B],
     ) -> Vec<Result<Lookup>> {
-        if keys.len() != bufs.len() {
-            return keys
-                .iter()
-                .map(|_| {
-                    Err(Error::Config(format!(
-                        "get_many got {} keys and {} buffers",
-                        keys.len(),
-                        bufs.len()
-                    )))
-                })
-                .collect();
+        if let Some(e) = count_mismatch("get_many", keys, bufs.len()) {
+            return e;
         }
-        // Keys of this worker that the index holds are pinned for the duration of the batch:
-        // eviction skips them. Others are misses without a system call.
-        let valid: Vec<Result<()>> = keys.iter().map(|k| self.check_key(k)).collect();
-        let to_pin: Vec<&BlockHash> = keys
-            .iter()
-            .zip(&valid)
-            .filter(|(_, v)| v.is_ok())
-            .map(|(k, _)| &k.hash)
-            .collect();
-        let mut present = self.index.pin_present(&to_pin).into_iter();
-        let mut pinned: Vec<BlockHash> = Vec::with_capacity(keys.len());
+        let (present, pinned) = self.pin_batch(keys);
         let mut plans: Vec<ReadPlan> = Vec::with_capacity(keys.len());
-        for ((k, v), b) in keys.iter().zip(valid).zip(bufs.iter_mut()) {
-            plans.push(match v {
+        for ((k, p), b) in keys.iter().zip(present).zip(bufs.iter_mut()) {
+            plans.push(match p {
                 Err(e) => ReadPlan::Done(Err(e)),
-                Ok(()) if present.next() == Some(true) => {
-                    pinned.push(k.hash);
+                Ok(true) => {
                     let b = b.as_mut();
                     self.plan_read(k, b.len(), b.as_ptr() as usize)
                 }
-                Ok(()) => ReadPlan::Done(Ok(Lookup::Miss)),
+                Ok(false) => ReadPlan::Done(Ok(Lookup::Miss)),
             });
         }
 
@@ -157,9 +155,49 @@ impl Inner {
             .into_iter()
             .map(|r| r.expect("every key has a result"))
             .collect();
+        self.end_batch(keys, &results, &pinned);
+        results
+    }
+
+    /// Starts a get batch: per key, an invalid key's error, or whether the index holds it.
+    /// Keys it holds are pinned for the batch (eviction skips them) and returned to be
+    /// unpinned by [`Inner::end_batch`]; others are misses without a system call.
+    pub(super) fn pin_batch(&self, keys: &[BlockKey]) -> (Vec<Result<bool>>, Vec<BlockHash>) {
+        let valid: Vec<Result<()>> = keys.iter().map(|k| self.check_key(k)).collect();
+        let to_pin: Vec<&BlockHash> = keys
+            .iter()
+            .zip(&valid)
+            .filter(|(_, v)| v.is_ok())
+            .map(|(k, _)| &k.hash)
+            .collect();
+        let mut present = self.index.pin_present(&to_pin).into_iter();
+        let mut pinned = Vec::with_capacity(keys.len());
+        let found = keys
+            .iter()
+            .zip(valid)
+            .map(|(k, v)| {
+                v.map(|()| {
+                    let p = present.next() == Some(true);
+                    if p {
+                        pinned.push(k.hash);
+                    }
+                    p
+                })
+            })
+            .collect();
+        (found, pinned)
+    }
+
+    /// Ends a get batch: counts its outcomes, tells the policy about the hits, unpins.
+    pub(super) fn end_batch(
+        &self,
+        keys: &[BlockKey],
+        results: &[Result<Lookup>],
+        pinned: &[BlockHash],
+    ) {
         let c = &self.counters;
         let mut hits = Vec::with_capacity(keys.len());
-        for (k, r) in keys.iter().zip(&results) {
+        for (k, r) in keys.iter().zip(results) {
             match r {
                 Ok(Lookup::Hit(n)) => {
                     Counters::add(&c.hits, 1);
@@ -171,52 +209,64 @@ impl Inner {
             }
         }
         self.index.record_hits(&hits);
-        self.index.unpin(&pinned);
-        results
+        self.index.unpin(pinned);
+    }
+
+    /// The block's descriptor from the open-file cache, if it still names the block's file
+    /// (counted as a cache hit). A cached descriptor may name a file deleted or replaced
+    /// behind our back: its link count is then 0, the entry is dropped and `None` returned
+    /// (the path is looked up again). A file whose size changed in place is corrupt: removed,
+    /// and the miss returned as the error.
+    pub(super) fn cached_block(
+        &self,
+        key: &BlockKey,
+    ) -> std::result::Result<Option<Arc<OpenBlock>>, Lookup> {
+        let Some(block) = self.fds.get(&key.hash) else {
+            return Ok(None);
+        };
+        match rustix::fs::fstat(&block.fd) {
+            Ok(st) if st.st_nlink > 0 && st.st_size as u64 != block.header.file_len() => {
+                let rel = self.layout.rel_path(&key.hash);
+                let reason = format!(
+                    "file is {} bytes, header says {}",
+                    st.st_size,
+                    block.header.file_len()
+                );
+                Err(self.corrupt(&key.hash, &rel, &block.fd, Some(&block), reason))
+            }
+            Ok(st) if st.st_nlink > 0 => {
+                Counters::add(&self.counters.fd_hits, 1);
+                Ok(Some(block))
+            }
+            _ => {
+                self.fds.invalidate_if(&key.hash, &block);
+                Ok(None)
+            }
+        }
     }
 
     fn plan_read(&self, key: &BlockKey, buf_len: usize, buf_addr: usize) -> ReadPlan {
         if let Err(e) = self.check_key(key) {
             return ReadPlan::Done(Err(e));
         }
-        if let Some(block) = self.fds.get(&key.hash) {
-            // A cached descriptor may name a file that was deleted or replaced behind our
-            // back: its link count is then 0, and the path is looked up again.
-            match rustix::fs::fstat(&block.fd) {
-                Ok(st) if st.st_nlink > 0 && st.st_size as u64 != block.header.file_len() => {
-                    // Truncated or appended to in place behind the store's back.
-                    let rel = self.layout.rel_path(&key.hash);
-                    let reason = format!(
-                        "file is {} bytes, header says {}",
-                        st.st_size,
-                        block.header.file_len()
-                    );
-                    return ReadPlan::Done(Ok(self.corrupt(
-                        &key.hash,
-                        &rel,
-                        &block.fd,
-                        Some(&block),
-                        reason,
-                    )));
+        match self.cached_block(key) {
+            Err(miss) => return ReadPlan::Done(Ok(miss)),
+            Ok(Some(block)) => {
+                let need = block.header.payload_len as usize;
+                if need > buf_len {
+                    return ReadPlan::Done(Err(Error::BufferTooSmall {
+                        key: key.to_string(),
+                        need,
+                        have: buf_len,
+                    }));
                 }
-                Ok(st) if st.st_nlink > 0 => {
-                    Counters::add(&self.counters.fd_hits, 1);
-                    let need = block.header.payload_len as usize;
-                    if need > buf_len {
-                        return ReadPlan::Done(Err(Error::BufferTooSmall {
-                            key: key.to_string(),
-                            need,
-                            have: buf_len,
-                        }));
-                    }
-                    // O_DIRECT straight into the caller's buffer when it is aligned and holds
-                    // the block rounded up to the alignment; else through a bounce buffer.
-                    let fits = buf_addr % DIRECT_ALIGN == 0 && buf_len >= align_up(need);
-                    let bounce = (self.direct && !fits).then(|| self.bufs.take(need));
-                    return ReadPlan::Cached { block, bounce };
-                }
-                _ => self.fds.invalidate_if(&key.hash, &block),
+                // O_DIRECT straight into the caller's buffer when it is aligned and holds the
+                // block rounded up to the alignment; else through a bounce buffer.
+                let fits = buf_addr % DIRECT_ALIGN == 0 && buf_len >= align_up(need);
+                let bounce = (self.direct && !fits).then(|| self.bufs.take(need));
+                return ReadPlan::Cached { block, bounce };
             }
+            Ok(None) => {}
         }
         Counters::add(&self.counters.fd_misses, 1);
         let rel = self.layout.rel_path(&key.hash);

@@ -95,7 +95,8 @@ struct Args {
     #[arg(long = "random_distribution", alias = "random-distribution", default_value = "random", value_parser = parse_distribution)]
     random_distribution: Distribution,
     /// Reads: drop the working set from the page cache first (posix_fadvise DONTNEED), to
-    /// measure cold reads.
+    /// measure cold reads. --rw metadata: a second read pass after dropping the kernel's
+    /// page, dentry and inode caches (root only).
     #[arg(long)]
     invalidate: bool,
     /// A progress bar on stderr: auto (when stderr is a terminal) or never.
