@@ -607,3 +607,104 @@ fn metadata_mode_measures_each_depth() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// Runs the bench and fails (killing it) if it has not finished within `secs`.
+fn run_json_within(args: &[&str], secs: u64) -> serde_json::Value {
+    let mut child = Command::new(BENCH)
+        .args(args)
+        .args(["--output-format", "json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed().as_secs() > secs {
+            child.kill().unwrap();
+            panic!("{args:?} did not finish in {secs} s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{args:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn job_splits_hold_at_the_edges() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    // More writing jobs than blocks, with an operation budget: the jobs without blocks end.
+    let w = run_json_within(
+        &[
+            "--dir",
+            d,
+            "--rw",
+            "write",
+            "--numjobs",
+            "4",
+            "--nblocks",
+            "2",
+            "--ops",
+            "10",
+            "--bs",
+            "4k",
+        ],
+        60,
+    );
+    assert_eq!(w["ops"], 10);
+    // Zipf keys for writes split between jobs stay inside each job's share.
+    let w = run_json_within(
+        &[
+            "--dir",
+            d,
+            "--rw",
+            "randwrite",
+            "--random_distribution",
+            "zipf:1.1",
+            "--numjobs",
+            "3",
+            "--nblocks",
+            "50",
+            "--ops",
+            "300",
+            "--bs",
+            "4k",
+        ],
+        60,
+    );
+    assert_eq!(
+        (w["ops"].as_u64(), w["errors"].as_u64()),
+        (Some(300), Some(0))
+    );
+    // Rank 0 of a --workers run and a plain run use the same blocks.
+    let fresh = tempfile::tempdir().unwrap();
+    let d = fresh.path().to_str().unwrap();
+    let w = run_json(&[
+        "--dir",
+        d,
+        "--rw",
+        "write",
+        "--workers",
+        "2",
+        "--nblocks",
+        "40",
+        "--bs",
+        "4k",
+    ]);
+    assert_eq!(w["workers"][1]["store"]["puts"], 40);
+    let r = run_json(&[
+        "--dir",
+        d,
+        "--rw",
+        "read",
+        "--nblocks",
+        "40",
+        "--bs",
+        "4k",
+        "--no-layout",
+    ]);
+    assert_eq!(
+        (r["hits"].as_u64(), r["misses"].as_u64()),
+        (Some(40), Some(0))
+    );
+}

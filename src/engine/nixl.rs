@@ -6,8 +6,8 @@
 //! GPU memory ([`IoKind::ReadDevice`], [`IoKind::WriteDevice`]) moves through NIXL's GDS_MT
 //! backend (else GDS; NIXL allows one of the two per agent), created on the first such
 //! request: VRAM descriptors carry the CUDA device index, transfers are pinned to that
-//! backend, and once it exists FILE registrations cover both backends (a deregistration
-//! removes a file from every backend). Host buffers stay on POSIX.
+//! backend; a file a GPU transfer uses is registered with both backends (a deregistration
+//! removes a file from every backend), others with POSIX alone. Host buffers stay on POSIX.
 //!
 //! Per batch: one FILE registration per request (offset 0 to the end of the transfer, the fd as
 //! device id) and one DRAM registration per buffer segment, one descriptor pair per segment,
@@ -181,9 +181,9 @@ pub struct NixlEngine {
     gds: std::sync::OnceLock<Result<(&'static str, Backend), String>>,
     /// NIXL serialises calls on an agent; one batch at a time keeps its queue simple.
     lock: Mutex<()>,
-    /// FILE registrations kept for descriptors in the store's open-file cache: (handle,
-    /// registered length), dropped (deregistered) by `forget_file` before the fd closes.
-    files: Mutex<std::collections::HashMap<RawFd, (RegistrationHandle, usize)>>,
+    /// FILE registrations kept for descriptors in the store's open-file cache, dropped
+    /// (deregistered) by `forget_file` before the fd closes.
+    files: Mutex<std::collections::HashMap<RawFd, KeptFile>>,
     /// DRAM registrations of recently used buffers, by (address, length): engines' block
     /// managers reuse a pool of buffers, so a hot read registers nothing. The POSIX backend
     /// neither pins nor maps DRAM (a registration is bookkeeping of address ranges), so a
@@ -193,6 +193,17 @@ pub struct NixlEngine {
     meta: Mutex<std::collections::HashMap<RawFd, bool>>,
     /// Registrations made, for the tests and the benchmark.
     registrations: std::sync::atomic::AtomicU64,
+}
+
+/// A FILE registration kept with a cached descriptor.
+#[derive(Debug)]
+struct KeptFile {
+    /// Deregisters on drop (from every backend).
+    _handle: RegistrationHandle,
+    /// Registered length, from offset 0.
+    len: usize,
+    /// Registered with the GPU-direct backend as well as POSIX.
+    gpu: bool,
 }
 
 /// DRAM registrations kept.
@@ -332,9 +343,6 @@ impl NixlEngine {
                 };
                 match self.agent.create_backend(name, &params) {
                     Ok(b) => {
-                        // FILE registrations kept so far belong to POSIX alone: drop them, so
-                        // that every file is registered again with both backends.
-                        self.files.lock().unwrap_or_else(|e| e.into_inner()).clear();
                         tracing::info!(backend = name, "NIXL GPU-direct backend created");
                         return Ok((name, b));
                     }
@@ -377,11 +385,7 @@ impl NixlEngine {
             BufferLocation::Dram => (&self.posix, MemType::Dram),
             BufferLocation::Vram { .. } => (self.gds()?, MemType::Vram),
         };
-        // Files are registered with every backend that may move them.
-        let file_backends: Vec<&Backend> = match self.gds.get() {
-            Some(Ok((_, g))) => vec![&self.posix, g],
-            _ => vec![&self.posix],
-        };
+        let gpu = local_mem == MemType::Vram;
         // Registrations live until the transfer completed (dropped at the end of this call).
         let mut regs: Vec<RegistrationHandle> = Vec::with_capacity(plan.local.len() + 1);
         if local_mem == MemType::Dram {
@@ -440,12 +444,34 @@ impl NixlEngine {
                 dev: fd as u64,
             };
             if !cached {
-                regs.push(self.register(&region, &file_backends)?);
-            } else if files.get(&fd).is_none_or(|(_, len)| *len < extent) {
-                // Registered once per open descriptor, kept until the store closes it.
-                files.remove(&fd);
-                let h = self.register(&region, &file_backends)?;
-                files.insert(fd, (h, extent));
+                // For this transfer only, with its backend alone.
+                regs.push(self.register(&region, &[backend])?);
+                continue;
+            }
+            // Registered once per open descriptor and kept until the store closes it: with
+            // POSIX, and with the GPU backend too once a GPU transfer used the file. A NIXL
+            // deregistration removes a file from every backend, so a registration that lacks
+            // what this transfer needs is dropped and made again with both.
+            let fits = files
+                .get(&fd)
+                .is_some_and(|k| k.len >= extent && (k.gpu || !gpu));
+            if !fits {
+                let had_gpu = files.remove(&fd).is_some_and(|k| k.gpu);
+                let with_gpu = gpu || had_gpu;
+                let backends: Vec<&Backend> = if with_gpu {
+                    vec![&self.posix, self.gds()?]
+                } else {
+                    vec![&self.posix]
+                };
+                let handle = self.register(&region, &backends)?;
+                files.insert(
+                    fd,
+                    KeptFile {
+                        _handle: handle,
+                        len: extent,
+                        gpu: with_gpu,
+                    },
+                );
             }
         }
         drop(files);

@@ -46,10 +46,16 @@ impl Store {
     /// and nothing is written.
     pub fn put_many_device(&self, items: &[(BlockKey, DeviceMem)]) -> Vec<Result<()>> {
         if !self.inner.engine.moves_device_memory() {
-            return items
+            let results: Vec<Result<()>> = items
                 .iter()
                 .map(|_| Err(self.inner.device_unsupported()))
                 .collect();
+            let c = &self.inner.counters;
+            Counters::add(&c.put_errors, results.len() as u64);
+            for e in results.iter().filter_map(|r| r.as_ref().err()) {
+                c.error(e);
+            }
+            return results;
         }
         self.inner.put_with_retry(items, true)
     }

@@ -438,17 +438,16 @@ fn run(args: &Args) -> Result<(), BoxError> {
         return replay::report_replay(args, &store, &root, &r);
     }
 
-    // Without --workers: one store, keys of its own. With --workers N: N stores (worker ids 0
-    // to N-1) on one root, all with the same block hashes, as tensor-parallel ranks store
+    // Without --workers: one store. With --workers N: N stores (worker ids 0 to N-1) on one
+    // root, all with the same block hashes (those of --worker, default 0, so rank 0 of a
+    // --workers run and a plain run use the same blocks), as tensor-parallel ranks store
     // their shards of one block.
-    let (ids, namespace) = match args.workers {
-        None => (vec![args.worker.clone()], args.worker.as_str().to_owned()),
-        Some(n) => (
-            (0..n)
-                .map(|r| WorkerId::new(&r.to_string()))
-                .collect::<Result<Vec<_>, _>>()?,
-            "tp".to_owned(),
-        ),
+    let namespace = args.worker.as_str().to_owned();
+    let ids = match args.workers {
+        None => vec![args.worker.clone()],
+        Some(n) => (0..n)
+            .map(|r| WorkerId::new(&r.to_string()))
+            .collect::<Result<Vec<_>, _>>()?,
     };
     let mut ranks = Vec::with_capacity(ids.len());
     for id in &ids {
@@ -498,10 +497,6 @@ fn run(args: &Args) -> Result<(), BoxError> {
             .map(|n| std::sync::atomic::AtomicI64::new(n.min(i64::MAX as u64) as i64)),
         progress,
     };
-    let zipf = match args.random_distribution {
-        Distribution::Zipf(theta) => Some(Zipf::new(nblocks as usize, theta)),
-        Distribution::Random => None,
-    };
     let before: Vec<StoreStats> = ranks.iter().map(|r| r.store.stats()).collect();
     let jobs = parallel(ranks.len() * args.numjobs, |j| {
         let rank = &ranks[j / args.numjobs];
@@ -520,7 +515,6 @@ fn run(args: &Args) -> Result<(), BoxError> {
             args,
             j as u64,
             &budget,
-            zipf.as_ref(),
         )
     });
     budget.progress.finish_and_clear();
@@ -620,14 +614,23 @@ fn run_job(
     args: &Args,
     job: u64,
     budget: &Budget,
-    zipf: Option<&Zipf>,
 ) -> Run {
+    let mut run = Run::empty();
+    if keys.is_empty() {
+        // More writing jobs than blocks: nothing of its own to do.
+        return run;
+    }
+    // Zipf over this job's keys (all of them for reads, its share for writes).
+    let zipf = match args.random_distribution {
+        Distribution::Zipf(theta) => Some(Zipf::new(keys.len(), theta)),
+        Distribution::Random => None,
+    };
+    let zipf = zipf.as_ref();
     // Page-aligned, as engines' buffer pools are (and as fio's are): copies into misaligned
     // buffers run several times slower.
     let mut bufs: Vec<AlignedBuf> = (0..args.iodepth).map(|_| AlignedBuf::zeroed(bs)).collect();
     let mut datas: Vec<Vec<u8>> = (0..args.iodepth).map(|_| vec![0xA5u8; bs]).collect();
     let mut rng = fastrand::Rng::with_seed(0x7165_726b + job);
-    let mut run = Run::empty();
     let start = Instant::now();
     let mut order: Vec<usize> = (0..keys.len()).collect();
     let mut batch_idx: Vec<usize> = Vec::with_capacity(args.iodepth);

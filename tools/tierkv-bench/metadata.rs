@@ -31,6 +31,15 @@ struct Tally {
 }
 
 impl Tally {
+    /// Checks that a phase visited every block exactly once.
+    fn visited(self, phase: &str, n: u64) -> Result<Tally, BoxError> {
+        let seen = self.ok + self.missing + self.errors;
+        if seen != n {
+            return Err(format!("{phase}: {seen} blocks visited, not {n}").into());
+        }
+        Ok(self)
+    }
+
     fn add(&mut self, o: &Tally) {
         self.ok += o.ok;
         self.missing += o.missing;
@@ -146,7 +155,10 @@ fn one_depth(
         }
         tally
     });
-    bad.add(&Tally { ok: 0, ..t });
+    bad.add(&Tally {
+        ok: 0,
+        ..t.visited("create", nblocks)?
+    });
     drop(store);
 
     let start = Instant::now();
@@ -156,7 +168,7 @@ fn one_depth(
 
     let (lookup, t) = timed(jobs, |j| {
         let mut tally = Tally::default();
-        let order = shuffled(keys.len(), j);
+        let order = shuffled(keys.len(), 0);
         let (a, b) = split(order.len(), j, jobs);
         for chunk in order[a..b].chunks(args.iodepth) {
             let batch: Vec<BlockKey> = chunk.iter().map(|&i| keys[i].clone()).collect();
@@ -173,14 +185,17 @@ fn one_depth(
         }
         tally
     });
-    bad.add(&Tally { ok: 0, ..t });
+    bad.add(&Tally {
+        ok: 0,
+        ..t.visited("lookup", nblocks)?
+    });
 
     let read_all = |seed: usize| {
         timed(jobs, |j| {
             let mut tally = Tally::default();
             let mut bufs: Vec<AlignedBuf> =
                 (0..args.iodepth).map(|_| AlignedBuf::zeroed(bs)).collect();
-            let order = shuffled(keys.len(), seed + j);
+            let order = shuffled(keys.len(), seed);
             let (a, b) = split(order.len(), j, jobs);
             for chunk in order[a..b].chunks(args.iodepth) {
                 let batch: Vec<BlockKey> = chunk.iter().map(|&i| keys[i].clone()).collect();
@@ -199,11 +214,17 @@ fn one_depth(
         })
     };
     let (read, t) = read_all(1000);
-    bad.add(&Tally { ok: 0, ..t });
+    bad.add(&Tally {
+        ok: 0,
+        ..t.visited("read", nblocks)?
+    });
     let cold_read = if args.invalidate {
         drop_caches()?;
         let (d, t) = read_all(2000);
-        bad.add(&Tally { ok: 0, ..t });
+        bad.add(&Tally {
+            ok: 0,
+            ..t.visited("cold read", nblocks)?
+        });
         Some(d)
     } else {
         None
@@ -225,7 +246,8 @@ fn split(len: usize, j: usize, n: usize) -> (usize, usize) {
     (len * j / n, len * (j + 1) / n)
 }
 
-/// `0..len` in a random order seeded by `seed`.
+/// `0..len` in a random order seeded by `seed`: every job draws the same order and takes its
+/// share of it, so that each block is visited once.
 fn shuffled(len: usize, seed: usize) -> Vec<usize> {
     let mut v: Vec<usize> = (0..len).collect();
     fastrand::Rng::with_seed(0x6d65_7461 + seed as u64).shuffle(&mut v);

@@ -135,6 +135,7 @@ pub(crate) fn report(
                         "errors": r.run.read.errors + r.run.write.errors,
                         "read": dir_json(&r.run.read, s),
                         "write": dir_json(&r.run.write, s),
+                        "store": r.after,
                     })
                 })
                 .collect();
@@ -168,6 +169,7 @@ pub(crate) fn report(
                              "evictions": fd_evictions},
                 "lat_us": lat_json(&all),
                 "workers": workers,
+                // Worker 0's counters (each worker's are in `workers`).
                 "store": ranks[0].after,
             });
             writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
