@@ -2,11 +2,13 @@
 //!
 //! Entries are `Arc`s: evicting an entry drops the cache's reference, and the descriptor is
 //! closed when the last reader using it drops its own. The capacity adapts down when the
-//! process meets its open-file limit (EMFILE/ENFILE).
+//! process meets its open-file limit (EMFILE/ENFILE), and grows back by steps while the limit
+//! is not met again (descriptors the rest of the process held may have been closed since).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use lru::LruCache;
 
@@ -37,6 +39,9 @@ impl Drop for OpenBlock {
 
 type Shard = Mutex<LruCache<BlockHash, Arc<OpenBlock>>>;
 
+/// How long a shrunk cache keeps its capacity before growing a step.
+const REGROW_AFTER: Duration = Duration::from_secs(10);
+
 /// Counters the cache keeps itself.
 #[derive(Debug, Default)]
 pub(crate) struct FdCacheCounters {
@@ -50,8 +55,14 @@ pub(crate) struct FdCacheCounters {
 #[derive(Debug)]
 pub(crate) struct FdCache {
     shards: Box<[Shard]>,
-    /// Entries allowed in all (0 disables the cache).
+    /// Entries allowed in all now (0: nothing is kept).
     cap: AtomicUsize,
+    /// The configured capacity, which a shrunk cache grows back to.
+    max_cap: usize,
+    /// When the capacity last changed after an EMFILE (a shrink or a step back up).
+    last_change: Mutex<Option<Instant>>,
+    /// How long the capacity stays put after a change before it grows a step.
+    regrow_after: Duration,
     /// Entries held in all.
     len: AtomicUsize,
     pub counters: FdCacheCounters,
@@ -60,12 +71,20 @@ pub(crate) struct FdCache {
 impl FdCache {
     /// A cache of `capacity` descriptors (0 disables it).
     pub fn new(capacity: usize) -> Self {
+        Self::with_regrow(capacity, REGROW_AFTER)
+    }
+
+    /// As `new`, growing back `regrow_after` after each shrink or step.
+    fn with_regrow(capacity: usize, regrow_after: Duration) -> Self {
         // One shard per 256 entries, at most 16, so small caches stay exact LRUs.
         let n = (capacity / 256).clamp(1, 16).next_power_of_two().min(16);
         let shards = (0..n).map(|_| Mutex::new(LruCache::unbounded())).collect();
         FdCache {
             shards,
             cap: AtomicUsize::new(capacity),
+            max_cap: capacity,
+            last_change: Mutex::new(None),
+            regrow_after,
             len: AtomicUsize::new(0),
             counters: FdCacheCounters::default(),
         }
@@ -82,7 +101,25 @@ impl FdCache {
 
     /// True when caching is disabled.
     pub fn is_disabled(&self) -> bool {
-        self.capacity() == 0
+        self.max_cap == 0
+    }
+
+    /// The capacity, after growing it a step (an eighth of the configured capacity) if it was
+    /// shrunk and has not changed for `regrow_after`.
+    fn regrown_capacity(&self) -> usize {
+        let cap = self.capacity();
+        if cap >= self.max_cap {
+            return cap;
+        }
+        let mut last = self.last_change.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|t| t.elapsed() < self.regrow_after) {
+            return self.capacity();
+        }
+        let grown = (self.capacity() + self.max_cap / 8 + 1).min(self.max_cap);
+        self.cap.store(grown, Ordering::Relaxed);
+        *last = Some(Instant::now());
+        tracing::debug!(capacity = grown, "open-file cache growing back");
+        grown
     }
 
     /// Entries held now.
@@ -101,7 +138,7 @@ impl FdCache {
     /// Inserts (or replaces) the entry for `hash`, evicting the least recently used entries
     /// over capacity. Evicted descriptors close outside the lock, once no reader holds them.
     pub fn insert(&self, hash: BlockHash, block: Arc<OpenBlock>) {
-        let cap = self.capacity();
+        let cap = self.regrown_capacity();
         if cap == 0 {
             return;
         }
@@ -154,6 +191,7 @@ impl FdCache {
         let held = self.len();
         let new_cap = held * 3 / 4;
         self.cap.store(new_cap, Ordering::Relaxed);
+        *self.last_change.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         self.counters.shrinks.fetch_add(1, Ordering::Relaxed);
         let mut evicted = Vec::new();
         'outer: while self.len() > new_cap {
@@ -254,5 +292,32 @@ mod tests {
         let b = c.get(&h(199));
         c.invalidate(&h(199));
         assert!(b.is_none() || c.get(&h(199)).is_none());
+    }
+
+    #[test]
+    fn a_shrunk_cache_grows_back_by_steps() {
+        // Right away (no wait between steps), for the test.
+        let c = FdCache::with_regrow(800, Duration::ZERO);
+        for i in 0..200u8 {
+            c.insert(h(i), block());
+        }
+        c.shrink();
+        assert_eq!(c.capacity(), 150);
+        // Each insert after the wait grows the capacity by an eighth of 800, up to 800.
+        c.insert(h(200), block());
+        assert_eq!(c.capacity(), 251);
+        for i in 0..20u8 {
+            c.insert(h(i), block());
+        }
+        assert_eq!(c.capacity(), 800);
+        // With the usual wait, a shrink holds.
+        let c = FdCache::new(800);
+        for i in 0..100u8 {
+            c.insert(h(i), block());
+        }
+        c.shrink();
+        c.insert(h(100), block());
+        assert_eq!(c.capacity(), 75);
+        assert!(c.len() <= 75);
     }
 }
