@@ -708,3 +708,46 @@ fn job_splits_hold_at_the_edges() {
         (Some(40), Some(0))
     );
 }
+
+#[test]
+fn a_bounded_run_reports_evictions() {
+    let run = |format: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new(BENCH)
+            .args([
+                "--dir",
+                dir.path().to_str().unwrap(),
+                "--rw",
+                "randwrite",
+                "--nblocks",
+                "100",
+            ])
+            .args([
+                "--bs",
+                "4k",
+                "--capacity-blocks",
+                "20",
+                "--output-format",
+                format,
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // Evicted down to the low watermark: every block written is either kept or evicted.
+    let w: serde_json::Value = serde_json::from_str(&run("json")).unwrap();
+    assert_eq!(w["errors"], 0);
+    let evicted = w["evictions"].as_u64().unwrap();
+    assert!(evicted >= 80, "{}", w["store"]);
+    assert_eq!(evicted + w["store"]["used_files"].as_u64().unwrap(), 100);
+    let text = run("normal");
+    let n: u64 = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("puts="))
+        .and_then(|l| l.split("evictions=").nth(1))
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(n >= 80, "{text}");
+}

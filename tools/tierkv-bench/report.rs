@@ -110,6 +110,8 @@ pub(crate) fn report(
     let fd_hits = delta(|s| s.fd_cache_hits);
     let fd_misses = delta(|s| s.fd_cache_misses);
     let fd_evictions = delta(|s| s.fd_cache_evictions);
+    let evictions = delta(|s| s.evictions);
+    let not_admitted = delta(|s| s.not_admitted);
     let fd_capacity = ranks[0].after.fd_cache_capacity;
     let fd_ratio = if fd_hits + fd_misses > 0 {
         fd_hits as f64 / (fd_hits + fd_misses) as f64
@@ -163,6 +165,8 @@ pub(crate) fn report(
                 "misses": run.misses,
                 "errors": errors,
                 "corrupt": corrupt,
+                "evictions": evictions,
+                "not_admitted": not_admitted,
                 "read": dir_json(&run.read, secs),
                 "write": dir_json(&run.write, secs),
                 "fd_cache": {"hits": fd_hits, "misses": fd_misses, "hit_ratio": fd_ratio,
@@ -214,7 +218,7 @@ pub(crate) fn report(
             if writes {
                 writeln!(
                     out,
-                    "  puts={} put-errors={} bytes-written={}",
+                    "  puts={} put-errors={} bytes-written={} evictions={evictions} not-admitted={not_admitted}",
                     run.write.ops - run.write.errors,
                     run.write.errors,
                     run.write.bytes
