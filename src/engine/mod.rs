@@ -204,9 +204,12 @@ pub enum PosixQueue {
     Default,
     /// Linux native AIO (libaio): backend parameter `use_aio`.
     Libaio,
-    /// io_uring (liburing): `use_uring`.
+    /// io_uring (liburing): `use_uring`. NIXL 1.5 can report a failed transfer on this queue
+    /// while other I/Os of it still run, and offers no way to wait for them: the engine then
+    /// aborts the process rather than return with I/O in flight into borrowed buffers. For
+    /// benchmarks; libaio reports failures only once a transfer has drained.
     Uring,
-    /// POSIX AIO (glibc's threads): `use_posix_aio`.
+    /// POSIX AIO (glibc's threads): `use_posix_aio`. As `Uring`: a failed transfer aborts.
     PosixAio,
 }
 

@@ -176,6 +176,8 @@ pub struct NixlEngine {
     name: String,
     /// The POSIX backend: host memory.
     posix: Backend,
+    /// The POSIX backend's queue.
+    posix_queue: super::PosixQueue,
     /// The GPU-direct backend (name, handle), created on the first device request, or why it
     /// could not be.
     gds: std::sync::OnceLock<Result<(&'static str, Backend), String>>,
@@ -190,7 +192,7 @@ pub struct NixlEngine {
     /// kept registration of memory the caller has since freed is never dereferenced.
     dram: Mutex<lru::LruCache<(usize, usize), RegistrationHandle>>,
     /// `O_DIRECT` mode of cached descriptors.
-    meta: Mutex<std::collections::HashMap<RawFd, bool>>,
+    meta: Mutex<std::collections::HashMap<RawFd, rustix::fs::OFlags>>,
     /// Registrations made, for the tests and the benchmark.
     registrations: std::sync::atomic::AtomicU64,
 }
@@ -292,6 +294,7 @@ impl NixlEngine {
             agent,
             name,
             posix,
+            posix_queue: cfg.posix_queue,
             gds: std::sync::OnceLock::new(),
             lock: Mutex::new(()),
             files: Mutex::new(std::collections::HashMap::new()),
@@ -401,8 +404,12 @@ impl NixlEngine {
                         },
                         &[&self.posix],
                     )?;
-                    // An evicted registration is dropped (deregistered) here.
-                    dram.put((addr, len), h);
+                    // The registration this one evicts from the LRU may belong to a segment
+                    // of this very batch (batches of more than DRAM_REGISTRATIONS_KEPT
+                    // segments): it lives until the transfer has completed.
+                    if let Some((_, evicted)) = dram.push((addr, len), h) {
+                        regs.push(evicted);
+                    }
                 }
             }
         } else {
@@ -475,37 +482,79 @@ impl NixlEngine {
             }
         }
         drop(files);
-        let mut local = XferDescList::new(local_mem).map_err(|x| e("descriptor list", x))?;
-        let mut remote = XferDescList::new(MemType::File).map_err(|x| e("descriptor list", x))?;
-        for (&(a, l, d), &(o, rl, fd)) in plan.local.iter().zip(&plan.remote) {
-            local.add_desc(a, l, d);
-            remote.add_desc(o, rl, fd);
-        }
         let op = if write { XferOp::Write } else { XferOp::Read };
         let pin = opt_args(&[backend])?;
-        let req = self
-            .agent
-            .create_xfer_req(op, &local, &remote, &self.name, Some(&pin))
-            .map_err(|x| e("create transfer", x))?;
-        let mut pending = self
-            .agent
-            .post_xfer_req(&req, None)
-            .map_err(|x| e("post transfer", x))?;
-        while pending {
-            match self
+        // Chunks well under the POSIX backend's I/O pool (65,536): a request that does not
+        // fit is left half queued by NIXL 1.5, and a later transfer would submit the rest.
+        let idx: Vec<usize> = (0..plan.local.len()).collect();
+        for chunk in idx.chunks(MAX_DESCS_PER_TRANSFER) {
+            let mut local = XferDescList::new(local_mem).map_err(|x| e("descriptor list", x))?;
+            let mut remote =
+                XferDescList::new(MemType::File).map_err(|x| e("descriptor list", x))?;
+            for &i in chunk {
+                let ((a, l, d), (o, rl, fd)) = (plan.local[i], plan.remote[i]);
+                local.add_desc(a, l, d);
+                remote.add_desc(o, rl, fd);
+            }
+            let req = self
                 .agent
-                .get_xfer_status(&req)
-                .map_err(|x| e("transfer", x))?
-            {
-                XferStatus::Success => pending = false,
-                XferStatus::InProgress => std::hint::spin_loop(),
+                .create_xfer_req(op, &local, &remote, &self.name, Some(&pin))
+                .map_err(|x| e("create transfer", x))?;
+            let mut pending = match self.agent.post_xfer_req(&req, None) {
+                Ok(p) => p,
+                Err(x) => return Err(self.failed(req, "post transfer", x, false)),
+            };
+            while pending {
+                match self.agent.get_xfer_status(&req) {
+                    Ok(XferStatus::Success) => pending = false,
+                    Ok(XferStatus::InProgress) => std::hint::spin_loop(),
+                    Err(x) => {
+                        let drained = location == BufferLocation::Dram
+                            && matches!(
+                                self.posix_queue,
+                                super::PosixQueue::Default | super::PosixQueue::Libaio
+                            );
+                        return Err(self.failed(req, "transfer", x, drained));
+                    }
+                }
             }
         }
-        drop(req);
         drop(regs);
         Ok(())
     }
+
+    /// A transfer failed. Returns its error when NIXL guarantees that none of its I/O is in
+    /// flight any more (`drained`): NIXL 1.5's POSIX backend on libaio reports an error only
+    /// once the request's I/Os have completed. Otherwise (a failed post; POSIX on io_uring or
+    /// POSIX AIO, which report the first failure while other I/Os of the request may still
+    /// run; the GPU backends) NIXL gives no way to wait for them, and releasing the request
+    /// does not cancel them (ai-dynamo/nixl#1955): the kernel could still write buffers this
+    /// call only borrows after it returns. The process aborts then, as the io_uring engine
+    /// does when it cannot reap, rather than return unsoundly.
+    fn failed(
+        &self,
+        req: nixl_sys::XferRequest,
+        what: &str,
+        err: nixl_sys::NixlError,
+        drained: bool,
+    ) -> String {
+        if drained {
+            drop(req);
+            return format!("{what}: {err:?}");
+        }
+        tracing::error!(
+            queue = %self.posix_queue,
+            error = ?err,
+            "NIXL {what} failed with I/O possibly in flight into borrowed buffers; aborting"
+        );
+        // The queue still refers to the request: never release it.
+        std::mem::forget(req);
+        std::process::abort();
+    }
 }
+
+/// Descriptors per NIXL transfer request at most.
+const MAX_DESCS_PER_TRANSFER: usize = 4096;
 
 /// Where a request's memory is.
 fn location_of(r: &IoRequest<'_>) -> BufferLocation {
@@ -635,10 +684,29 @@ impl IoEngine for NixlEngine {
                         }
                     },
                 };
+                let flags = match self.fd_flags(r) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        results[i] = Some(Err(e));
+                        continue;
+                    }
+                };
+                // A descriptor that cannot do this transfer fails here, alone: NIXL would
+                // fail the whole post, with no way to wait for the rest of the batch.
+                let mode = flags & rustix::fs::OFlags::RWMODE;
+                let refused = if write {
+                    mode == rustix::fs::OFlags::RDONLY
+                } else {
+                    mode == rustix::fs::OFlags::WRONLY
+                };
+                if refused {
+                    results[i] = Some(Err(io::Error::from_raw_os_error(libc::EBADF)));
+                    continue;
+                }
                 // O_DIRECT descriptors need aligned host transfers (cuFile handles alignment
-                // of GPU ones itself). A descriptor's mode never changes; for cached ones it
-                // is looked up once (forgotten in forget_file).
-                let direct = location == BufferLocation::Dram && self.is_direct(r);
+                // of GPU ones itself).
+                let direct =
+                    location == BufferLocation::Dram && flags.contains(rustix::fs::OFlags::DIRECT);
                 let file_len = (!write).then_some(len);
                 idx.push(i);
                 reqs.push(PlanRequest {
@@ -690,30 +758,30 @@ impl IoEngine for NixlEngine {
 }
 
 impl NixlEngine {
-    /// Whether the request's descriptor was opened with `O_DIRECT`; remembered for cached
-    /// descriptors.
-    fn is_direct(&self, r: &IoRequest<'_>) -> bool {
+    /// The status flags of the request's descriptor (access mode, `O_DIRECT`); remembered for
+    /// cached descriptors, whose mode never changes.
+    fn fd_flags(&self, r: &IoRequest<'_>) -> io::Result<rustix::fs::OFlags> {
         let fd = r.fd.as_raw_fd();
-        let known = if r.cached {
-            self.meta
+        if r.cached {
+            let known = self
+                .meta
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .get(&fd)
-                .copied()
-        } else {
-            None
-        };
-        known.unwrap_or_else(|| {
-            let d =
-                rustix::fs::fcntl_getfl(r.fd).is_ok_and(|f| f.contains(rustix::fs::OFlags::DIRECT));
-            if r.cached {
-                self.meta
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(fd, d);
+                .copied();
+            if let Some(f) = known {
+                return Ok(f);
             }
-            d
-        })
+        }
+        let f = rustix::fs::fcntl_getfl(r.fd)
+            .map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))?;
+        if r.cached {
+            self.meta
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(fd, f);
+        }
+        Ok(f)
     }
 }
 
@@ -823,6 +891,30 @@ mod tests {
         let p = plan_transfer(&reqs, BufferLocation::Vram { device: 3 });
         assert_eq!(p.local, vec![(0x7f00_0000, 65_536, 3)]);
         assert_eq!(p.remote, vec![(4096, 65_536, 5)]);
+    }
+
+    #[test]
+    fn a_transfer_larger_than_one_request_is_split() {
+        let e = match NixlEngine::new(&NixlConfig::default()) {
+            Ok(e) => e,
+            Err(e) => {
+                assert!(std::env::var_os("TIERKV_REQUIRE_NIXL").is_none(), "{e}");
+                eprintln!("skipped: {e}");
+                return;
+            }
+        };
+        // One request of 5,000 buffer segments: 5,000 descriptor pairs, two NIXL requests.
+        let n = MAX_DESCS_PER_TRANSFER + 904;
+        let data: Vec<u8> = (0..n * 8).map(|i| (i * 7 % 251) as u8).collect();
+        let mut f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut f, &data).unwrap();
+        let mut bufs = vec![[0u8; 8]; n];
+        let segments: Vec<io::IoSliceMut<'_>> =
+            bufs.iter_mut().map(|b| io::IoSliceMut::new(b)).collect();
+        let mut batch = [IoRequest::read(std::os::fd::AsFd::as_fd(&f), 0, segments)];
+        let r = e.submit(&mut batch);
+        assert_eq!(*r[0].as_ref().unwrap(), n * 8);
+        assert_eq!(bufs.concat(), data);
     }
 
     #[test]
