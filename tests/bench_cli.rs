@@ -4,7 +4,12 @@ use std::process::Command;
 
 const BENCH: &str = env!("CARGO_BIN_EXE_tierkv-bench");
 
-fn run_json(args: &[&str]) -> serde_json::Value {
+/// The words of a command line (no quoting: arguments here hold no spaces).
+fn words(line: &str) -> Vec<String> {
+    line.split_whitespace().map(str::to_owned).collect()
+}
+
+fn run_json<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> serde_json::Value {
     let out = Command::new(BENCH)
         .args(args)
         .args(["--output-format", "json"])
@@ -22,37 +27,16 @@ fn run_json(args: &[&str]) -> serde_json::Value {
 fn write_then_read_in_separate_processes() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    let w = run_json(&[
-        "--dir",
-        d,
-        "--rw",
-        "write",
-        "--bs",
-        "4k",
-        "--nblocks",
-        "200",
-        "--worker",
-        "rank3",
-    ]);
+    let w = run_json(&words(&format!(
+        "--dir {d} --rw write --bs 4k --nblocks 200 --worker rank3"
+    )));
     assert_eq!(w["ops"], 200);
     assert_eq!(w["errors"], 0);
     assert_eq!(w["bytes"], 200 * 4096);
     for rw in ["read", "randread"] {
-        let r = run_json(&[
-            "--dir",
-            d,
-            "--rw",
-            rw,
-            "--bs",
-            "4k",
-            "--nblocks",
-            "200",
-            "--worker",
-            "rank3",
-            "--loops",
-            "3",
-            "--no-layout",
-        ]);
+        let r = run_json(&words(&format!(
+            "--dir {d} --rw {rw} --bs 4k --nblocks 200 --worker rank3 --loops 3 --no-layout"
+        )));
         assert_eq!(r["hits"], 600, "{rw}");
         assert_eq!(r["misses"], 0);
         assert_eq!(r["corrupt"], 0);
@@ -64,19 +48,9 @@ fn write_then_read_in_separate_processes() {
         );
     }
     // Another worker's keys are different blocks: all misses without a layout step.
-    let r = run_json(&[
-        "--dir",
-        d,
-        "--rw",
-        "read",
-        "--bs",
-        "4k",
-        "--nblocks",
-        "50",
-        "--worker",
-        "rank4",
-        "--no-layout",
-    ]);
+    let r = run_json(&words(&format!(
+        "--dir {d} --rw read --bs 4k --nblocks 50 --worker rank4 --no-layout"
+    )));
     assert_eq!(
         (r["hits"].as_u64(), r["misses"].as_u64()),
         (Some(0), Some(50))
@@ -85,20 +59,9 @@ fn write_then_read_in_separate_processes() {
 
 #[test]
 fn naive_mode_and_iodepth() {
-    let r = run_json(&[
-        "--bs",
-        "4k",
-        "--nblocks",
-        "100",
-        "--loops",
-        "2",
-        "--fd-cache",
-        "0",
-        "--layout-depth",
-        "0",
-        "--iodepth",
-        "8",
-    ]);
+    let r = run_json(&words(
+        "--bs 4k --nblocks 100 --loops 2 --fd-cache 0 --layout-depth 0 --iodepth 8",
+    ));
     assert_eq!(r["layout"]["depth"], 0);
     assert_eq!(r["fd_cache"]["hits"], 0);
     assert_eq!(r["fd_cache"]["misses"], 200);
@@ -109,7 +72,7 @@ fn naive_mode_and_iodepth() {
 
 #[test]
 fn keep_keeps_the_temporary_directory() {
-    let r = run_json(&["--rw", "write", "--bs", "1k", "--nblocks", "10", "--keep"]);
+    let r = run_json(&words("--rw write --bs 1k --nblocks 10 --keep"));
     let dir = std::path::PathBuf::from(r["dir"].as_str().unwrap());
     assert!(dir.join("v1").join("0").is_dir());
     std::fs::remove_dir_all(dir).unwrap();
@@ -158,18 +121,9 @@ fn numjobs_share_one_store() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     // Writes split the blocks between the jobs: every block once.
-    let w = run_json(&[
-        "--dir",
-        d,
-        "--rw",
-        "write",
-        "--bs",
-        "4k",
-        "--nblocks",
-        "101",
-        "--numjobs",
-        "3",
-    ]);
+    let w = run_json(&words(&format!(
+        "--dir {d} --rw write --bs 4k --nblocks 101 --numjobs 3"
+    )));
     assert_eq!(
         (
             w["ops"].as_u64(),
@@ -179,21 +133,9 @@ fn numjobs_share_one_store() {
         (Some(101), Some(0), Some(3))
     );
     // Reads: each job reads every block.
-    let r = run_json(&[
-        "--dir",
-        d,
-        "--rw",
-        "randread",
-        "--bs",
-        "4k",
-        "--nblocks",
-        "101",
-        "--numjobs",
-        "2",
-        "--no-layout",
-        "--iodepth",
-        "4",
-    ]);
+    let r = run_json(&words(&format!(
+        "--dir {d} --rw randread --bs 4k --nblocks 101 --numjobs 2 --no-layout --iodepth 4"
+    )));
     assert_eq!(
         (r["hits"].as_u64(), r["misses"].as_u64()),
         (Some(202), Some(0))
@@ -258,18 +200,9 @@ fn fio_style_modes_and_limits() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     // --size sets the block count; randwrite writes every block once per loop.
-    let w = run_json(&[
-        "--dir",
-        d,
-        "--rw",
-        "randwrite",
-        "--bs",
-        "4k",
-        "--size",
-        "400KiB",
-        "--loops",
-        "2",
-    ]);
+    let w = run_json(&words(&format!(
+        "--dir {d} --rw randwrite --bs 4k --size 400KiB --loops 2"
+    )));
     assert_eq!(
         (
             w["nblocks"].as_u64(),
@@ -279,61 +212,25 @@ fn fio_style_modes_and_limits() {
         (Some(100), Some(200), Some(0))
     );
     // --ops caps the run across jobs; reads of the written blocks all hit.
-    let r = run_json(&[
-        "--dir",
-        d,
-        "--rw",
-        "randread",
-        "--bs",
-        "4k",
-        "--nblocks",
-        "100",
-        "--ops",
-        "250",
-        "--numjobs",
-        "2",
-        "--no-layout",
-    ]);
+    let r = run_json(&words(&format!(
+        "--dir {d} --rw randread --bs 4k --nblocks 100 --ops 250 --numjobs 2 --no-layout"
+    )));
     assert_eq!(
         (r["ops"].as_u64(), r["hits"].as_u64()),
         (Some(250), Some(250))
     );
     // --runtime runs passes until the time is up (fio's time_based).
-    let r = run_json(&[
-        "--dir",
-        d,
-        "--rw",
-        "read",
-        "--bs",
-        "4k",
-        "--nblocks",
-        "100",
-        "--runtime",
-        "300ms",
-        "--no-layout",
-    ]);
+    let r = run_json(&words(&format!(
+        "--dir {d} --rw read --bs 4k --nblocks 100 --runtime 300ms --no-layout"
+    )));
     let secs = r["elapsed_s"].as_f64().unwrap();
     assert!((0.25..5.0).contains(&secs), "{secs}");
     assert!(r["ops"].as_u64().unwrap() > 100, "more than one pass");
     // randrw mixes reads and writes: 0 % reads is all writes, 100 % all reads.
     for (mix, reads) in [("0", false), ("100", true)] {
-        let r = run_json(&[
-            "--dir",
-            d,
-            "--rw",
-            "randrw",
-            "--rwmixread",
-            mix,
-            "--bs",
-            "4k",
-            "--nblocks",
-            "100",
-            "--ops",
-            "120",
-            "--iodepth",
-            "4",
-            "--no-layout",
-        ]);
+        let r = run_json(&words(&format!(
+            "--dir {d} --rw randrw --rwmixread {mix} --bs 4k --nblocks 100 --ops 120 --iodepth 4 --no-layout"
+        )));
         assert_eq!(r["ops"], 120);
         assert_eq!(r["hits"].as_u64().unwrap() == 120, reads, "mix {mix}");
         assert_eq!(
@@ -343,21 +240,9 @@ fn fio_style_modes_and_limits() {
         );
     }
     // Zipf draws a skewed key set: far fewer distinct blocks are opened than read.
-    let r = run_json(&[
-        "--dir",
-        d,
-        "--rw",
-        "randread",
-        "--random_distribution",
-        "zipf:1.2",
-        "--bs",
-        "4k",
-        "--nblocks",
-        "100",
-        "--loops",
-        "5",
-        "--no-layout",
-    ]);
+    let r = run_json(&words(&format!(
+        "--dir {d} --rw randread --random_distribution zipf:1.2 --bs 4k --nblocks 100 --loops 5 --no-layout"
+    )));
     assert_eq!(r["hits"], 500);
     assert!(
         r["fd_cache"]["misses"].as_u64().unwrap() < 90,
@@ -365,20 +250,9 @@ fn fio_style_modes_and_limits() {
         r["fd_cache"]
     );
     // Cold reads after dropping the working set from the page cache still hit.
-    let r = run_json(&[
-        "--dir",
-        d,
-        "--rw",
-        "randread",
-        "--invalidate",
-        "--bs",
-        "4k",
-        "--nblocks",
-        "100",
-        "--no-layout",
-        "--progress",
-        "never",
-    ]);
+    let r = run_json(&words(&format!(
+        "--dir {d} --rw randread --invalidate --bs 4k --nblocks 100 --no-layout --progress never"
+    )));
     assert_eq!(r["hits"], 100);
     // Contradictions and bad values: exit 2.
     for args in [
@@ -397,22 +271,9 @@ fn fio_style_modes_and_limits() {
 fn randrw_reports_each_direction() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    let r = run_json(&[
-        "--dir",
-        d,
-        "--rw",
-        "randrw",
-        "--rwmixread",
-        "50",
-        "--bs",
-        "4k",
-        "--nblocks",
-        "100",
-        "--ops",
-        "400",
-        "--iodepth",
-        "2",
-    ]);
+    let r = run_json(&words(&format!(
+        "--dir {d} --rw randrw --rwmixread 50 --bs 4k --nblocks 100 --ops 400 --iodepth 2"
+    )));
     let (reads, writes) = (
         r["read"]["ops"].as_u64().unwrap(),
         r["write"]["ops"].as_u64().unwrap(),
@@ -442,20 +303,9 @@ fn randrw_reports_each_direction() {
 fn workers_are_tensor_parallel_ranks() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    let w = run_json(&[
-        "--dir",
-        d,
-        "--rw",
-        "write",
-        "--workers",
-        "3",
-        "--numjobs",
-        "2",
-        "--bs",
-        "4k",
-        "--nblocks",
-        "50",
-    ]);
+    let w = run_json(&words(&format!(
+        "--dir {d} --rw write --workers 3 --numjobs 2 --bs 4k --nblocks 50"
+    )));
     assert_eq!(w["nworkers"], 3);
     assert_eq!(w["ops"], 150);
     assert_eq!(w["errors"], 0);
@@ -476,19 +326,9 @@ fn workers_are_tensor_parallel_ranks() {
     assert_eq!(r0, names("1"));
     assert_eq!(r0, names("2"));
     // A later run of the ranks reads them all back.
-    let r = run_json(&[
-        "--dir",
-        d,
-        "--rw",
-        "randread",
-        "--workers",
-        "3",
-        "--bs",
-        "4k",
-        "--nblocks",
-        "50",
-        "--no-layout",
-    ]);
+    let r = run_json(&words(&format!(
+        "--dir {d} --rw randread --workers 3 --bs 4k --nblocks 50 --no-layout"
+    )));
     assert_eq!(
         (r["hits"].as_u64(), r["misses"].as_u64()),
         (Some(150), Some(0))
@@ -520,25 +360,9 @@ fn walk(dir: &std::path::Path) -> Vec<String> {
 fn metadata_mode_measures_each_depth() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    let r = run_json(&[
-        "--dir",
-        d,
-        "--rw",
-        "metadata",
-        "--bs",
-        "512",
-        "--nblocks",
-        "300",
-        "--layout-depths",
-        "0,2",
-        "--layout-fanout",
-        "16",
-        "--numjobs",
-        "2",
-        "--iodepth",
-        "8",
-        "--keep",
-    ]);
+    let r = run_json(&words(&format!(
+        "--dir {d} --rw metadata --bs 512 --nblocks 300 --layout-depths 0,2 --layout-fanout 16 --numjobs 2 --iodepth 8 --keep"
+    )));
     let depths = r["depths"].as_array().unwrap();
     assert_eq!(depths.len(), 2);
     for (row, depth) in depths.iter().zip([0u64, 2]) {
@@ -569,16 +393,9 @@ fn metadata_mode_measures_each_depth() {
     // Without --keep the trees go; a non-empty tree is refused.
     let fresh = tempfile::tempdir().unwrap();
     let f = fresh.path().to_str().unwrap();
-    let r = run_json(&[
-        "--dir",
-        f,
-        "--rw",
-        "metadata",
-        "--nblocks",
-        "50",
-        "--bs",
-        "512",
-    ]);
+    let r = run_json(&words(&format!(
+        "--dir {f} --rw metadata --nblocks 50 --bs 512"
+    )));
     assert_eq!(r["depths"].as_array().unwrap().len(), 3);
     assert_eq!(std::fs::read_dir(fresh.path()).unwrap().count(), 0);
     let out = Command::new(BENCH)
@@ -609,7 +426,10 @@ fn metadata_mode_measures_each_depth() {
 }
 
 /// Runs the bench and fails (killing it) if it has not finished within `secs`.
-fn run_json_within(args: &[&str], secs: u64) -> serde_json::Value {
+fn run_json_within<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(
+    args: &[S],
+    secs: u64,
+) -> serde_json::Value {
     let mut child = Command::new(BENCH)
         .args(args)
         .args(["--output-format", "json"])
@@ -635,41 +455,17 @@ fn job_splits_hold_at_the_edges() {
     let d = dir.path().to_str().unwrap();
     // More writing jobs than blocks, with an operation budget: the jobs without blocks end.
     let w = run_json_within(
-        &[
-            "--dir",
-            d,
-            "--rw",
-            "write",
-            "--numjobs",
-            "4",
-            "--nblocks",
-            "2",
-            "--ops",
-            "10",
-            "--bs",
-            "4k",
-        ],
+        &words(&format!(
+            "--dir {d} --rw write --numjobs 4 --nblocks 2 --ops 10 --bs 4k"
+        )),
         60,
     );
     assert_eq!(w["ops"], 10);
     // Zipf keys for writes split between jobs stay inside each job's share.
     let w = run_json_within(
-        &[
-            "--dir",
-            d,
-            "--rw",
-            "randwrite",
-            "--random_distribution",
-            "zipf:1.1",
-            "--numjobs",
-            "3",
-            "--nblocks",
-            "50",
-            "--ops",
-            "300",
-            "--bs",
-            "4k",
-        ],
+        &words(&format!(
+            "--dir {d} --rw randwrite --random_distribution zipf:1.1 --numjobs 3 --nblocks 50 --ops 300 --bs 4k"
+        )),
         60,
     );
     assert_eq!(
@@ -679,30 +475,13 @@ fn job_splits_hold_at_the_edges() {
     // Rank 0 of a --workers run and a plain run use the same blocks.
     let fresh = tempfile::tempdir().unwrap();
     let d = fresh.path().to_str().unwrap();
-    let w = run_json(&[
-        "--dir",
-        d,
-        "--rw",
-        "write",
-        "--workers",
-        "2",
-        "--nblocks",
-        "40",
-        "--bs",
-        "4k",
-    ]);
+    let w = run_json(&words(&format!(
+        "--dir {d} --rw write --workers 2 --nblocks 40 --bs 4k"
+    )));
     assert_eq!(w["workers"][1]["store"]["puts"], 40);
-    let r = run_json(&[
-        "--dir",
-        d,
-        "--rw",
-        "read",
-        "--nblocks",
-        "40",
-        "--bs",
-        "4k",
-        "--no-layout",
-    ]);
+    let r = run_json(&words(&format!(
+        "--dir {d} --rw read --nblocks 40 --bs 4k --no-layout"
+    )));
     assert_eq!(
         (r["hits"].as_u64(), r["misses"].as_u64()),
         (Some(40), Some(0))
