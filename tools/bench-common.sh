@@ -17,3 +17,20 @@ build_bench() {
   fi
   B=target/release/tierkv-bench
 }
+
+# ops_per_sec: the ops/s of a tierkv-bench JSON report on stdin.
+ops_per_sec() {
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["ops_per_sec"])'
+}
+
+# median_row A B "X1 X2 ..." "Y1 Y2 ...": a markdown row `| A | B | median X | median Y |
+# ratio |` of two sets of rounds measured side by side.
+median_row() {
+  python3 - "$@" <<'PY'
+import statistics, sys
+a, b = sys.argv[1], sys.argv[2]
+xs, ys = ([float(v) for v in arg.split()] for arg in sys.argv[3:5])
+mx, my = statistics.median(xs), statistics.median(ys)
+print(f"| {a} | {b} | {mx:,.0f} | {my:,.0f} | {mx/my:.2f}x |")
+PY
+}

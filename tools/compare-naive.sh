@@ -12,6 +12,7 @@ ROUNDS=${2:-5}
 shift $(( $# > 2 ? 2 : $# )) || true
 SIZES=("${@:-4k 64k 256k}")
 read -r -a SIZES <<< "${SIZES[*]}"
+. tools/bench-common.sh
 cargo build --release --quiet --bin tierkv-bench
 BENCH=target/release/tierkv-bench
 WORK=$(mktemp -d /tmp/tierkv-naive.XXXXXX)
@@ -29,14 +30,9 @@ for bs in "${SIZES[@]}"; do
   for verify in on-open never; do
     s=(); n=()
     for _ in $(seq "$ROUNDS"); do
-      s+=("$($BENCH --dir "$WORK/store" --rw randread --bs "$bs" --nblocks "$NBLOCKS" --loops 10 --verify $verify --no-layout --output-format json | python3 -c 'import json,sys; print(json.load(sys.stdin)["ops_per_sec"])')")
-      n+=("$($BENCH --dir "$WORK/naive" --rw randread --bs "$bs" --nblocks "$NBLOCKS" --loops 10 --verify $verify --no-layout --fd-cache 0 --output-format json | python3 -c 'import json,sys; print(json.load(sys.stdin)["ops_per_sec"])')")
+      s+=("$($BENCH --dir "$WORK/store" --rw randread --bs "$bs" --nblocks "$NBLOCKS" --loops 10 --verify $verify --no-layout --output-format json | ops_per_sec)")
+      n+=("$($BENCH --dir "$WORK/naive" --rw randread --bs "$bs" --nblocks "$NBLOCKS" --loops 10 --verify $verify --no-layout --fd-cache 0 --output-format json | ops_per_sec)")
     done
-    python3 - "$bs" "$verify" "${s[*]}" "${n[*]}" <<'PY'
-import statistics, sys
-bs, verify, s, n = sys.argv[1], sys.argv[2], [float(x) for x in sys.argv[3].split()], [float(x) for x in sys.argv[4].split()]
-ms, mn = statistics.median(s), statistics.median(n)
-print(f"| {bs} | {verify} | {ms:,.0f} | {mn:,.0f} | {ms/mn:.2f}x |")
-PY
+    median_row "$bs" "$verify" "${s[*]}" "${n[*]}"
   done
 done

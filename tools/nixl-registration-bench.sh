@@ -6,10 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-2000}; ROUNDS=${2:-5}
+. tools/bench-common.sh
 cargo build --release --quiet --features nixl --bin tierkv-bench
 B=target/release/tierkv-bench
 W=$(mktemp -d /tmp/tierkv-nixl.XXXXXX); trap 'rm -rf "$W"' EXIT
-ops() { python3 -c 'import json,sys; print(json.load(sys.stdin)["ops_per_sec"])'; }
 echo "| bs | iodepth | store ops/s | naive ops/s | ratio |"
 echo "|---:|---:|---:|---:|---:|"
 for bs in 4k 64k; do
@@ -18,14 +18,9 @@ for bs in 4k 64k; do
   for qd in 1 32; do
     c=(); n=()
     for _ in $(seq "$ROUNDS"); do
-      c+=("$($B --dir "$W/c$bs" --rw randread --bs $bs --nblocks "$N" --loops 10 --no-layout --ioengine nixl --iodepth $qd --verify never --output-format json 2>/dev/null | ops)")
-      n+=("$($B --dir "$W/n$bs" --rw randread --bs $bs --nblocks "$N" --loops 10 --no-layout --ioengine nixl --iodepth $qd --verify never --fd-cache 0 --output-format json 2>/dev/null | ops)")
+      c+=("$($B --dir "$W/c$bs" --rw randread --bs $bs --nblocks "$N" --loops 10 --no-layout --ioengine nixl --iodepth $qd --verify never --output-format json 2>/dev/null | ops_per_sec)")
+      n+=("$($B --dir "$W/n$bs" --rw randread --bs $bs --nblocks "$N" --loops 10 --no-layout --ioengine nixl --iodepth $qd --verify never --fd-cache 0 --output-format json 2>/dev/null | ops_per_sec)")
     done
-    python3 - "$bs" "$qd" "${c[*]}" "${n[*]}" <<'PY'
-import statistics, sys
-bs, qd, c, n = sys.argv[1], sys.argv[2], [float(x) for x in sys.argv[3].split()], [float(x) for x in sys.argv[4].split()]
-mc, mn = statistics.median(c), statistics.median(n)
-print(f"| {bs} | {qd} | {mc:,.0f} | {mn:,.0f} | {mc/mn:.2f}x |")
-PY
+    median_row "$bs" "$qd" "${c[*]}" "${n[*]}"
   done
 done

@@ -3,6 +3,7 @@
 # blocks, 10 passes, median of 3. usage: tools/verify-cost.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. tools/bench-common.sh
 cargo build --release --quiet --bin tierkv-bench
 B=target/release/tierkv-bench
 W=$(mktemp -d /tmp/tierkv-verify.XXXXXX); trap 'rm -rf "$W"' EXIT
@@ -14,7 +15,7 @@ for bs in 4k 64k 256k; do
   for v in always on-open never; do
     vals=""
     for _ in 1 2 3; do
-      vals="$vals $($B --dir "$W/$bs" --rw randread --bs $bs --nblocks 2000 --loops 10 --verify $v --no-layout --output-format json | python3 -c 'import json,sys; print(json.load(sys.stdin)["ops_per_sec"])')"
+      vals="$vals $($B --dir "$W/$bs" --rw randread --bs $bs --nblocks 2000 --loops 10 --verify $v --no-layout --output-format json | ops_per_sec)"
     done
     row="$row $(python3 -c "import statistics; print(format(round(statistics.median([float(x) for x in '$vals'.split()])), ','))") |"
   done

@@ -123,18 +123,19 @@ impl Inner {
                     let (_, r) = io
                         .next_if(|(j, _)| *j == i)
                         .expect("one engine result per ready plan");
-                    let rel = self.layout.rel_path(&keys[i].hash);
                     let len = block.header.payload_len as usize;
+                    // The path only for what goes wrong.
+                    let rel = || self.layout.rel_path(&keys[i].hash);
                     match r {
                         Ok(n) if n == len => Ok(Lookup::Hit(len)),
                         Ok(n) => Ok(self.corrupt(
                             &keys[i].hash,
-                            &rel,
+                            &rel(),
                             &block.fd,
                             Some(&block),
                             format!("payload is {n} bytes, header says {len}"),
                         )),
-                        Err(e) => Err(Error::from_io(self.path(rel.as_str()), e)),
+                        Err(e) => Err(Error::from_io(self.path(rel().as_str()), e)),
                     }
                 }
             });
@@ -146,13 +147,14 @@ impl Inner {
     /// Finds the block's open, checked file (the open-file cache, else the tree) and verifies
     /// its payload through the host when the verify mode asks for it.
     fn plan_device_read(&self, key: &BlockKey, buf_len: usize) -> DevicePlan {
-        let rel = self.layout.rel_path(&key.hash);
+        // The path only for what needs it (an open, an error), not for every cached hit.
+        let rel = || self.layout.rel_path(&key.hash);
         let block = match self.cached_block(key) {
             Err(miss) => return DevicePlan::Done(Ok(miss)),
             Ok(Some(b)) => b,
             Ok(None) => {
                 Counters::add(&self.counters.fd_misses, 1);
-                match self.open_device_block(key, &rel) {
+                match self.open_device_block(key, &rel()) {
                     Ok(b) => b,
                     Err(done) => return done,
                 }
@@ -185,14 +187,14 @@ impl Inner {
                 Ok(_) => {
                     return DevicePlan::Done(Ok(self.corrupt(
                         &key.hash,
-                        &rel,
+                        &rel(),
                         &block.fd,
                         Some(&block),
                         "payload checksum mismatch".into(),
                     )));
                 }
                 Err(e) => {
-                    return DevicePlan::Done(Err(Error::from_io(self.path(rel.as_str()), e)));
+                    return DevicePlan::Done(Err(Error::from_io(self.path(rel().as_str()), e)));
                 }
             }
         }

@@ -312,13 +312,14 @@ impl Inner {
         match plan {
             ReadPlan::Done(r) => r,
             ReadPlan::Cached { block, bounce } => {
-                let rel = self.layout.rel_path(&key.hash);
-                let n = io.map_err(|e| Error::from_io(self.path(rel.as_str()), e))?;
+                // The path only for what goes wrong, not for every cached hit.
+                let rel = || self.layout.rel_path(&key.hash);
+                let n = io.map_err(|e| Error::from_io(self.path(rel().as_str()), e))?;
                 let len = block.header.payload_len as usize;
                 if n != len {
                     return Ok(self.corrupt(
                         &key.hash,
-                        &rel,
+                        &rel(),
                         &block.fd,
                         Some(&block),
                         format!("payload is {n} bytes, header says {len}"),
@@ -336,7 +337,7 @@ impl Inner {
                     if !block.header.verify(&buf[..len]) {
                         return Ok(self.corrupt(
                             &key.hash,
-                            &rel,
+                            &rel(),
                             &block.fd,
                             Some(&block),
                             "payload checksum mismatch".into(),

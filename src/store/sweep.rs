@@ -73,29 +73,46 @@ pub fn sweep(dir: &Path, layout: Layout, remove_temp: bool, stat_blocks: bool) -
     if subdirs.is_empty() {
         return report;
     }
+    let parts = in_parallel(subdirs, 8, |d, r: &mut SweepReport| {
+        let mut nested = Vec::new();
+        scan_dir(&d, 1, mode, r, &mut nested);
+        // Deeper levels are scanned by the same thread, depth first.
+        let mut stack: Vec<(PathBuf, u8)> = nested.into_iter().map(|p| (p, 2)).collect();
+        while let Some((p, lvl)) = stack.pop() {
+            let mut more = Vec::new();
+            scan_dir(&p, lvl, mode, r, &mut more);
+            stack.extend(more.into_iter().map(|m| (m, lvl + 1)));
+        }
+    });
+    for p in parts {
+        report.merge(p);
+    }
+    report
+}
+
+/// Runs `job` over `items` on up to `max_threads` threads (no more than the machine's cores or
+/// the items): each thread takes the next item from a shared queue and folds what it finds
+/// into a result of its own, and the threads' results are returned. The tree walks (this
+/// sweep, `tierkv-stat`'s scan) use it to read shard directories in parallel.
+pub fn in_parallel<T: Send, R: Default + Send>(
+    items: Vec<T>,
+    max_threads: usize,
+    job: impl Fn(T, &mut R) + Sync,
+) -> Vec<R> {
     let threads = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
-        .clamp(1, 8)
-        .min(subdirs.len());
-    let queue = Mutex::new(subdirs);
-    let parts: Vec<SweepReport> = std::thread::scope(|s| {
+        .clamp(1, max_threads.max(1))
+        .min(items.len());
+    let queue = Mutex::new(items);
+    std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
                 s.spawn(|| {
-                    let mut r = SweepReport::default();
+                    let mut r = R::default();
                     loop {
                         let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
-                        let Some(d) = next else { break };
-                        let mut nested = Vec::new();
-                        scan_dir(&d, 1, mode, &mut r, &mut nested);
-                        // Deeper levels are scanned by the same thread, depth first.
-                        let mut stack: Vec<(PathBuf, u8)> =
-                            nested.into_iter().map(|p| (p, 2)).collect();
-                        while let Some((p, lvl)) = stack.pop() {
-                            let mut more = Vec::new();
-                            scan_dir(&p, lvl, mode, &mut r, &mut more);
-                            stack.extend(more.into_iter().map(|m| (m, lvl + 1)));
-                        }
+                        let Some(item) = next else { break };
+                        job(item, &mut r);
                     }
                     r
                 })
@@ -103,13 +120,9 @@ pub fn sweep(dir: &Path, layout: Layout, remove_temp: bool, stat_blocks: bool) -
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().expect("sweep thread panicked"))
+            .map(|h| h.join().expect("scan thread panicked"))
             .collect()
-    });
-    for p in parts {
-        report.merge(p);
-    }
-    report
+    })
 }
 
 /// Scans one directory at `level` (0 = the worker directory). Shard subdirectories to

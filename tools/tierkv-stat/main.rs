@@ -13,7 +13,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Mutex;
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
@@ -22,6 +22,7 @@ use serde::Serialize;
 use tierkv::format::{HEADER_LEN, Header, PAYLOAD_OFFSET};
 use tierkv::layout::{self, EntryName, LAYOUT_FILE, LOCK_FILE, Layout, STATS_FILE};
 use tierkv::store::LiveStats;
+use tierkv::store::sweep::in_parallel;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Format {
@@ -420,78 +421,78 @@ fn scan_worker(
         }
     }
     let now_s = now_ms() / 1000;
-    let shared = Mutex::new((wr, Vec::<u64>::new()));
-    let queue = Mutex::new(level_dirs);
-    let threads = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .clamp(1, 8);
     let remove_temp = args.repair && !running;
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| loop {
-                let Some(d) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop() else { break };
-                let mut local = WorkerReport::default();
-                let mut in_leaf = 0u64;
-                let is_root_leaf = layout.depth == 0;
-                let Ok(entries) = std::fs::read_dir(&d) else { continue };
-                for e in entries.flatten() {
-                    let Ok(ft) = e.file_type() else { continue };
-                    let name = e.file_name();
-                    let name = name.to_str().unwrap_or("").to_string();
-                    if ft.is_symlink() {
-                        local.symlinks += 1;
-                        continue;
-                    }
-                    if !ft.is_file() {
-                        local.foreign += 1;
-                        continue;
-                    }
-                    match Layout::classify(&name) {
-                        EntryName::Block(h) => {
-                            let Ok(m) = e.metadata() else { continue };
-                            in_leaf += 1;
-                            progress.inc(1);
-                            match check_block(&e.path(), &h, m.size(), args.verify) {
-                                Ok(payload) => {
-                                    local.files += 1;
-                                    local.bytes += m.blocks() * 512;
-                                    local.payload_bytes += payload;
-                                    *local.size_counts.entry(size_bucket(payload)).or_default() += 1;
-                                    let used = m.atime().max(m.mtime()).max(0) as u64;
-                                    *local.age_counts.entry(age_bucket(now_s.saturating_sub(used)).into()).or_default() += 1;
-                                }
-                                Err(reason) => {
-                                    tracing::warn!(path = %e.path().display(), %reason, "bad block file");
-                                    let corrupt_only = args.verify && reason.contains("checksum");
-                                    if args.repair && std::fs::remove_file(e.path()).is_ok() {
-                                        local.removed += 1;
-                                    }
-                                    if corrupt_only {
-                                        local.corrupt.push(e.path());
-                                    } else {
-                                        local.bad_header.push(e.path());
-                                    }
-                                }
-                            }
-                        }
-                        EntryName::Temp => {
-                            local.temp += 1;
-                            if remove_temp && std::fs::remove_file(e.path()).is_ok() {
-                                local.removed += 1;
-                            }
-                        }
-                        EntryName::Meta if is_root_leaf => {}
-                        _ => local.foreign += 1,
-                    }
+    // Per thread: what it found, and the block count of each leaf it read.
+    let parts = in_parallel(
+        level_dirs,
+        8,
+        |d, (local, leaves): &mut (WorkerReport, Vec<u64>)| {
+            let mut in_leaf = 0u64;
+            let is_root_leaf = layout.depth == 0;
+            let Ok(entries) = std::fs::read_dir(&d) else {
+                return;
+            };
+            for e in entries.flatten() {
+                let Ok(ft) = e.file_type() else { continue };
+                let name = e.file_name();
+                let name = name.to_str().unwrap_or("").to_string();
+                if ft.is_symlink() {
+                    local.symlinks += 1;
+                    continue;
                 }
-                let mut g = shared.lock().unwrap_or_else(|e| e.into_inner());
-                let (wr, leaves) = &mut *g;
-                merge(wr, local);
-                leaves.push(in_leaf);
-            });
-        }
-    });
-    let (mut wr, leaves) = shared.into_inner().unwrap_or_else(|e| e.into_inner());
+                if !ft.is_file() {
+                    local.foreign += 1;
+                    continue;
+                }
+                match Layout::classify(&name) {
+                    EntryName::Block(h) => {
+                        let Ok(m) = e.metadata() else { continue };
+                        in_leaf += 1;
+                        progress.inc(1);
+                        match check_block(&e.path(), &h, m.size(), args.verify) {
+                            Ok(payload) => {
+                                local.files += 1;
+                                local.bytes += m.blocks() * 512;
+                                local.payload_bytes += payload;
+                                *local.size_counts.entry(size_bucket(payload)).or_default() += 1;
+                                let used = m.atime().max(m.mtime()).max(0) as u64;
+                                *local
+                                    .age_counts
+                                    .entry(age_bucket(now_s.saturating_sub(used)).into())
+                                    .or_default() += 1;
+                            }
+                            Err(reason) => {
+                                tracing::warn!(path = %e.path().display(), %reason, "bad block file");
+                                let corrupt_only = args.verify && reason.contains("checksum");
+                                if args.repair && std::fs::remove_file(e.path()).is_ok() {
+                                    local.removed += 1;
+                                }
+                                if corrupt_only {
+                                    local.corrupt.push(e.path());
+                                } else {
+                                    local.bad_header.push(e.path());
+                                }
+                            }
+                        }
+                    }
+                    EntryName::Temp => {
+                        local.temp += 1;
+                        if remove_temp && std::fs::remove_file(e.path()).is_ok() {
+                            local.removed += 1;
+                        }
+                    }
+                    EntryName::Meta if is_root_leaf => {}
+                    _ => local.foreign += 1,
+                }
+            }
+            leaves.push(in_leaf);
+        },
+    );
+    let mut leaves = Vec::new();
+    for (local, l) in parts {
+        merge(&mut wr, local);
+        leaves.extend(l);
+    }
     let mut leaf_counts: BTreeMap<String, u64> = BTreeMap::new();
     for &n in &leaves {
         *leaf_counts.entry(leaf_bucket(n).into()).or_default() += 1;
