@@ -18,8 +18,9 @@ for c in rustfmt clippy; do
   fi
 done
 
-# nixl-sys runs bindgen, which needs libclang.
-if ! ldconfig -p | grep -q 'libclang.*\.so'; then
+# nixl-sys runs bindgen, which needs libclang (the library clang-sys loads; libclang-cpp,
+# which this machine image ships, is not it: tools/has-libclang.sh).
+if ! ldconfig -p | tools/has-libclang.sh; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libclang-dev >/dev/null
   else
