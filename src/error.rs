@@ -37,11 +37,15 @@ pub enum Error {
         /// Bytes the buffer holds.
         have: usize,
     },
-    /// The filesystem is full (ENOSPC or EDQUOT). Nothing partial was left behind.
+    /// The filesystem is full (ENOSPC or EDQUOT: no blocks or no inodes left). Nothing
+    /// partial was left behind.
     #[error("no space left on the filesystem while writing {path}")]
     NoSpace {
-        /// The file that could not be written.
+        /// The file or directory that could not be written or created.
         path: PathBuf,
+        /// The underlying error (ENOSPC or EDQUOT).
+        #[source]
+        source: io::Error,
     },
     /// The process or system open-file limit was hit even after the open-file cache was
     /// emptied.
@@ -49,15 +53,28 @@ pub enum Error {
     TooManyOpenFiles {
         /// The file that could not be opened.
         path: PathBuf,
+        /// The underlying error (EMFILE or ENFILE).
+        #[source]
+        source: io::Error,
     },
-    /// A block file failed its header or checksum check. Lookups never return this (a corrupt
-    /// block is a miss); tools that inspect a tree do.
-    #[error("corrupt block file {path}: {reason}")]
+    /// A file of the tree failed its checks (a block's header, length or checksum; a control
+    /// file that is not a small regular file). Lookups never return this for a block (a
+    /// corrupt block is a miss); opening a store and tools that inspect a tree do.
+    #[error("corrupt file {path}: {reason}")]
     Corrupt {
         /// The file.
         path: PathBuf,
         /// What is wrong with it.
-        reason: String,
+        reason: CorruptReason,
+    },
+    /// The store was opened read-only ([`StoreConfig::with_read_only`](crate::StoreConfig::with_read_only)):
+    /// it serves reads and writes nothing.
+    #[error("store of {path} is read-only: {op} refused")]
+    ReadOnly {
+        /// The worker directory.
+        path: PathBuf,
+        /// What was refused.
+        op: &'static str,
     },
     /// The tree was written with a different layout than the one configured.
     #[error(
@@ -72,10 +89,12 @@ pub enum Error {
         configured: String,
     },
     /// Another store (in this or another process) holds this worker's directory.
-    #[error("worker directory {path} is in use by another store")]
+    #[error("worker directory {path} is in use by another store ({holder})")]
     WorkerBusy {
         /// The worker's directory.
         path: PathBuf,
+        /// Who holds it, as its `.lock` file says (`pid N on HOST`), or `holder unknown`.
+        holder: String,
     },
     /// The operation needs something this store was not built with, e.g. GPU memory with an
     /// engine that moves host memory only. Nothing was read or written.
@@ -95,6 +114,38 @@ pub enum Error {
     },
 }
 
+/// Why a file of the tree is corrupt.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CorruptReason {
+    /// The 128-byte header is invalid.
+    #[error("{0}")]
+    Header(#[from] crate::format::HeaderError),
+    /// Bytes 128..4096 are not all zero.
+    #[error("header padding is not zero")]
+    Padding,
+    /// The header names another block than the file name.
+    #[error("header names block {0}")]
+    OtherBlock(String),
+    /// The file's length is not `4096 + payload length`.
+    #[error("file is {file} bytes, header says {header}")]
+    Length {
+        /// The file's length (or what could be read of it).
+        file: u64,
+        /// The length its header implies.
+        header: u64,
+    },
+    /// The payload's blake3 differs from the header's.
+    #[error("payload checksum mismatch")]
+    Checksum,
+    /// Not a regular file (a symlink, FIFO, device, socket or directory).
+    #[error("not a regular file but a {0}")]
+    NotRegular(crate::ns::FileKind),
+    /// A control file (`LAYOUT`, `STATS.json`, `.lock`) that cannot be what it should.
+    #[error("{0}")]
+    ControlFile(String),
+}
+
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -104,17 +155,17 @@ impl Error {
     pub fn from_io(path: impl Into<PathBuf>, source: io::Error) -> Self {
         let path = path.into();
         match source.raw_os_error() {
-            Some(code) if code == rustix::io::Errno::NOSPC.raw_os_error() => {
-                Error::NoSpace { path }
-            }
-            Some(code) if code == rustix::io::Errno::DQUOT.raw_os_error() => {
-                Error::NoSpace { path }
+            Some(code)
+                if code == rustix::io::Errno::NOSPC.raw_os_error()
+                    || code == rustix::io::Errno::DQUOT.raw_os_error() =>
+            {
+                Error::NoSpace { path, source }
             }
             Some(code)
                 if code == rustix::io::Errno::MFILE.raw_os_error()
                     || code == rustix::io::Errno::NFILE.raw_os_error() =>
             {
-                Error::TooManyOpenFiles { path }
+                Error::TooManyOpenFiles { path, source }
             }
             _ => Error::Io { path, source },
         }

@@ -6,7 +6,9 @@
 //! directory shared with other workers.
 //!
 //! The modules follow the architecture:
-//! - where bytes live: [`layout`] (the sharded directory tree) and [`format`] (the block file);
+//! - where bytes live: [`layout`] (the sharded directory tree), [`format`](mod@format) (the
+//!   block file) and [`ns`] (every file operation, beneath the worker directory, never
+//!   through a symlink);
 //! - how I/O is submitted: [`engine`] (the [`IoEngine`](engine::IoEngine) trait, psync);
 //! - what is kept: [`index`] (capacity, eviction policies) and [`store`] (put/get semantics,
 //!   the open-file cache, counters, the rebuild on open);
@@ -41,9 +43,10 @@ pub mod format;
 pub mod index;
 mod key;
 pub mod layout;
+pub mod ns;
 pub mod store;
 
-pub use error::{Error, Result};
+pub use error::{CorruptReason, Error, Result};
 pub use index::policy::PolicyKind;
 pub use key::{BlockHash, BlockKey, MAX_WORKER_ID_LEN, WorkerId};
 pub use layout::Layout;

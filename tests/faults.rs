@@ -23,7 +23,10 @@ fn faulty_store(dir: &std::path::Path, plan: FaultPlan) -> (Store, Arc<FaultyEng
 #[test]
 fn a_write_failing_half_way_leaves_nothing_behind() {
     let dir = tempfile::tempdir().unwrap();
-    let (store, engine) = faulty_store(dir.path(), FaultPlan::enospc_half_way_from(1));
+    let (store, engine) = faulty_store(dir.path(), FaultPlan::enospc_half_way_from(2));
+    // Another chain's block, stored first: what ENOSPC can evict.
+    let other = store.key(hash(999));
+    store.put(&other, &payload(999, 0, 100_000)).unwrap();
     let ks = keys(&store, 3);
     let datas: Vec<Vec<u8>> = (0..3).map(|i| payload(i, 0, 100_000)).collect();
     let items: Vec<_> = ks
@@ -32,9 +35,10 @@ fn a_write_failing_half_way_leaves_nothing_behind() {
         .zip(datas.iter().map(Vec::as_slice))
         .collect();
     let res = store.put_many(&items);
-    // ENOSPC below the capacity: the store evicted what it could (the first block) and
-    // retried the two failed writes once; they failed again.
-    assert_eq!(engine.writes_seen(), 5);
+    // ENOSPC below the capacity: the store evicted what it could (the other chain's block;
+    // never the failed blocks' own prefix) and retried the two failed writes once; they
+    // failed again.
+    assert_eq!(engine.writes_seen(), 6);
     // Every failing write really wrote half its bytes (header + half the payload).
     assert_eq!(engine.partial_bytes_written(), 4 * ((4096 + 100_000) / 2));
     let s = store.stats();
@@ -42,7 +46,7 @@ fn a_write_failing_half_way_leaves_nothing_behind() {
     assert!(res[0].is_ok());
     for r in &res[1..] {
         match r {
-            Err(Error::NoSpace { path }) => assert!(
+            Err(Error::NoSpace { path, .. }) => assert!(
                 path.to_str().unwrap().contains(&ks[1].hash.to_hex()[..8])
                     || path.to_str().unwrap().contains(&ks[2].hash.to_hex()[..8])
             ),
@@ -56,12 +60,14 @@ fn a_write_failing_half_way_leaves_nothing_behind() {
     assert!(!store.path_of(&ks[1].hash).exists());
     assert_eq!(
         check_all_blocks(store.dir()),
-        0,
-        "the first block was evicted for room"
+        1,
+        "the other block was evicted for room; the chain's root stays"
     );
+    assert!(!store.path_of(&other.hash).exists());
     // Reads keep working: misses, not errors.
     let mut b = vec![0u8; 100_000];
-    for k in &ks {
+    assert!(store.get(&ks[0], &mut b).unwrap().is_hit());
+    for k in &ks[1..] {
         assert_eq!(store.get(k, &mut b).unwrap(), Lookup::Miss);
     }
     assert_eq!(store.stats().put_errors, 2);

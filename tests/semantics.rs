@@ -526,7 +526,7 @@ fn one_store_per_worker_and_workers_share_a_root() {
     let dir = tempfile::tempdir().unwrap();
     let a = open(dir.path(), "rank0");
     match Store::open(dir.path(), worker("rank0"), StoreConfig::default()) {
-        Err(Error::WorkerBusy { path }) => assert!(path.ends_with("v1/rank0")),
+        Err(Error::WorkerBusy { path, .. }) => assert!(path.ends_with("v1/rank0")),
         other => panic!("{other:?}"),
     }
     let b = open(dir.path(), "rank1");

@@ -4,6 +4,12 @@
 //! The index knows every block file of its worker (rebuilt by a scan when a store opens) and
 //! the bytes each takes on disk (`st_blocks`, header included). The store asks it before
 //! touching the disk: an absent key is a miss without a system call.
+//!
+//! It also knows the chains: a batch offered to it is one chain, root first, so each block's
+//! parent is the block before it. The present set is kept *prefix-closed* (a block is held
+//! only while its parent is): eviction takes only blocks without present children (chains are
+//! cut from the tail), a block whose parent is declined is declined too, and a block that
+//! leaves for another reason (removed, corrupt, deleted) takes its descendants with it.
 
 pub mod policy;
 
@@ -55,6 +61,22 @@ struct Entry {
     pins: u32,
     /// Reserved by a put in flight: counted against the capacity, not yet readable.
     pending: bool,
+    /// The block before it in its chain, when known (offered in one batch with it).
+    parent: Option<BlockHash>,
+    /// Present blocks whose parent it is.
+    children: Vec<BlockHash>,
+}
+
+impl Entry {
+    fn new(bytes: u64, pending: bool, parent: Option<BlockHash>) -> Entry {
+        Entry {
+            bytes,
+            pins: u32::from(pending),
+            pending,
+            parent,
+            children: Vec::new(),
+        }
+    }
 }
 
 /// What an offered block becomes.
@@ -62,8 +84,13 @@ struct Entry {
 pub(crate) enum Offer {
     /// Present: touched; nothing to write.
     Touched,
-    /// Present, and the caller replaces it: write it, then `commit` (or `abort`).
-    Replace,
+    /// Present, and the caller replaces it: room for the whole new file was reserved
+    /// (`reserved` bytes: old and new file coexist until the rename); write it, then
+    /// `commit` (or `abort`).
+    Replace {
+        /// Bytes reserved for the new file.
+        reserved: u64,
+    },
     /// Absent and admitted: room was made and the entry reserved; write it, then `commit`
     /// (or `abort`).
     Reserved,
@@ -79,6 +106,9 @@ struct State {
     evictions: u64,
     evicted_bytes: u64,
     not_admitted: u64,
+    /// Temp files of replacements in flight: each counts as a file against the bound until
+    /// it is renamed over the block it replaces.
+    extra_files: u64,
     /// Running mean of offered block sizes, to turn a byte capacity into the block count
     /// that policies size their ghost lists by.
     mean_bytes: f64,
@@ -121,6 +151,7 @@ impl Index {
                 evictions: 0,
                 evicted_bytes: 0,
                 not_admitted: 0,
+                extra_files: 0,
                 mean_bytes: 0.0,
             }),
             limits,
@@ -183,53 +214,125 @@ impl Index {
         st.policy.on_access(&batch);
     }
 
-    /// Offers a batch of blocks in chain order (with the on-disk bytes each would take):
-    /// present blocks are touched (or, with `replace`, marked for rewriting); absent ones go
-    /// through admission, and room is made for each admitted one before it is reserved.
-    /// Returns what each block became and the victims whose files the caller must unlink.
+    /// Offers a batch of blocks, one chain in chain order (with the on-disk bytes each would
+    /// take): present blocks are touched (or, with `replace`, marked for rewriting); absent
+    /// ones go through admission, and room is made for each admitted one before it is
+    /// reserved. Returns what each block became and the victims whose files the caller must
+    /// unlink.
+    ///
+    /// Room is made only by evicting blocks without present children (never this batch's);
+    /// when none can go, the block is not admitted. Once a block of the chain is not
+    /// admitted, neither is any block after it, so the present set stays prefix-closed and
+    /// a batch larger than the capacity stores the prefix that fits.
     ///
     /// Accesses reach the policy in batch order; before each eviction the accesses seen so
     /// far are handed over, so a policy sees touches and insertions interleaved with its
     /// evictions exactly as a block-by-block replay would.
-    pub fn offer(&self, items: &[(BlockHash, u64)], replace: bool) -> (Vec<Offer>, Vec<Victim>) {
+    ///
+    /// `after` is the chain parent of `items[0]` (the last block of a cached prefix), if
+    /// any; when it is not present, nothing of the batch is admitted.
+    pub fn offer(
+        &self,
+        items: &[(BlockHash, u64)],
+        replace: bool,
+        after: Option<BlockHash>,
+    ) -> (Vec<Offer>, Vec<Victim>) {
         let mut st = self.lock();
         self.update_hint(&mut st, items);
         let mut out = Vec::with_capacity(items.len());
         let mut victims = Vec::new();
         let mut acc: Vec<Access> = Vec::with_capacity(items.len());
+        let mut parent: Option<BlockHash> = after;
+        let mut declined = after.is_some_and(|p| st.map.get(&p).is_none_or(|e| e.pending));
+        // The cached prefix's last block is what this chain hangs from: it must stay.
+        let anchor = after.filter(|_| !declined);
+        if let Some(a) = anchor {
+            if let Some(e) = st.map.get_mut(&a) {
+                e.pins += 1;
+            }
+        }
+        // Pinned for the batch: what it touched stays while the rest is placed.
+        let mut touched: Vec<BlockHash> = Vec::new();
         for &(hash, est) in items {
-            if let Some(e) = st.map.get_mut(&hash) {
+            let prev = parent.replace(hash);
+            if st.map.contains_key(&hash) && !declined {
                 // Present (or reserved by another put of the same key: this one replaces it).
-                if replace || e.pending {
-                    e.pins += 1;
-                    out.push(Offer::Replace);
+                let pending = st.map.get(&hash).is_some_and(|e| e.pending);
+                if replace || pending {
+                    if let Some(e) = st.map.get_mut(&hash) {
+                        e.pins += 1; // not its own victim
+                    }
+                    if self.over(&st, est, 1) {
+                        st.policy.on_access(&acc);
+                        acc.clear();
+                        victims.extend(self.evict_locked(&mut st, |ix, st| ix.over(st, est, 1)));
+                    }
+                    if let Some(e) = st.map.get_mut(&hash) {
+                        e.pins -= 1;
+                    }
+                    if self.over(&st, est, 1) {
+                        st.not_admitted += 1;
+                        out.push(Offer::NotAdmitted);
+                        declined = true;
+                        continue;
+                    }
+                    st.bytes += est;
+                    st.extra_files += 1;
+                    if let Some(e) = st.map.get_mut(&hash) {
+                        e.pins += 1;
+                    }
+                    out.push(Offer::Replace { reserved: est });
                 } else {
+                    if let Some(e) = st.map.get_mut(&hash) {
+                        e.pins += 1;
+                    }
+                    touched.push(hash);
                     out.push(Offer::Touched);
                 }
+                Self::link(&mut st, prev, hash);
                 acc.push(Access {
                     hash,
                     inserted: false,
                 });
                 continue;
             }
+            if declined || st.map.contains_key(&hash) {
+                // Its parent was declined: it could never be reached. The policy still sees
+                // it offered (admission counts sightings), then forgets it.
+                if !st.map.contains_key(&hash) {
+                    let _ = st.policy.admit(&hash);
+                    st.policy.on_remove(&hash);
+                }
+                st.not_admitted += 1;
+                out.push(Offer::NotAdmitted);
+                continue;
+            }
             if !st.policy.admit(&hash) {
                 st.not_admitted += 1;
                 out.push(Offer::NotAdmitted);
+                declined = true;
                 continue;
             }
             if self.over(&st, est, 1) {
                 st.policy.on_access(&acc);
                 acc.clear();
                 victims.extend(self.evict_locked(&mut st, |ix, st| ix.over(st, est, 1)));
+                if self.over(&st, est, 1) {
+                    // Everything left is pinned, being written, or a parent: no room.
+                    st.policy.on_remove(&hash);
+                    st.not_admitted += 1;
+                    out.push(Offer::NotAdmitted);
+                    declined = true;
+                    continue;
+                }
             }
-            st.map.insert(
-                hash,
-                Entry {
-                    bytes: est,
-                    pins: 1,
-                    pending: true,
-                },
-            );
+            let parent_known = prev.filter(|p| st.map.contains_key(p));
+            st.map.insert(hash, Entry::new(est, true, parent_known));
+            if let Some(p) = parent_known {
+                if let Some(pe) = st.map.get_mut(&p) {
+                    pe.children.push(hash);
+                }
+            }
             st.bytes += est;
             acc.push(Access {
                 hash,
@@ -238,30 +341,57 @@ impl Index {
             out.push(Offer::Reserved);
         }
         st.policy.on_access(&acc);
+        for h in touched.into_iter().chain(anchor) {
+            if let Some(e) = st.map.get_mut(&h) {
+                e.pins = e.pins.saturating_sub(1);
+            }
+        }
         (out, victims)
     }
 
-    /// A put of `hash` was published and takes `bytes` on disk.
-    pub fn commit(&self, hash: &BlockHash, bytes: u64) {
+    /// Records that `parent` (when present) is the chain parent of the present `child`, if
+    /// the child has none yet (e.g. it was loaded by a rebuild, or first stored as a root).
+    fn link(st: &mut State, parent: Option<BlockHash>, child: BlockHash) {
+        let Some(p) = parent else { return };
+        if p == child || !st.map.contains_key(&p) {
+            return;
+        }
+        match st.map.get_mut(&child) {
+            Some(c) if c.parent.is_none() => c.parent = Some(p),
+            _ => return,
+        }
+        if let Some(pe) = st.map.get_mut(&p) {
+            pe.children.push(child);
+        }
+    }
+
+    /// A put of `hash` was published and takes `bytes` on disk. Returns victims to unlink
+    /// when the file took more than was reserved and the bound is exceeded.
+    pub fn commit(&self, hash: &BlockHash, bytes: u64, offer: Offer) -> Vec<Victim> {
         let mut st = self.lock();
         match st.map.get_mut(hash) {
             Some(e) => {
-                let old = e.bytes;
+                let (old, extra) = match offer {
+                    // The old file is gone (renamed over) and the reservation is spent.
+                    Offer::Replace { reserved } => (e.bytes, reserved),
+                    _ => (e.bytes, 0),
+                };
+                let replaced = matches!(offer, Offer::Replace { .. });
                 e.bytes = bytes;
                 e.pins = e.pins.saturating_sub(1);
                 e.pending = false;
-                st.bytes = st.bytes - old + bytes;
+                st.bytes = (st.bytes + bytes).saturating_sub(old + extra);
+                if replaced {
+                    st.extra_files = st.extra_files.saturating_sub(1);
+                }
             }
             None => {
                 // Removed while it was being written (e.g. `remove_many`): it is on disk now.
-                st.map.insert(
-                    *hash,
-                    Entry {
-                        bytes,
-                        pins: 0,
-                        pending: false,
-                    },
-                );
+                if let Offer::Replace { reserved } = offer {
+                    st.bytes = st.bytes.saturating_sub(reserved);
+                    st.extra_files = st.extra_files.saturating_sub(1);
+                }
+                st.map.insert(*hash, Entry::new(bytes, false, None));
                 st.bytes += bytes;
                 st.policy.on_access(&[Access {
                     hash: *hash,
@@ -269,6 +399,18 @@ impl Index {
                 }]);
             }
         }
+        if self.over(&st, 0, 0) {
+            // Pinned while it is placed: the block just published is not its own victim.
+            if let Some(e) = st.map.get_mut(hash) {
+                e.pins += 1;
+            }
+            let v = self.evict_locked(&mut st, |ix, st| ix.over(st, 0, 0));
+            if let Some(e) = st.map.get_mut(hash) {
+                e.pins -= 1;
+            }
+            return v;
+        }
+        Vec::new()
     }
 
     /// A put of `hash` failed: a reservation is dropped, a replacement keeps the old block.
@@ -279,22 +421,40 @@ impl Index {
             if let Some(e) = st.map.remove(hash) {
                 st.bytes -= e.bytes;
                 st.policy.on_remove(hash);
+                Self::unlink_parent(&mut st, hash, e.parent);
+                // A child reserved after it in the same batch is aborted by its own put.
             }
-        } else if let Some(e) = st.map.get_mut(hash) {
-            e.pins = e.pins.saturating_sub(1);
+        } else {
+            if let Offer::Replace { reserved } = offer {
+                st.bytes = st.bytes.saturating_sub(reserved);
+                st.extra_files = st.extra_files.saturating_sub(1);
+            }
+            if let Some(e) = st.map.get_mut(hash) {
+                e.pins = e.pins.saturating_sub(1);
+            }
+        }
+    }
+
+    fn unlink_parent(st: &mut State, hash: &BlockHash, parent: Option<BlockHash>) {
+        if let Some(p) = parent {
+            if let Some(pe) = st.map.get_mut(&p) {
+                pe.children.retain(|c| c != hash);
+            }
         }
     }
 
     /// Adds a block found on disk (the rebuild on open; call oldest first).
     pub fn load(&self, hash: BlockHash, bytes: u64) {
         let mut st = self.lock();
-        let entry = Entry {
-            bytes,
-            pins: 0,
-            pending: false,
-        };
-        if let Some(old) = st.map.insert(hash, entry) {
-            st.bytes -= old.bytes;
+        match st.map.get_mut(&hash) {
+            Some(e) => {
+                let old = e.bytes;
+                e.bytes = bytes;
+                st.bytes -= old;
+            }
+            None => {
+                st.map.insert(hash, Entry::new(bytes, false, None));
+            }
         }
         st.bytes += bytes;
         st.policy.on_access(&[Access {
@@ -333,20 +493,73 @@ impl Index {
     fn over(&self, st: &State, bytes: u64, files: u64) -> bool {
         let (max_b, max_f) = self.limits.scaled(1.0);
         st.bytes.saturating_add(bytes) > max_b
-            || (st.map.len() as u64).saturating_add(files) > max_f
+            || (st.map.len() as u64 + st.extra_files).saturating_add(files) > max_f
     }
 
-    /// Forgets a block (removed, found missing or corrupt). True if it was known.
-    pub fn remove(&self, h: &BlockHash) -> bool {
+    /// Forgets a block that left behind the store's back (found missing, corrupt, or not a
+    /// regular file). Its children are kept, detached: they become reachable again when the
+    /// engine recomputes and stores the block (content addresses: same key), and a chain
+    /// offered through them links them again. True if it was known.
+    pub fn forget(&self, h: &BlockHash) -> bool {
         let mut st = self.lock();
-        match st.map.remove(h) {
-            Some(e) => {
-                st.bytes -= e.bytes;
-                st.policy.on_remove(h);
-                true
+        let Some(e) = st.map.remove(h) else {
+            return false;
+        };
+        st.bytes -= e.bytes;
+        st.policy.on_remove(h);
+        Self::unlink_parent(&mut st, h, e.parent);
+        for c in e.children {
+            if let Some(ce) = st.map.get_mut(&c) {
+                ce.parent = None;
             }
-            None => false,
         }
+        true
+    }
+
+    /// Removes a block (the user's `remove_many`) and, since they can no longer be reached,
+    /// its descendants: returned as victims whose files the caller unlinks.
+    pub fn remove(&self, h: &BlockHash) -> Vec<Victim> {
+        let mut st = self.lock();
+        let Some(e) = st.map.remove(h) else {
+            return Vec::new();
+        };
+        st.bytes -= e.bytes;
+        st.policy.on_remove(h);
+        Self::unlink_parent(&mut st, h, e.parent);
+        let mut out = Vec::new();
+        let mut stack = e.children;
+        while let Some(c) = stack.pop() {
+            // A descendant still being written is left to its put (its parent is gone).
+            if st.map.get(&c).is_some_and(|d| d.pending) {
+                continue;
+            }
+            if let Some(d) = st.map.remove(&c) {
+                st.bytes -= d.bytes;
+                st.policy.on_remove(&c);
+                st.evictions += 1;
+                st.evicted_bytes += d.bytes;
+                out.push(Victim {
+                    hash: c,
+                    bytes: d.bytes,
+                });
+                stack.extend(d.children);
+            }
+        }
+        out
+    }
+
+    /// True if every present block with a known parent has that parent present: the
+    /// invariant the module docs state (for tests).
+    #[cfg(test)]
+    pub fn is_prefix_closed(&self) -> bool {
+        let st = self.lock();
+        st.map.iter().all(|(h, e)| {
+            e.parent
+                .is_none_or(|p| st.map.get(&p).is_some_and(|pe| pe.children.contains(h)))
+                && e.children
+                    .iter()
+                    .all(|c| st.map.get(c).is_some_and(|ce| ce.parent == Some(*h)))
+        })
     }
 
     /// True when usage is above the high watermark.
@@ -398,11 +611,15 @@ impl Index {
         let mut out = Vec::new();
         while over(self, st) {
             let State { map, policy, .. } = &mut *st;
-            let Some(v) = policy.victim(&|h| map.get(h).is_some_and(|e| e.pins > 0 || e.pending))
-            else {
-                break; // everything left is pinned
+            // Only leaves of the chain tree go: a block with present children is their prefix.
+            let Some(v) = policy.victim(&|h| {
+                map.get(h)
+                    .is_some_and(|e| e.pins > 0 || e.pending || !e.children.is_empty())
+            }) else {
+                break; // everything left is pinned or a parent
             };
             if let Some(e) = st.map.remove(&v) {
+                Self::unlink_parent(st, &v, e.parent);
                 st.bytes -= e.bytes;
                 st.evictions += 1;
                 st.evicted_bytes += e.bytes;
@@ -452,9 +669,9 @@ mod tests {
     }
 
     fn put(i: &Index, h: BlockHash, bytes: u64) -> Vec<Victim> {
-        let (o, v) = i.offer(&[(h, bytes)], false);
+        let (o, v) = i.offer(&[(h, bytes)], false, None);
         assert_eq!(o, vec![Offer::Reserved]);
-        i.commit(&h, bytes);
+        assert!(i.commit(&h, bytes, o[0]).is_empty());
         v
     }
 
@@ -489,26 +706,33 @@ mod tests {
     #[test]
     fn reservations_count_but_are_not_readable_until_committed() {
         let i = idx(None, Some(2));
-        let (o, _) = i.offer(&[(h(1), 10), (h(2), 10)], false);
+        let (o, _) = i.offer(&[(h(1), 10), (h(2), 10)], false, None);
         assert_eq!(o, vec![Offer::Reserved, Offer::Reserved]);
         assert!(!i.contains(&h(1)), "a block being written is not readable");
-        // Full of reservations (pinned): nothing can be evicted for a third block.
-        let (o, v) = i.offer(&[(h(3), 10)], false);
-        assert_eq!(o, vec![Offer::Reserved]);
+        // Full of reservations (pinned): nothing can be evicted for a third block, which is
+        // not admitted (the bound holds).
+        let (o, v) = i.offer(&[(h(3), 10)], false, None);
+        assert_eq!(o, vec![Offer::NotAdmitted]);
         assert!(v.is_empty());
-        i.commit(&h(1), 12);
+        assert!(i.commit(&h(1), 12, Offer::Reserved).is_empty());
         i.abort(&h(2), Offer::Reserved);
-        i.commit(&h(3), 10);
+        let (o, _) = i.offer(&[(h(3), 10)], false, None);
+        assert_eq!(o, vec![Offer::Reserved]);
+        i.commit(&h(3), 10, o[0]);
         assert!(i.contains(&h(1)) && !i.contains(&h(2)) && i.contains(&h(3)));
         assert_eq!(i.counts().bytes, 22);
-        // Present: touched, or replaced.
-        assert_eq!(i.offer(&[(h(1), 10)], false).0, vec![Offer::Touched]);
-        assert_eq!(i.offer(&[(h(1), 10)], true).0, vec![Offer::Replace]);
-        i.abort(&h(1), Offer::Replace);
+        // Present: touched, or replaced (room for the whole new file is reserved).
+        assert_eq!(i.offer(&[(h(1), 10)], false, None).0, vec![Offer::Touched]);
+        let (o, v) = i.offer(&[(h(1), 10)], true, None);
+        assert_eq!(o, vec![Offer::Replace { reserved: 10 }]);
+        assert_eq!(v.len(), 1, "h(3) made room for the new file of h(1)");
+        assert_eq!(i.counts().bytes, 22, "12 + the reserved 10, without h(3)");
+        i.abort(&h(1), o[0]);
         assert!(
             i.contains(&h(1)),
             "a failed replacement keeps the old block"
         );
+        assert_eq!(i.counts().bytes, 12);
     }
 
     #[test]
@@ -522,8 +746,8 @@ mod tests {
         assert!(!i.over_high());
         i.load(h(9), 30); // replaced: 10 -> 30 bytes
         assert_eq!(i.counts().bytes, 4 * 10 + 30);
-        assert!(i.remove(&h(9)));
-        assert!(!i.remove(&h(9)));
+        assert!(i.remove(&h(9)).is_empty());
+        assert!(!i.contains(&h(9)));
         assert_eq!(i.counts().bytes, 40);
         // h(5) is the least recent, but it is what the room is for.
         let v = i.evict_bytes(15, &[h(5)]);
@@ -534,15 +758,97 @@ mod tests {
         assert!(i.contains(&h(5)), "kept");
     }
 
+    /// Offers a chain of `ids` (root first) after `after`, committing what was reserved.
+    fn chain(i: &Index, ids: &[u64], after: Option<u64>) -> Vec<Offer> {
+        let items: Vec<(BlockHash, u64)> = ids.iter().map(|&k| (h(k), 1)).collect();
+        let (o, _) = i.offer(&items, false, after.map(h));
+        for ((hh, _), o) in items.iter().zip(&o) {
+            if matches!(o, Offer::Reserved) {
+                i.commit(hh, 1, *o);
+            }
+        }
+        o
+    }
+
+    #[test]
+    fn chains_are_cut_from_the_tail() {
+        for kind in [PolicyKind::Lru, PolicyKind::Admit2, PolicyKind::Arc] {
+            let i = Index::new(
+                Limits {
+                    max_bytes: None,
+                    max_files: Some(50),
+                    high: 1.0,
+                    low: 1.0,
+                },
+                kind.build(),
+            );
+            for round in 0..2 {
+                for c in 0..3u64 {
+                    chain(&i, &(c * 100..c * 100 + 30).collect::<Vec<_>>(), None);
+                    assert!(i.is_prefix_closed(), "{kind} round {round}");
+                }
+            }
+            assert!(i.counts().files <= 50, "{kind}");
+            // Every chain is present as a prefix: root first.
+            for c in 0..3u64 {
+                let present: Vec<bool> =
+                    (c * 100..c * 100 + 30).map(|k| i.contains(&h(k))).collect();
+                let n = present.iter().take_while(|p| **p).count();
+                assert!(
+                    present[n..].iter().all(|p| !p),
+                    "{kind} chain {c}: {present:?}"
+                );
+            }
+            // The most recent chain is whole (ARC, LRU) or at least rooted.
+            assert!(i.contains(&h(200)), "{kind}");
+        }
+    }
+
+    #[test]
+    fn a_batch_over_the_capacity_stores_the_prefix_that_fits() {
+        let i = idx(None, Some(10));
+        let o = chain(&i, &(0..200).collect::<Vec<_>>(), None);
+        assert_eq!(o.iter().filter(|o| **o == Offer::Reserved).count(), 10);
+        assert!(o[..10].iter().all(|o| *o == Offer::Reserved));
+        assert!(o[10..].iter().all(|o| *o == Offer::NotAdmitted));
+        assert_eq!(i.counts().files, 10);
+        assert_eq!(i.counts().not_admitted, 190);
+        // A continuation of a chain whose parent is gone stores nothing.
+        assert!(
+            chain(&i, &[500, 501], Some(999))
+                .iter()
+                .all(|o| *o == Offer::NotAdmitted)
+        );
+        // Removing a block removes its descendants.
+        let orphans = i.remove(&h(5));
+        assert_eq!(orphans.len(), 4);
+        assert!(i.contains(&h(4)) && !i.contains(&h(6)));
+        assert!(i.is_prefix_closed());
+    }
+
+    #[test]
+    fn a_commit_larger_than_reserved_evicts_to_the_bound() {
+        let i = idx(Some(100), None);
+        assert!(put(&i, h(1), 40).is_empty());
+        let (o, _) = i.offer(&[(h(2), 40)], false, None);
+        // The filesystem took more than estimated: the bound is restored at once.
+        let v = i.commit(&h(2), 70, o[0]);
+        assert_eq!(v.iter().map(|v| v.hash).collect::<Vec<_>>(), vec![h(1)]);
+        assert!(i.counts().bytes <= 100);
+    }
+
     #[test]
     fn admission_goes_through_the_policy() {
         let i = Index::new(Limits::unbounded(), PolicyKind::Admit2.build());
-        assert_eq!(i.offer(&[(h(1), 1)], false).0, vec![Offer::NotAdmitted]);
-        assert_eq!(i.offer(&[(h(1), 1)], false).0, vec![Offer::Reserved]);
-        i.commit(&h(1), 1);
         assert_eq!(
-            i.offer(&[(h(1), 1)], true).0,
-            vec![Offer::Replace],
+            i.offer(&[(h(1), 1)], false, None).0,
+            vec![Offer::NotAdmitted]
+        );
+        assert_eq!(i.offer(&[(h(1), 1)], false, None).0, vec![Offer::Reserved]);
+        i.commit(&h(1), 1, Offer::Reserved);
+        assert_eq!(
+            i.offer(&[(h(1), 1)], true, None).0,
+            vec![Offer::Replace { reserved: 1 }],
             "present keys are always taken"
         );
         assert_eq!(i.counts().not_admitted, 1);

@@ -19,10 +19,13 @@ pub const LAYOUT_FILE: &str = "LAYOUT";
 pub const LOCK_FILE: &str = ".lock";
 /// Live counters of the open store (JSON, rewritten atomically; docs/stat.md).
 pub const STATS_FILE: &str = "STATS.json";
-/// The temp name `STATS_FILE` is written under before the rename.
-pub const STATS_TEMP: &str = ".STATS.json.tmp";
-/// Prefix of temporary files; `<prefix><64 hex>.<pid>.<seq>`.
+/// Prefix of temporary files: `<prefix><64 hex>.<pid>.<seq>` for a block being put, and
+/// `<prefix><control file>.<pid>.<seq>` for a control file being rewritten.
 pub const TEMP_PREFIX: &str = ".tmp.";
+/// The control files of a worker directory, which the store rewrites through temp names.
+pub const CONTROL_FILES: [&str; 3] = [LAYOUT_FILE, LOCK_FILE, STATS_FILE];
+/// Temp names of control files written by earlier versions (swept like any temp file).
+const LEGACY_CONTROL_TEMPS: [&str; 2] = [".STATS.json.tmp", ".tmp.layout."];
 /// Deepest supported shard tree.
 pub const MAX_DEPTH: u8 = 4;
 
@@ -53,6 +56,8 @@ pub enum EntryName {
     Block(BlockHash),
     /// A temporary file of an unfinished put.
     Temp,
+    /// A temporary file of a control file being rewritten (in the worker directory).
+    ControlTemp,
     /// The store's own bookkeeping (layout and lock files).
     Meta,
     /// Anything else: left alone and counted.
@@ -127,10 +132,30 @@ impl Layout {
 
     /// Classifies a file name found in the tree.
     pub fn classify(name: &str) -> EntryName {
-        if [LAYOUT_FILE, LOCK_FILE, STATS_FILE, STATS_TEMP].contains(&name) {
+        if CONTROL_FILES.contains(&name) {
             return EntryName::Meta;
         }
+        if name == LEGACY_CONTROL_TEMPS[0]
+            || name
+                .strip_prefix(LEGACY_CONTROL_TEMPS[1])
+                .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|c| c.is_ascii_digit()))
+        {
+            return EntryName::ControlTemp;
+        }
         if let Some(rest) = name.strip_prefix(TEMP_PREFIX) {
+            // <control file>.<pid>.<seq>
+            for c in CONTROL_FILES {
+                if let Some((pid, seq)) = rest
+                    .strip_prefix(c)
+                    .and_then(|r| r.strip_prefix('.'))
+                    .and_then(|r| r.split_once('.'))
+                {
+                    let digits = |x: &str| !x.is_empty() && x.bytes().all(|c| c.is_ascii_digit());
+                    if digits(pid) && digits(seq) {
+                        return EntryName::ControlTemp;
+                    }
+                }
+            }
             // <64 hex>.<pid>.<seq>
             let mut parts = rest.split('.');
             let ok = matches!(
@@ -280,6 +305,14 @@ mod tests {
         assert_eq!(Layout::classify(&hex.to_uppercase()), EntryName::Foreign);
         assert_eq!(Layout::classify("notes.txt"), EntryName::Foreign);
         assert_eq!(Layout::classify("LAYOUT"), EntryName::Meta);
+        assert_eq!(
+            Layout::classify(".tmp.STATS.json.12.0"),
+            EntryName::ControlTemp
+        );
+        assert_eq!(Layout::classify(".tmp.LAYOUT.1.22"), EntryName::ControlTemp);
+        assert_eq!(Layout::classify(".tmp.layout.77"), EntryName::ControlTemp);
+        assert_eq!(Layout::classify(".tmp.LAYOUT.1."), EntryName::Foreign);
+        assert_eq!(Layout::classify(".tmp.notes.1.2"), EntryName::Foreign);
     }
 
     #[test]

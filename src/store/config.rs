@@ -88,6 +88,10 @@ pub const DEFAULT_MAX_BLOCK_SIZE: usize = 256 << 20;
 /// Largest default open-file cache.
 pub const DEFAULT_FD_CACHE_MAX: usize = 4096;
 
+/// The smallest block file on disk: the 4 KiB header page and one 4 KiB page of payload. A
+/// byte capacity below it is refused when a store opens.
+pub const MIN_BLOCK_FILE_BYTES: u64 = 8192;
+
 /// How a [`Store`](crate::Store) is opened. `StoreConfig::default()` suits most callers; each
 /// `with_*` setter documents its default.
 #[derive(Clone, Debug)]
@@ -133,6 +137,11 @@ pub struct StoreConfig {
     /// Leave temp files of crashed stores in place when opening (default off: they are
     /// removed; the worker lock guarantees no live store owns them).
     pub keep_temp_files: bool,
+    /// Open the tree read-only (default off): for a replica that only reads a tree another
+    /// store writes, or a tree on a read-only mount. Takes no worker lock, creates, sweeps,
+    /// evicts and removes nothing, writes no `STATS.json`; puts fail with
+    /// [`Error::ReadOnly`]. The index holds the blocks present when the store opened.
+    pub read_only: bool,
 }
 
 impl Default for StoreConfig {
@@ -154,6 +163,7 @@ impl Default for StoreConfig {
             low_watermark: 0.90,
             stats_interval: Some(std::time::Duration::from_secs(1)),
             keep_temp_files: false,
+            read_only: false,
         }
     }
 }
@@ -251,6 +261,12 @@ impl StoreConfig {
         self
     }
 
+    /// Opens the tree read-only (see [`StoreConfig::read_only`]).
+    pub fn with_read_only(mut self, on: bool) -> Self {
+        self.read_only = on;
+        self
+    }
+
     /// Sets how often live counters are published (`None`: never; default every second).
     pub fn with_stats_interval(mut self, interval: Option<std::time::Duration>) -> Self {
         self.stats_interval = interval;
@@ -294,6 +310,19 @@ impl StoreConfig {
                 "watermarks must satisfy 0 < low <= high <= 1, got low {} high {}",
                 self.low_watermark, self.high_watermark
             )));
+        }
+        if let Some(b) = self.capacity_bytes {
+            if b < MIN_BLOCK_FILE_BYTES {
+                return Err(Error::Config(format!(
+                    "capacity of {b} bytes is smaller than one block file ({MIN_BLOCK_FILE_BYTES} \
+                     bytes: a 4 KiB header and one 4 KiB page of payload)"
+                )));
+            }
+        }
+        if self.capacity_files == Some(0) {
+            return Err(Error::Config(
+                "a capacity of 0 block files holds nothing; leave it unset for no bound".into(),
+            ));
         }
         if self.max_block_size() as u64 > (1u64 << 40) {
             return Err(Error::Config("max_block_size above 1 TiB".into()));

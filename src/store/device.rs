@@ -16,7 +16,6 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rustix::fs::Mode;
 use rustix::io::Errno;
 
 use super::fdcache::OpenBlock;
@@ -57,7 +56,7 @@ impl Store {
             }
             return results;
         }
-        self.inner.put_with_retry(items, true)
+        self.inner.put_with_retry(items, true, None)
     }
 }
 
@@ -133,7 +132,10 @@ impl Inner {
                             &rel(),
                             &block.fd,
                             Some(&block),
-                            format!("payload is {n} bytes, header says {len}"),
+                            crate::error::CorruptReason::Length {
+                                file: PAYLOAD_OFFSET + n as u64,
+                                header: block.header.file_len(),
+                            },
                         )),
                         Err(e) => Err(Error::from_io(self.path(rel().as_str()), e)),
                     }
@@ -190,7 +192,7 @@ impl Inner {
                         &rel(),
                         &block.fd,
                         Some(&block),
-                        "payload checksum mismatch".into(),
+                        crate::error::CorruptReason::Checksum,
                     )));
                 }
                 Err(e) => {
@@ -207,8 +209,14 @@ impl Inner {
         key: &BlockKey,
         rel: &crate::layout::RelPath,
     ) -> std::result::Result<Arc<OpenBlock>, DevicePlan> {
-        let fd = match self.open_beneath(rel.as_str(), self.read_flags(), Mode::empty()) {
-            Ok(fd) => fd,
+        let fd = match self.open_block(rel.as_str(), self.read_flags()) {
+            Ok(crate::ns::Opened::File(fd, _)) => fd,
+            Ok(crate::ns::Opened::NotRegular(kind)) => {
+                tracing::warn!(path = %self.path(rel.as_str()).display(), %kind, "not a regular file under a block's name: not read, left alone, counted as a miss");
+                Counters::add(&self.counters.foreign, 1);
+                self.index.forget(&key.hash);
+                return Err(DevicePlan::Done(Ok(Lookup::Miss)));
+            }
             Err(Errno::NOENT | Errno::NOTDIR) => {
                 self.forget_if_missing(&key.hash, rel);
                 return Err(DevicePlan::Done(Ok(Lookup::Miss)));
@@ -242,7 +250,10 @@ impl Inner {
             .map_err(|e| io_error(io_err(e)))?
             .st_size as u64;
         if size != header.file_len() {
-            let reason = format!("file is {size} bytes, header says {}", header.file_len());
+            let reason = crate::error::CorruptReason::Length {
+                file: size,
+                header: header.file_len(),
+            };
             return Err(DevicePlan::Done(Ok(
                 self.corrupt(&key.hash, rel, &fd, None, reason)
             )));

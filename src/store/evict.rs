@@ -5,11 +5,9 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use rustix::fs::AtFlags;
-use rustix::io::Errno;
-
 use super::Inner;
 use crate::index::Victim;
+use crate::ns::Unlinked;
 
 #[derive(Debug, Default)]
 struct Signal {
@@ -103,8 +101,12 @@ impl Inner {
             }
             self.fds.invalidate(&v.hash);
             let rel = self.layout.rel_path(&v.hash);
-            match rustix::fs::unlinkat(&self.dirfd, rel.as_str(), AtFlags::empty()) {
-                Ok(()) | Err(Errno::NOENT) => {}
+            match self.ns.unlink_file(rel.as_str(), None) {
+                Ok(Unlinked::Removed | Unlinked::Missing) => {}
+                Ok(Unlinked::Refused) => tracing::warn!(
+                    path = %self.path(rel.as_str()).display(),
+                    "an evicted block's name holds something else: left alone"
+                ),
                 Err(e) => tracing::warn!(
                     path = %self.path(rel.as_str()).display(),
                     error = %e,

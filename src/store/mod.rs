@@ -3,13 +3,11 @@
 //! `read.rs` is the get path, `write.rs` the put path, `evict.rs` capacity enforcement;
 //! `fdcache.rs` the open-file cache, `sweep.rs` the scan that rebuilds the index on open.
 
-use std::os::fd::OwnedFd;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags, ResolveFlags};
+use rustix::fs::OFlags;
 use rustix::io::Errno;
 
 use crate::engine::IoEngine;
@@ -18,7 +16,8 @@ use crate::format::PAYLOAD_OFFSET;
 use crate::index::Index;
 use crate::index::policy::Policy;
 use crate::key::{BlockHash, BlockKey, WorkerId};
-use crate::layout::{self, LAYOUT_FILE, LOCK_FILE, Layout, TEMP_PREFIX};
+use crate::layout::{self, EntryName, LAYOUT_FILE, LOCK_FILE, Layout};
+use crate::ns::{BlockDir, FileKind, NsFaults, Opened, Unlinked};
 
 mod async_api;
 mod config;
@@ -40,10 +39,7 @@ use fdcache::FdCache;
 use stats::Counters;
 use statsfile::StatsWriter;
 
-/// File mode of block files, as passed to `open` (the umask applies).
-pub const FILE_MODE: u32 = 0o644;
-/// Mode of shard directories, as passed to `mkdir` (the umask applies).
-pub const DIR_MODE: u32 = 0o755;
+pub use crate::ns::{DIR_MODE, FILE_MODE};
 
 /// Attempts to open a file when the open-file limit is hit, shrinking the cache in between.
 const EMFILE_RETRIES: usize = 16;
@@ -83,6 +79,8 @@ pub struct Parts {
     pub engine: Option<Arc<dyn IoEngine>>,
     /// The eviction policy (default: `config.policy`), e.g. the replay-only Belady policy.
     pub policy: Option<Box<dyn Policy>>,
+    /// Faults injected into the namespace layer (tests).
+    pub ns_faults: Option<Arc<NsFaults>>,
 }
 
 impl Parts {
@@ -100,6 +98,12 @@ impl Parts {
     /// Uses `policy`.
     pub fn with_policy(mut self, policy: Box<dyn Policy>) -> Self {
         self.policy = Some(policy);
+        self
+    }
+
+    /// Makes the namespace layer's operations fail as `faults` says.
+    pub fn with_ns_faults(mut self, faults: Arc<NsFaults>) -> Self {
+        self.ns_faults = Some(faults);
         self
     }
 }
@@ -130,9 +134,11 @@ impl Drop for OpenGuard {
 #[derive(Debug)]
 struct Inner {
     worker: WorkerId,
-    dir: PathBuf,
-    dirfd: OwnedFd,
-    _lock: OwnedFd,
+    /// Every file operation goes through it.
+    ns: BlockDir,
+    /// True when this store holds the worker lock (not in read-only mode).
+    locked: bool,
+    read_only: bool,
     layout: Layout,
     verify: VerifyMode,
     direct: bool,
@@ -148,7 +154,6 @@ struct Inner {
     stats_writer: Mutex<Option<StatsWriter>>,
     stats_interval: std::time::Duration,
     counters: Counters,
-    has_openat2: AtomicBool,
     tmpfile: AtomicBool,
     link_empty_path: AtomicBool,
     temp_seq: AtomicU64,
@@ -174,14 +179,41 @@ impl Inner {
             // The last snapshot, marked closed.
             self.write_live_stats(false, self.stats_interval);
         }
-        if let Err(e) = rustix::fs::flock(&self._lock, FlockOperation::Unlock) {
-            tracing::warn!(error = %e, "could not release the worker lock");
+        if self.locked {
+            if let Err(e) = self.ns.unlock() {
+                tracing::warn!(error = %e, "could not release the worker lock");
+            }
         }
     }
 }
 
-fn io_err(e: Errno) -> std::io::Error {
-    std::io::Error::from_raw_os_error(e.raw_os_error())
+use crate::ns::io_err;
+
+/// Who holds a worker lock, from the `.lock` file's text (`pid=N` and `host=H` lines).
+pub fn lock_holder(text: &str) -> String {
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
+            .map(str::trim)
+            .filter(|v| !v.is_empty() && v.len() <= 256)
+    };
+    match (field("pid"), field("host")) {
+        (Some(p), Some(h)) => format!("pid {p} on {h}"),
+        (Some(p), None) => format!("pid {p}"),
+        _ => "holder unknown".into(),
+    }
+}
+
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is valid for `buf.len()` bytes; gethostname writes at most that many and
+    // we read only up to the first NUL within the buffer.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 impl Store {
@@ -219,36 +251,63 @@ impl Store {
             None => config.engine.build_with(&config.engine_options)?,
         };
         let policy = parts.policy.unwrap_or_else(|| config.policy.build());
-        let dir = layout::worker_dir(root.as_ref(), &worker);
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(DIR_MODE)
-            .create(&dir)
-            .map_err(|e| Error::from_io(&dir, e))?;
-        let dirfd = rustix::fs::open(
-            &dir,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-            Mode::empty(),
-        )
-        .map_err(|e| Error::from_io(&dir, io_err(e)))?;
-
-        let lock_path = dir.join(LOCK_FILE);
-        let lock = rustix::fs::openat(
-            &dirfd,
-            LOCK_FILE,
-            OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-            Mode::from_raw_mode(FILE_MODE),
-        )
-        .map_err(|e| Error::from_io(&lock_path, io_err(e)))?;
-        match rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(Errno::WOULDBLOCK) => return Err(Error::WorkerBusy { path: dir }),
-            Err(e) => return Err(Error::from_io(&lock_path, io_err(e))),
+        let read_only = config.read_only;
+        let ns = BlockDir::open_with_faults(root.as_ref(), worker.as_str(), !read_only, parts.ns_faults)
+            .map_err(|e| match e {
+                Error::Io { path, source } if source.raw_os_error() == Some(Errno::ROFS.raw_os_error()) => {
+                    Error::Config(format!(
+                        "{} is on a read-only filesystem: open it with StoreConfig::with_read_only(true)",
+                        path.display()
+                    ))
+                }
+                e => e,
+            })?;
+        let dir = ns.path().to_path_buf();
+        let locked = !read_only;
+        if locked {
+            match ns.try_lock() {
+                Ok(true) => {}
+                Ok(false) => {
+                    let holder = ns.read_control(LOCK_FILE).ok().flatten().map_or_else(
+                        || "holder unknown".into(),
+                        |t| lock_holder(&String::from_utf8_lossy(&t)),
+                    );
+                    return Err(Error::WorkerBusy { path: dir, holder });
+                }
+                Err(e) => return Err(Error::from_io(&dir, io_err(e))),
+            }
+            // Who holds the lock, for the next opener's WorkerBusy and for tierkv-stat.
+            let who = format!("pid={}\nhost={}\n", std::process::id(), host_name());
+            if let Err(e) = ns.write_control(LOCK_FILE, who.as_bytes()) {
+                let _ = ns.unlock();
+                return Err(e);
+            }
         }
+        Self::open_locked(ns, worker, &config, engine, policy, read_only)
+    }
 
-        let layout = resolve_layout(&dir, config.layout)?;
+    fn open_locked(
+        ns: BlockDir,
+        worker: WorkerId,
+        config: &StoreConfig,
+        engine: Arc<dyn IoEngine>,
+        policy: Box<dyn Policy>,
+        read_only: bool,
+    ) -> Result<Store> {
+        let unlock = |ns: &BlockDir| {
+            if !read_only {
+                let _ = ns.unlock();
+            }
+        };
+        let layout = match resolve_layout(&ns, config.layout, read_only) {
+            Ok(l) => l,
+            Err(e) => {
+                unlock(&ns);
+                return Err(e);
+            }
+        };
         let started = std::time::Instant::now();
-        let mut report = sweep::sweep(&dir, layout, !config.keep_temp_files, true);
+        let mut report = sweep::sweep(&ns, layout, !config.keep_temp_files && !read_only, true);
         for (p, e) in &report.errors {
             tracing::warn!(path = %p.display(), error = %e, "could not scan part of the tree");
         }
@@ -258,16 +317,20 @@ impl Store {
                 "removed temp files of an unfinished put"
             );
         }
-        if report.foreign + report.symlinks > 0 {
+        if report.foreign + report.symlinks + report.misplaced > 0 {
             tracing::warn!(
                 foreign = report.foreign,
                 symlinks = report.symlinks,
+                misplaced = report.misplaced,
                 "files that are not blocks of this store are in the tree; left alone"
             );
         }
         let counters = Counters::default();
         Counters::add(&counters.temp_swept, report.temp);
-        Counters::add(&counters.foreign, report.foreign + report.symlinks);
+        Counters::add(
+            &counters.foreign,
+            report.foreign + report.symlinks + report.misplaced,
+        );
         Counters::add(&counters.blocks_at_open, report.blocks);
 
         // The index, oldest block first, so the policy's recency order is the files'.
@@ -287,11 +350,12 @@ impl Store {
 
         let fd_cap = config.fd_cache_capacity();
         tracing::debug!(worker = %worker, %layout, fd_cache = fd_cap, engine = engine.name(), "store open");
+        let stats_interval = config.stats_interval.filter(|_| !read_only);
         let inner = Arc::new_cyclic(|weak| Inner {
             worker,
-            dir,
-            dirfd,
-            _lock: lock,
+            ns,
+            locked: !read_only,
+            read_only,
             layout,
             verify: config.verify,
             direct: config.direct_io,
@@ -302,28 +366,26 @@ impl Store {
             bufs: crate::buf::BufPool::new(64 << 20),
             index,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
-            stats_writer: Mutex::new(
-                config
-                    .stats_interval
-                    .map(|i| StatsWriter::spawn(weak.clone(), i)),
-            ),
-            stats_interval: config.stats_interval.unwrap_or_default(),
+            stats_writer: Mutex::new(stats_interval.map(|i| StatsWriter::spawn(weak.clone(), i))),
+            stats_interval: stats_interval.unwrap_or_default(),
             evictor: Mutex::new(
-                (limits.is_bounded() && limits.high < 1.0).then(|| Evictor::spawn(weak.clone())),
+                (!read_only && limits.is_bounded() && limits.high < 1.0)
+                    .then(|| Evictor::spawn(weak.clone())),
             ),
             counters,
-            has_openat2: AtomicBool::new(true),
             tmpfile: AtomicBool::new(config.publish == Publish::Tmpfile),
             link_empty_path: AtomicBool::new(true),
             temp_seq: AtomicU64::new(0),
         });
         // Enforce the capacity on what the tree already holds.
-        let victims = inner.index.evict_to_bound();
-        if !victims.is_empty() {
-            tracing::info!(count = victims.len(), "evicting down to the capacity");
-            inner.unlink_victims(victims);
+        if !read_only {
+            let victims = inner.index.evict_to_bound();
+            if !victims.is_empty() {
+                tracing::info!(count = victims.len(), "evicting down to the capacity");
+                inner.unlink_victims(victims);
+            }
         }
-        if config.stats_interval.is_some() {
+        if stats_interval.is_some() {
             inner.write_live_stats(true, inner.stats_interval);
         }
         Ok(Store {
@@ -339,7 +401,12 @@ impl Store {
 
     /// The worker's directory (`<root>/v1/<worker>`).
     pub fn dir(&self) -> &Path {
-        &self.inner.dir
+        self.inner.ns.path()
+    }
+
+    /// True if the store was opened read-only.
+    pub fn is_read_only(&self) -> bool {
+        self.inner.read_only
     }
 
     /// The layout in use.
@@ -365,8 +432,8 @@ impl Store {
     /// The path a block is (or would be) stored at.
     pub fn path_of(&self, hash: &BlockHash) -> PathBuf {
         self.inner
-            .dir
-            .join(self.inner.layout.rel_path(hash).as_str())
+            .ns
+            .full(self.inner.layout.rel_path(hash).as_str())
     }
 
     /// A snapshot of the counters.
@@ -396,21 +463,51 @@ impl Store {
     /// ever visible. An invalid key or a block over the maximum size is rejected before
     /// anything is written. An existing key is replaced.
     ///
-    /// With a capacity, room for the whole batch is made first (eviction), so the tree never
-    /// exceeds the bound by more than the batches in flight. A policy with admission control
-    /// may decline a block: the result is `Ok` and the block is not stored (counted in
-    /// `StoreStats::not_admitted`). ENOSPC below the capacity evicts and retries once.
+    /// The batch is one chain: each item's chain parent is the item before it (the first
+    /// item is a root; see [`Store::offer_many_after`] for a chain's continuation). The
+    /// present set stays prefix-closed: a block is stored only while its parent is, so
+    /// eviction cuts chains from the tail and removing a block removes its descendants.
+    ///
+    /// With a capacity, room for each block is reserved (by evicting chain tails) before it
+    /// is written, so block files plus temp files never exceed the bound; what does not fit
+    /// (from the first such block to the end of the chain) is not stored: its result is
+    /// `Ok` and it is counted in `StoreStats::not_admitted`, as is a block a policy with
+    /// admission control declines. ENOSPC below the capacity evicts and retries once.
+    #[must_use = "each item has its own result: a put can fail"]
     pub fn put_many<D: AsRef<[u8]>>(&self, items: &[(BlockKey, D)]) -> Vec<Result<()>> {
-        self.inner.put_with_retry(items, true)
+        self.inner.put_with_retry(items, true, None)
     }
 
-    /// Offers a request's blocks after its cached prefix (root first), the call an engine
-    /// makes once it has computed them: absent blocks are stored as by [`Store::put_many`]
-    /// (subject to admission), present ones are only marked as used, in one batch so that
-    /// the policy sees the chain in order. Block hashes name their content, so a present
-    /// block is never rewritten.
+    /// Offers a request's blocks (root first), the call an engine makes once it has computed
+    /// them: absent blocks are stored as by [`Store::put_many`] (subject to admission),
+    /// present ones are only marked as used, in one batch so that the policy sees the chain
+    /// in order. Block hashes name their content, so a present block is never rewritten.
+    #[must_use = "each item has its own result: a put can fail"]
     pub fn offer_many<D: AsRef<[u8]>>(&self, items: &[(BlockKey, D)]) -> Vec<Result<()>> {
-        self.inner.put_with_retry(items, false)
+        self.inner.put_with_retry(items, false, None)
+    }
+
+    /// As [`Store::offer_many`], for the blocks after a request's cached prefix: `parent` is
+    /// the last block of that prefix (the chain parent of `items[0]`). If `parent` is no
+    /// longer stored, nothing is (the blocks could never be reached): every result is `Ok`
+    /// and counted as not admitted.
+    #[must_use = "each item has its own result: a put can fail"]
+    pub fn offer_many_after<D: AsRef<[u8]>>(
+        &self,
+        parent: Option<&BlockKey>,
+        items: &[(BlockKey, D)],
+    ) -> Vec<Result<()>> {
+        if let Some(p) = parent {
+            if let Err(e) = self.inner.check_key(p) {
+                let msg = e.to_string();
+                return items
+                    .iter()
+                    .map(|_| Err(Error::invalid_key(msg.clone())))
+                    .collect();
+            }
+        }
+        self.inner
+            .put_with_retry(items, false, parent.map(|p| p.hash))
     }
 
     /// Reads a batch of blocks (a request's chain, root first), each into the front of its
@@ -471,15 +568,23 @@ impl Store {
     }
 }
 
-/// Reads the layout recorded in `dir`, or records `wanted` (or the default) there.
-fn resolve_layout(dir: &Path, wanted: Option<Layout>) -> Result<Layout> {
-    let path = dir.join(LAYOUT_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let found = Layout::from_file_text(&text).ok_or_else(|| Error::Corrupt {
-                path: path.clone(),
-                reason: format!("unreadable layout file: {text:?}"),
-            })?;
+/// Reads the layout recorded in the worker directory, or records `wanted` (or the default)
+/// there. A directory that holds anything but control files and has no `LAYOUT` is refused:
+/// its files were laid out by someone else, and adopting a default would make every block
+/// foreign.
+fn resolve_layout(ns: &BlockDir, wanted: Option<Layout>, read_only: bool) -> Result<Layout> {
+    let path = ns.full(LAYOUT_FILE);
+    match ns.read_control(LAYOUT_FILE)? {
+        Some(bytes) => {
+            let found = std::str::from_utf8(&bytes)
+                .ok()
+                .and_then(Layout::from_file_text)
+                .ok_or_else(|| Error::Corrupt {
+                    path: path.clone(),
+                    reason: crate::error::CorruptReason::ControlFile(
+                        "not a layout file (expected depth=D and fanout=F lines)".into(),
+                    ),
+                })?;
             match wanted {
                 Some(w) if w != found => Err(Error::LayoutMismatch {
                     path,
@@ -489,14 +594,31 @@ fn resolve_layout(dir: &Path, wanted: Option<Layout>) -> Result<Layout> {
                 _ => Ok(found),
             }
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        None => {
             let l = wanted.unwrap_or_default();
-            let tmp = dir.join(format!("{TEMP_PREFIX}layout.{}", std::process::id()));
-            std::fs::write(&tmp, l.to_file_text()).map_err(|e| Error::from_io(&tmp, e))?;
-            std::fs::rename(&tmp, &path).map_err(|e| Error::from_io(&path, e))?;
+            let others = ns
+                .read_dir("")
+                .map_err(|e| Error::from_io(ns.path(), io_err(e)))?
+                .into_iter()
+                .filter(|e| {
+                    !matches!(
+                        Layout::classify(e.name_str()),
+                        EntryName::Meta | EntryName::ControlTemp
+                    )
+                })
+                .count();
+            if others > 0 {
+                return Err(Error::LayoutMismatch {
+                    path,
+                    found: format!("no layout file but {others} other entries"),
+                    configured: l.to_string(),
+                });
+            }
+            if !read_only {
+                ns.write_control(LAYOUT_FILE, l.to_file_text().as_bytes())?;
+            }
             Ok(l)
         }
-        Err(e) => Err(Error::from_io(&path, e)),
     }
 }
 
@@ -521,44 +643,33 @@ impl Inner {
     }
 
     fn path(&self, rel: &str) -> PathBuf {
-        self.dir.join(rel)
+        self.ns.full(rel)
     }
 
-    /// Opens `rel` beneath the worker directory, never following a symlink anywhere on the
-    /// path (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`; `openat` with
-    /// `O_NOFOLLOW` on kernels without `openat2`). On EMFILE/ENFILE the open-file cache
-    /// shrinks and the open is retried.
-    fn open_beneath(&self, rel: &str, flags: OFlags, mode: Mode) -> rustix::io::Result<OwnedFd> {
-        let flags = flags | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+    /// Runs a namespace operation that opens a descriptor; on EMFILE/ENFILE the open-file
+    /// cache shrinks and the operation is retried.
+    fn retry_emfile<T>(
+        &self,
+        mut op: impl FnMut() -> rustix::io::Result<T>,
+    ) -> rustix::io::Result<T> {
         let mut tries = 0;
         loop {
-            let r = if self.has_openat2.load(Ordering::Relaxed) {
-                match rustix::fs::openat2(
-                    &self.dirfd,
-                    rel,
-                    flags,
-                    mode,
-                    ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-                ) {
-                    Err(Errno::NOSYS) => {
-                        self.has_openat2.store(false, Ordering::Relaxed);
-                        continue;
-                    }
-                    r => r,
-                }
-            } else {
-                rustix::fs::openat(&self.dirfd, rel, flags, mode)
-            };
-            match r {
+            match op() {
                 Err(Errno::MFILE | Errno::NFILE) if tries < EMFILE_RETRIES => {
                     tries += 1;
                     if self.fds.shrink() == 0 && tries > 2 {
-                        return r;
+                        return op();
                     }
                 }
                 r => return r,
             }
         }
+    }
+
+    /// Opens the block file `rel` for data (regular files only; see [`BlockDir::open_file`]),
+    /// retrying on EMFILE.
+    fn open_block(&self, rel: &str, flags: OFlags) -> rustix::io::Result<Opened> {
+        self.retry_emfile(|| self.ns.open_file(rel, flags))
     }
 
     fn read_flags(&self) -> OFlags {
@@ -575,10 +686,22 @@ impl Inner {
         &self,
         items: &[(BlockKey, D)],
         replace: bool,
+        after: Option<BlockHash>,
     ) -> Vec<Result<()>> {
+        if self.read_only {
+            return items
+                .iter()
+                .map(|_| {
+                    Err(Error::ReadOnly {
+                        path: self.ns.path().to_path_buf(),
+                        op: "put",
+                    })
+                })
+                .collect();
+        }
         let started = std::time::Instant::now();
         let all: Vec<usize> = (0..items.len()).collect();
-        let mut results = self.put_batch(items, &all, replace);
+        let mut results = self.put_batch(items, &all, replace, after);
         let retry: Vec<usize> = results
             .iter()
             .enumerate()
@@ -592,12 +715,23 @@ impl Inner {
                 .map(|&i| write::disk_estimate(write::Source::len(&items[i].1)))
                 .sum();
             let floor = self.index.counts().bytes / 100;
-            let keep: Vec<BlockHash> = retry.iter().map(|&i| items[i].0.hash).collect();
+            // Never the blocks the room is for, nor the chain prefix they hang from.
+            let keep: Vec<BlockHash> = retry
+                .iter()
+                .map(|&i| items[i].0.hash)
+                .chain(retry[0].checked_sub(1).map(|i| items[i].0.hash))
+                .chain(after)
+                .collect();
             let victims = self.index.evict_bytes(need.max(floor), &keep);
             if !victims.is_empty() {
                 Counters::add(&self.counters.nospace_retries, 1);
                 self.unlink_victims(victims);
-                for (i, r) in retry.iter().zip(self.put_batch(items, &retry, replace)) {
+                // The retried blocks continue the chain of the item before the first one.
+                let after = retry[0].checked_sub(1).map(|i| items[i].0.hash).or(after);
+                for (i, r) in retry
+                    .iter()
+                    .zip(self.put_batch(items, &retry, replace, after))
+                {
                     results[*i] = r;
                 }
             }
@@ -659,10 +793,8 @@ impl Inner {
     /// put that published it meanwhile keeps its entry.
     fn forget_if_missing(&self, hash: &BlockHash, rel: &layout::RelPath) {
         let _stripe = self.lock_stripe(self.stripe_of(hash));
-        if let Err(Errno::NOENT | Errno::NOTDIR) =
-            rustix::fs::statat(&self.dirfd, rel.as_str(), AtFlags::SYMLINK_NOFOLLOW)
-        {
-            self.index.remove(hash);
+        if let Err(Errno::NOENT | Errno::NOTDIR) = self.ns.stat(rel.as_str()) {
+            self.index.forget(hash);
         }
     }
 
@@ -688,15 +820,17 @@ impl Inner {
             self.fds.invalidate_if(&key.hash, &block);
         }
         let rel = self.layout.rel_path(&key.hash);
-        match rustix::fs::statat(&self.dirfd, rel.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => Ok(rustix::fs::FileType::from_raw_mode(st.st_mode)
-                == rustix::fs::FileType::RegularFile
-                && st.st_size as u64 >= PAYLOAD_OFFSET),
+        match self.ns.stat(rel.as_str()) {
+            Ok(st) => {
+                Ok(FileKind::of_stat(&st) == FileKind::File && st.st_size as u64 >= PAYLOAD_OFFSET)
+            }
             Err(Errno::NOENT | Errno::NOTDIR) => {
                 // Deleted behind the store's back.
                 self.forget_if_missing(&key.hash, &rel);
                 Ok(false)
             }
+            // A symlink on the way: not followed, not ours.
+            Err(Errno::LOOP | Errno::XDEV) => Ok(false),
             Err(e) => Err(Error::from_io(self.path(rel.as_str()), io_err(e))),
         }
     }
@@ -704,19 +838,32 @@ impl Inner {
     fn remove(&self, key: &BlockKey) -> Result<bool> {
         self.check_key(key)?;
         let rel = self.layout.rel_path(&key.hash);
-        let _stripe = self.lock_stripe(self.stripe_of(&key.hash));
-        let r = rustix::fs::unlinkat(&self.dirfd, rel.as_str(), AtFlags::empty());
-        self.fds.invalidate(&key.hash);
-        if matches!(r, Ok(()) | Err(Errno::NOENT | Errno::NOTDIR)) {
-            self.index.remove(&key.hash);
+        if self.read_only {
+            return Err(Error::ReadOnly {
+                path: self.ns.path().to_path_buf(),
+                op: "remove",
+            });
         }
-        match r {
-            Ok(()) => {
-                Counters::add(&self.counters.removes, 1);
-                Ok(true)
+        let removed = {
+            let _stripe = self.lock_stripe(self.stripe_of(&key.hash));
+            let r = self.ns.unlink_file(rel.as_str(), None);
+            self.fds.invalidate(&key.hash);
+            match r {
+                Ok(Unlinked::Removed) => {
+                    Counters::add(&self.counters.removes, 1);
+                    true
+                }
+                Ok(Unlinked::Missing) => false,
+                Ok(Unlinked::Refused) => {
+                    tracing::warn!(path = %self.path(rel.as_str()).display(), "not a regular file of this store: left alone");
+                    false
+                }
+                Err(e) => return Err(Error::from_io(self.path(rel.as_str()), io_err(e))),
             }
-            Err(Errno::NOENT | Errno::NOTDIR) => Ok(false),
-            Err(e) => Err(Error::from_io(self.path(rel.as_str()), io_err(e))),
-        }
+        };
+        // Its descendants in the chain can no longer be reached: they go too.
+        let orphans = self.index.remove(&key.hash);
+        self.unlink_victims(orphans);
+        Ok(removed)
     }
 }

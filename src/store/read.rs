@@ -5,17 +5,17 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rustix::fs::{AtFlags, Mode};
 use rustix::io::Errno;
 
 use super::fdcache::OpenBlock;
 use super::{Counters, Inner, Lookup, VerifyMode, io_err};
 use crate::buf::{DIRECT_ALIGN, PooledBuf, align_up};
 use crate::engine::IoRequest;
-use crate::error::{Error, Result};
+use crate::error::{CorruptReason, Error, Result};
 use crate::format::{HEADER_LEN, Header, PAYLOAD_OFFSET};
 use crate::key::{BlockHash, BlockKey};
 use crate::layout::RelPath;
+use crate::ns::{Inode, Opened};
 
 pub(super) enum ReadPlan {
     Done(Result<Lookup>),
@@ -25,6 +25,8 @@ pub(super) enum ReadPlan {
     },
     Fresh {
         fd: OwnedFd,
+        /// The file's length when it was opened.
+        size: u64,
         rel: RelPath,
         head: Vec<u8>,
         tail: [u8; 1],
@@ -34,13 +36,16 @@ pub(super) enum ReadPlan {
 
 /// Checks the first [`PAYLOAD_OFFSET`] bytes of a block file read for `key`: a valid header
 /// naming that key, zero padding. The error is the reason the file is corrupt.
-pub(super) fn check_head(key: &BlockKey, head: &[u8]) -> std::result::Result<Header, String> {
-    let header = Header::decode(head).map_err(|e| e.to_string())?;
+pub(super) fn check_head(
+    key: &BlockKey,
+    head: &[u8],
+) -> std::result::Result<Header, CorruptReason> {
+    let header = Header::decode(head)?;
     if head.len() < PAYLOAD_OFFSET as usize || head[HEADER_LEN..].iter().any(|&b| b != 0) {
-        return Err("header padding is not zero".into());
+        return Err(CorruptReason::Padding);
     }
     if header.key != key.hash {
-        return Err(format!("header names block {}", header.key));
+        return Err(CorruptReason::OtherBlock(header.key.to_string()));
     }
     Ok(header)
 }
@@ -227,11 +232,10 @@ impl Inner {
         match rustix::fs::fstat(&block.fd) {
             Ok(st) if st.st_nlink > 0 && st.st_size as u64 != block.header.file_len() => {
                 let rel = self.layout.rel_path(&key.hash);
-                let reason = format!(
-                    "file is {} bytes, header says {}",
-                    st.st_size,
-                    block.header.file_len()
-                );
+                let reason = CorruptReason::Length {
+                    file: st.st_size as u64,
+                    header: block.header.file_len(),
+                };
                 Err(self.corrupt(&key.hash, &rel, &block.fd, Some(&block), reason))
             }
             Ok(st) if st.st_nlink > 0 => {
@@ -270,8 +274,15 @@ impl Inner {
         }
         Counters::add(&self.counters.fd_misses, 1);
         let rel = self.layout.rel_path(&key.hash);
-        match self.open_beneath(rel.as_str(), self.read_flags(), Mode::empty()) {
-            Ok(fd) => {
+        match self.open_block(rel.as_str(), self.read_flags()) {
+            Ok(Opened::NotRegular(kind)) => {
+                tracing::warn!(path = %self.path(rel.as_str()).display(), %kind, "not a regular file under a block's name: not read, left alone, counted as a miss");
+                Counters::add(&self.counters.foreign, 1);
+                self.index.forget(&key.hash);
+                ReadPlan::Done(Ok(Lookup::Miss))
+            }
+            Ok(Opened::File(fd, st)) => {
+                let size = st.st_size as u64;
                 let (head, bounce) = if self.direct {
                     (
                         Vec::new(),
@@ -282,6 +293,7 @@ impl Inner {
                 };
                 ReadPlan::Fresh {
                     fd,
+                    size,
                     rel,
                     head,
                     tail: [0],
@@ -322,7 +334,10 @@ impl Inner {
                         &rel(),
                         &block.fd,
                         Some(&block),
-                        format!("payload is {n} bytes, header says {len}"),
+                        CorruptReason::Length {
+                            file: PAYLOAD_OFFSET + n as u64,
+                            header: block.header.file_len(),
+                        },
                     ));
                 }
                 if let Some(b) = bounce {
@@ -340,7 +355,7 @@ impl Inner {
                             &rel(),
                             &block.fd,
                             Some(&block),
-                            "payload checksum mismatch".into(),
+                            CorruptReason::Checksum,
                         ));
                     }
                     block.verified.store(true, Ordering::Relaxed);
@@ -349,6 +364,7 @@ impl Inner {
             }
             ReadPlan::Fresh {
                 fd,
+                size,
                 rel,
                 head,
                 tail,
@@ -363,6 +379,19 @@ impl Inner {
                     Ok(h) => h,
                     Err(reason) => return Ok(self.corrupt(&key.hash, &rel, &fd, None, reason)),
                 };
+                // The claimed length against the file's own before anything is sized by it.
+                if header.file_len() != size {
+                    return Ok(self.corrupt(
+                        &key.hash,
+                        &rel,
+                        &fd,
+                        None,
+                        CorruptReason::Length {
+                            file: size,
+                            header: header.file_len(),
+                        },
+                    ));
+                }
                 let len = header.payload_len as usize;
                 if header.payload_len > buf.len() as u64 {
                     return Err(Error::BufferTooSmall {
@@ -381,11 +410,10 @@ impl Inner {
                         &rel,
                         &fd,
                         None,
-                        format!(
-                            "file is {}{} bytes, header says {expect}",
-                            if n > expect { "over " } else { "" },
-                            n
-                        ),
+                        CorruptReason::Length {
+                            file: n as u64,
+                            header: expect as u64,
+                        },
                     ));
                 }
                 if let Some(b) = &bounce {
@@ -393,13 +421,7 @@ impl Inner {
                 }
                 let verified = self.verify != VerifyMode::Never;
                 if verified && !header.verify(&buf[..len]) {
-                    return Ok(self.corrupt(
-                        &key.hash,
-                        &rel,
-                        &fd,
-                        None,
-                        "payload checksum mismatch".into(),
-                    ));
+                    return Ok(self.corrupt(&key.hash, &rel, &fd, None, CorruptReason::Checksum));
                 }
                 self.fds.insert(
                     key.hash,
@@ -423,7 +445,7 @@ impl Inner {
         rel: &RelPath,
         fd: &OwnedFd,
         cached: Option<&Arc<OpenBlock>>,
-        reason: String,
+        reason: CorruptReason,
     ) -> Lookup {
         let path = self.path(rel.as_str());
         tracing::warn!(path = %path.display(), %reason, "corrupt block file: removed, counted as a miss");
@@ -431,25 +453,22 @@ impl Inner {
         if let Some(b) = cached {
             self.fds.invalidate_if(&b.header.key, b);
         }
-        // Under the key's stripe lock, so a put cannot publish between the check and the unlink.
+        // Under the key's stripe lock, so a put cannot publish between the check and the
+        // unlink; only the inode that was read is removed (a concurrent put may have
+        // published a good block under the name).
         let _stripe = self.lock_stripe(self.stripe_of(hash));
-        let open = rustix::fs::fstat(fd);
-        match rustix::fs::statat(&self.dirfd, rel.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
-            // Only remove what we read: a concurrent put may have published a good block.
-            Ok(named)
-                if open
-                    .as_ref()
-                    .is_ok_and(|o| o.st_ino == named.st_ino && o.st_dev == named.st_dev) =>
-            {
-                self.index.remove(hash);
-                if let Err(e) = rustix::fs::unlinkat(&self.dirfd, rel.as_str(), AtFlags::empty()) {
+        if self.read_only {
+            self.index.forget(hash);
+        } else if let Ok(judged) = rustix::fs::fstat(fd).map(|st| Inode::of(&st)) {
+            match self.ns.unlink_file(rel.as_str(), Some(judged)) {
+                Ok(crate::ns::Unlinked::Removed | crate::ns::Unlinked::Missing) => {
+                    self.index.forget(hash);
+                }
+                Ok(crate::ns::Unlinked::Refused) => {}
+                Err(e) => {
                     tracing::warn!(path = %path.display(), error = %e, "could not remove corrupt block file");
                 }
             }
-            Err(Errno::NOENT) => {
-                self.index.remove(hash);
-            }
-            _ => {}
         }
         Lookup::Miss
     }

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::{Inner, StoreStats};
-use crate::layout::{STATS_FILE, STATS_TEMP};
+use crate::layout::STATS_FILE;
 
 /// The document in `STATS.json`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -116,12 +116,8 @@ impl Inner {
             stats: self.snapshot(),
         };
         let result = serde_json::to_vec_pretty(&doc)
-            .map_err(std::io::Error::other)
-            .and_then(|bytes| {
-                let tmp = self.dir.join(STATS_TEMP);
-                std::fs::write(&tmp, bytes)?;
-                std::fs::rename(&tmp, self.dir.join(STATS_FILE))
-            });
+            .map_err(|e| crate::Error::Config(format!("counters as JSON: {e}")))
+            .and_then(|bytes| self.ns.write_control(STATS_FILE, &bytes));
         if let Err(e) = result {
             tracing::debug!(error = %e, "could not publish live counters");
         }

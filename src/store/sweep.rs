@@ -1,14 +1,14 @@
 //! The scan of a worker's tree when a store opens: counts block files, removes temp files left
 //! by a crashed store, and counts (never touches) foreign files and symlinks.
 
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 
-use std::os::unix::fs::MetadataExt;
+use rustix::io::Errno;
 
 use crate::key::BlockHash;
 use crate::layout::{EntryName, Layout};
+use crate::ns::{BlockDir, FileKind, Parent, io_err};
 
 /// A block file found by a scan, with what the index needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +33,10 @@ pub struct SweepReport {
     pub foreign: u64,
     /// Symlinks anywhere in the tree (never followed, left alone).
     pub symlinks: u64,
+    /// Files named like a block but not where the layout puts that block (never served).
+    pub misplaced: u64,
+    /// Their paths, relative to the worker directory.
+    pub misplaced_paths: Vec<String>,
     /// Errors met while scanning (unreadable directories), with their paths.
     pub errors: Vec<(PathBuf, String)>,
     /// The block files, when the scan was asked to stat them.
@@ -45,6 +49,8 @@ impl SweepReport {
         self.temp += o.temp;
         self.foreign += o.foreign;
         self.symlinks += o.symlinks;
+        self.misplaced += o.misplaced;
+        self.misplaced_paths.extend(o.misplaced_paths);
         self.errors.extend(o.errors);
         self.entries.extend(o.entries);
     }
@@ -58,10 +64,11 @@ struct Mode {
     stat_blocks: bool,
 }
 
-/// Scans the worker directory `dir` laid out as `layout`; removes temp files when
-/// `remove_temp`; stats every block file (size and times, for the index) when `stat_blocks`.
-/// Top-level shard directories are scanned by parallel threads.
-pub fn sweep(dir: &Path, layout: Layout, remove_temp: bool, stat_blocks: bool) -> SweepReport {
+/// Scans the worker directory of `ns` laid out as `layout`, through the namespace layer (no
+/// symlink is followed, nothing but regular temp files is removed); removes temp files
+/// when `remove_temp`; stats every block file (size and times, for the index) when
+/// `stat_blocks`. Top-level shard directories are scanned by parallel threads.
+pub fn sweep(ns: &BlockDir, layout: Layout, remove_temp: bool, stat_blocks: bool) -> SweepReport {
     let mode = Mode {
         layout,
         remove_temp,
@@ -69,18 +76,16 @@ pub fn sweep(dir: &Path, layout: Layout, remove_temp: bool, stat_blocks: bool) -
     };
     let mut report = SweepReport::default();
     let mut subdirs = Vec::new();
-    scan_dir(dir, 0, mode, &mut report, &mut subdirs);
+    scan_dir(ns, "", 0, mode, &mut report, &mut subdirs);
     if subdirs.is_empty() {
         return report;
     }
     let parts = in_parallel(subdirs, 8, |d, r: &mut SweepReport| {
-        let mut nested = Vec::new();
-        scan_dir(&d, 1, mode, r, &mut nested);
+        let mut stack: Vec<(String, u8)> = vec![(d, 1)];
         // Deeper levels are scanned by the same thread, depth first.
-        let mut stack: Vec<(PathBuf, u8)> = nested.into_iter().map(|p| (p, 2)).collect();
         while let Some((p, lvl)) = stack.pop() {
             let mut more = Vec::new();
-            scan_dir(&p, lvl, mode, r, &mut more);
+            scan_dir(ns, &p, lvl, mode, r, &mut more);
             stack.extend(more.into_iter().map(|m| (m, lvl + 1)));
         }
     });
@@ -125,83 +130,123 @@ pub fn in_parallel<T: Send, R: Default + Send>(
     })
 }
 
-/// Scans one directory at `level` (0 = the worker directory). Shard subdirectories to
+/// Scans the directory `rel` at `level` (0 = the worker directory). Shard subdirectories to
 /// descend into are pushed on `subdirs`.
-fn scan_dir(dir: &Path, level: u8, mode: Mode, r: &mut SweepReport, subdirs: &mut Vec<PathBuf>) {
+fn scan_dir(
+    ns: &BlockDir,
+    rel: &str,
+    level: u8,
+    mode: Mode,
+    r: &mut SweepReport,
+    subdirs: &mut Vec<String>,
+) {
     let layout = mode.layout;
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
+    let join = |name: &str| {
+        if rel.is_empty() {
+            name.to_string()
+        } else {
+            format!("{rel}/{name}")
+        }
+    };
+    let listed = ns
+        .parent(rel)
+        .and_then(|p| ns.read_dir_in(&p).map(|e| (p, e)));
+    let (parent, entries) = match listed {
+        Ok(x) => x,
+        Err(Errno::LOOP) => {
+            // Replaced by a symlink since its parent was listed: not followed.
+            r.symlinks += 1;
+            return;
+        }
         Err(e) => {
-            r.errors.push((dir.to_path_buf(), e.to_string()));
+            r.errors.push((ns.full(rel), io_err(e).to_string()));
             return;
         }
     };
     let is_leaf = level == layout.depth;
     for entry in entries {
-        let entry = match entry {
-            Ok(e) => e,
-            Err(e) => {
-                r.errors.push((dir.to_path_buf(), e.to_string()));
+        let name = entry.name_str();
+        match entry.kind {
+            FileKind::Symlink => {
+                r.symlinks += 1;
                 continue;
             }
-        };
-        // file_type() does not follow symlinks.
-        let ft = match entry.file_type() {
-            Ok(t) => t,
-            Err(e) => {
-                r.errors.push((entry.path(), e.to_string()));
+            FileKind::Dir => {
+                if !is_leaf && layout.is_shard_dir(name) {
+                    subdirs.push(join(name));
+                } else {
+                    r.foreign += 1;
+                }
                 continue;
             }
-        };
-        let name = entry.file_name();
-        let name = name.to_str().unwrap_or("");
-        if ft.is_symlink() {
-            r.symlinks += 1;
-            continue;
-        }
-        if ft.is_dir() {
-            if !is_leaf && layout.is_shard_dir(name) {
-                subdirs.push(entry.path());
-            } else {
+            FileKind::Special => {
                 r.foreign += 1;
+                continue;
             }
-            continue;
-        }
-        if !ft.is_file() {
-            r.foreign += 1;
-            continue;
+            FileKind::File => {}
         }
         match Layout::classify(name) {
-            EntryName::Block(hash) if is_leaf => {
+            EntryName::Block(hash) if is_leaf && layout.rel_path(&hash).dir() == rel => {
                 r.blocks += 1;
                 if mode.stat_blocks {
-                    match entry.metadata() {
-                        Ok(m) => {
+                    match ns.stat_in(&parent, name) {
+                        Ok(m) if FileKind::of_stat(&m) == FileKind::File => {
                             let ns =
                                 |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
                             r.entries.push(BlockEntry {
                                 hash,
-                                bytes: m.blocks() * 512,
-                                recency_ns: ns(m.atime(), m.atime_nsec())
-                                    .max(ns(m.mtime(), m.mtime_nsec())),
+                                bytes: m.st_blocks as u64 * 512,
+                                recency_ns: ns(m.st_atime as i64, m.st_atime_nsec as i64)
+                                    .max(ns(m.st_mtime as i64, m.st_mtime_nsec as i64)),
                             });
                         }
+                        // Replaced by something else since the listing: not a block.
+                        Ok(_) => {
+                            r.blocks -= 1;
+                            r.foreign += 1;
+                        }
                         // Gone since readdir: nothing to index.
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => r.blocks -= 1,
-                        Err(e) => r.errors.push((entry.path(), e.to_string())),
+                        Err(Errno::NOENT) => r.blocks -= 1,
+                        Err(e) => {
+                            r.blocks -= 1;
+                            r.errors.push((ns.full(&join(name)), io_err(e).to_string()));
+                        }
                     }
                 }
             }
-            EntryName::Temp if is_leaf => {
-                r.temp += 1;
-                if mode.remove_temp {
-                    if let Err(e) = fs::remove_file(entry.path()) {
-                        r.errors.push((entry.path(), e.to_string()));
-                    }
-                }
+            EntryName::Block(_) => {
+                r.misplaced += 1;
+                r.misplaced_paths.push(join(name));
             }
+            EntryName::Temp if is_leaf => remove_temp(ns, &parent, rel, name, mode, r),
+            EntryName::ControlTemp if level == 0 => remove_temp(ns, &parent, rel, name, mode, r),
             EntryName::Meta if level == 0 => {}
             _ => r.foreign += 1,
+        }
+    }
+}
+
+/// Counts a temp file, and removes it (if it is still a regular file) when asked.
+fn remove_temp(
+    ns: &BlockDir,
+    parent: &Parent<'_>,
+    rel: &str,
+    name: &str,
+    mode: Mode,
+    r: &mut SweepReport,
+) {
+    r.temp += 1;
+    if mode.remove_temp {
+        match ns.unlink_in(parent, name, None) {
+            Ok(_) => {}
+            Err(e) => {
+                let p = if rel.is_empty() {
+                    ns.full(name)
+                } else {
+                    ns.full(&format!("{rel}/{name}"))
+                };
+                r.errors.push((p, io_err(e).to_string()));
+            }
         }
     }
 }

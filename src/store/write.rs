@@ -4,10 +4,10 @@ use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 
-use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
-use super::{Counters, DIR_MODE, FILE_MODE, Inner, io_err};
+use super::{Counters, FILE_MODE, Inner, io_err};
 use crate::buf::{DeviceMem, PooledBuf, align_up};
 use crate::engine::{IoRequest, read_full, write_full};
 use crate::error::{Error, Result};
@@ -15,13 +15,17 @@ use crate::format::{HEADER_LEN, Header, PADDING, PAYLOAD_OFFSET};
 use crate::index::Offer;
 use crate::key::{BlockHash, BlockKey};
 use crate::layout::{RelPath, TEMP_PREFIX};
+use crate::ns::Parent;
 
 /// A put in progress: its temp file and what it will be published as.
-pub(super) struct WritePlan {
+pub(super) struct WritePlan<'a> {
     pub rel: RelPath,
-    /// The temp name: the file's name until published, or (for an anonymous `O_TMPFILE`
-    /// inode) the name it takes when it must replace an existing block.
-    pub temp_rel: String,
+    /// The block's directory, opened beneath the worker directory: the temp file is created,
+    /// renamed, linked and unlinked through it, never through a path.
+    pub parent: Parent<'a>,
+    /// The temp name (in `parent`): the file's name until published, or (for an anonymous
+    /// `O_TMPFILE` inode) the name it takes when it must replace an existing block.
+    pub temp_name: String,
     /// True for an `O_TMPFILE` inode, which has no name until it is linked.
     pub anonymous: bool,
     pub fd: OwnedFd,
@@ -83,6 +87,7 @@ impl Inner {
         items: &[(BlockKey, D)],
         which: &[usize],
         replace: bool,
+        after: Option<BlockHash>,
     ) -> Vec<Result<()>> {
         let mut results: Vec<Option<Result<()>>> = (0..which.len()).map(|_| None).collect();
         // 1. Validate everything before anything is written.
@@ -109,7 +114,7 @@ impl Inner {
                 (key.hash, disk_estimate(data.len()))
             })
             .collect();
-        let (offers, victims) = self.index.offer(&offered, replace);
+        let (offers, victims) = self.index.offer(&offered, replace, after);
         self.unlink_victims(victims);
 
         // 3. Temp files for what must be written.
@@ -118,7 +123,7 @@ impl Inner {
             let (key, data) = (&items[which[slot]].0, &items[which[slot]].1);
             match offer {
                 Offer::Touched | Offer::NotAdmitted => results[slot] = Some(Ok(())),
-                Offer::Reserved | Offer::Replace => match self.plan_write(key, data) {
+                Offer::Reserved | Offer::Replace { .. } => match self.plan_write(key, data) {
                     Ok(p) => plans.push((slot, offer, p)),
                     Err(e) => {
                         self.index.abort(&key.hash, offer);
@@ -180,22 +185,25 @@ impl Inner {
         stripes.sort_unstable();
         stripes.dedup();
         let guards: Vec<_> = stripes.iter().map(|&s| self.lock_stripe(s)).collect();
-        let mut dirs_to_sync: Vec<String> = Vec::new();
-        for (slot, offer, plan, bytes) in written {
-            match self.publish_file(&plan) {
+        let mut over_victims = Vec::new();
+        let mut synced: Vec<&str> = Vec::new();
+        for (slot, offer, plan, bytes) in written.iter() {
+            let (slot, offer, bytes) = (*slot, *offer, *bytes);
+            match self.publish_file(plan) {
                 Ok(()) => {
                     // The replaced file (if any) is unlinked: drop its cached descriptor.
                     self.fds.invalidate(&plan.hash);
-                    self.index.commit(&plan.hash, bytes);
+                    over_victims.extend(self.index.commit(&plan.hash, bytes, offer));
                     Counters::add(&self.counters.puts, 1);
                     Counters::add(&self.counters.bytes_written, plan.len as u64);
-                    if self.sync_writes && !dirs_to_sync.iter().any(|d| d == plan.rel.dir()) {
-                        dirs_to_sync.push(plan.rel.dir().to_string());
+                    if self.sync_writes && !synced.contains(&plan.rel.dir()) {
+                        synced.push(plan.rel.dir());
+                        self.sync_dir(plan);
                     }
                     results[slot] = Some(Ok(()));
                 }
                 Err(e) => {
-                    self.discard(&plan);
+                    self.discard(plan);
                     self.index.abort(&plan.hash, offer);
                     let path = self.path(plan.rel.as_str());
                     results[slot] = Some(Err(Error::from_io(path, io_err(e))));
@@ -203,9 +211,8 @@ impl Inner {
             }
         }
         drop(guards);
-        for d in dirs_to_sync {
-            self.sync_dir(&d);
-        }
+        drop(written);
+        self.unlink_victims(over_victims);
         results
             .into_iter()
             .map(|r| r.expect("every item has a result"))
@@ -264,22 +271,22 @@ impl Inner {
     }
 
     /// Errors name the temp file, or for an anonymous inode the block it was to become.
-    fn temp_path(&self, plan: &WritePlan) -> std::path::PathBuf {
+    fn temp_path(&self, plan: &WritePlan<'_>) -> std::path::PathBuf {
         if plan.anonymous {
             self.path(plan.rel.as_str())
         } else {
-            self.path(&plan.temp_rel)
+            self.path(&join(plan.rel.dir(), &plan.temp_name))
         }
     }
 
     /// Removes what a failed put created: a named temp file is unlinked; an anonymous inode
     /// vanishes when its descriptor closes.
-    fn discard(&self, plan: &WritePlan) {
+    fn discard(&self, plan: &WritePlan<'_>) {
         if plan.anonymous {
             return;
         }
-        match rustix::fs::unlinkat(&self.dirfd, plan.temp_rel.as_str(), AtFlags::empty()) {
-            Ok(()) | Err(Errno::NOENT) => {}
+        match self.ns.unlink_in(&plan.parent, &plan.temp_name, None) {
+            Ok(_) => {}
             Err(e) => tracing::warn!(
                 path = %self.temp_path(plan).display(),
                 error = %e,
@@ -289,7 +296,7 @@ impl Inner {
     }
 
     /// Creates the temp file of one validated, admitted put.
-    fn plan_write<D: Source>(&self, key: &BlockKey, data: &D) -> Result<WritePlan> {
+    fn plan_write<D: Source>(&self, key: &BlockKey, data: &D) -> Result<WritePlan<'_>> {
         // From GPU memory, the header is written once the payload is in the file.
         let header = match data.host() {
             Some(d) => Header::for_payload(key.hash, d).encode(),
@@ -297,25 +304,18 @@ impl Inner {
         };
         let rel = self.layout.rel_path(&key.hash);
         let seq = self.temp_seq.fetch_add(1, Ordering::Relaxed);
-        let name = format!(
+        let temp_name = format!(
             "{TEMP_PREFIX}{}.{}.{seq}",
             rel.file_name(),
             std::process::id()
         );
-        let temp_rel = if rel.dir().is_empty() {
-            name
-        } else {
-            format!("{}/{name}", rel.dir())
-        };
         let direct = if self.direct {
             OFlags::DIRECT
         } else {
             OFlags::empty()
         };
         let mode = Mode::from_raw_mode(FILE_MODE);
-        let (fd, anonymous) = self
-            .create_temp(&rel, &temp_rel, direct, mode)
-            .map_err(|e| Error::from_io(self.path(&temp_rel), io_err(e)))?;
+        let (parent, fd, anonymous) = self.create_temp(&rel, &temp_name, direct, mode)?;
         let bounce = data.host().filter(|_| self.direct).map(|data| {
             let total = PAYLOAD_OFFSET as usize + data.len();
             let mut b = self.bufs.take(total);
@@ -328,7 +328,8 @@ impl Inner {
         let device = data.device().is_some();
         Ok(WritePlan {
             rel,
-            temp_rel,
+            parent,
+            temp_name,
             anonymous,
             fd,
             header,
@@ -341,21 +342,32 @@ impl Inner {
 
     /// Creates the file a put writes: an anonymous `O_TMPFILE` inode in the block's directory
     /// where the filesystem supports it (nothing is left behind by a crash, and publishing is
-    /// one `linkat`), else a named temp file. Creates missing shard directories. Opened for
-    /// reading too: a payload written from GPU memory is read back for its checksum.
+    /// one `linkat`), else a named temp file. Creates missing shard directories (an error
+    /// there keeps its errno: ENOSPC is [`Error::NoSpace`]). Opened for reading too: a
+    /// payload written from GPU memory is read back for its checksum.
     fn create_temp(
         &self,
         rel: &RelPath,
-        temp_rel: &str,
+        temp_name: &str,
         direct: OFlags,
         mode: Mode,
-    ) -> rustix::io::Result<(OwnedFd, bool)> {
-        let dir = if rel.dir().is_empty() { "." } else { rel.dir() };
-        let mut made_dirs = false;
+    ) -> Result<(Parent<'_>, OwnedFd, bool)> {
+        let dir = rel.dir();
+        let dir_err =
+            |e: Errno| Error::from_io(self.path(if dir.is_empty() { "." } else { dir }), io_err(e));
+        let parent = match self.retry_emfile(|| self.ns.parent(dir)) {
+            Ok(p) => p,
+            Err(Errno::NOENT) => {
+                self.ns.make_dirs(dir).map_err(dir_err)?;
+                self.retry_emfile(|| self.ns.parent(dir)).map_err(dir_err)?
+            }
+            Err(e) => return Err(dir_err(e)),
+        };
         loop {
-            let r = if self.tmpfile.load(Ordering::Relaxed) {
-                match self.open_beneath(dir, OFlags::TMPFILE | OFlags::RDWR | direct, mode) {
-                    Ok(fd) => return Ok((fd, true)),
+            if self.tmpfile.load(Ordering::Relaxed) {
+                match self.retry_emfile(|| self.ns.tmpfile_in(&parent, OFlags::RDWR | direct, mode))
+                {
+                    Ok(fd) => return Ok((parent, fd, true)),
                     Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {
                         tracing::info!(
                             "the filesystem has no O_TMPFILE: puts use named temp files"
@@ -363,35 +375,34 @@ impl Inner {
                         self.tmpfile.store(false, Ordering::Relaxed);
                         continue;
                     }
-                    Err(e) => Err(e),
+                    Err(e) => return Err(Error::from_io(self.path(rel.as_str()), io_err(e))),
                 }
-            } else {
-                self.open_beneath(
-                    temp_rel,
-                    OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | direct,
-                    mode,
-                )
-                .map(|fd| (fd, false))
-            };
-            match r {
-                Err(Errno::NOENT) if !made_dirs => {
-                    made_dirs = true;
-                    self.make_dirs(rel.dir()).map_err(|_| Errno::NOENT)?;
-                }
-                r => return r,
             }
+            return match self.retry_emfile(|| {
+                self.ns
+                    .create_in(&parent, temp_name, OFlags::RDWR | direct, mode)
+            }) {
+                Ok(fd) => Ok((parent, fd, false)),
+                Err(e) => Err(Error::from_io(self.path(&join(dir, temp_name)), io_err(e))),
+            };
         }
     }
 
-    /// Gives an anonymous inode the name `rel`: `linkat` with `AT_EMPTY_PATH` (needs
-    /// CAP_DAC_READ_SEARCH), else through `/proc/self/fd`. Fails with EEXIST if `rel` exists.
-    fn link_anonymous(&self, fd: &OwnedFd, rel: &str) -> rustix::io::Result<()> {
+    /// Gives an anonymous inode the name `name` in `parent`: `linkat` with `AT_EMPTY_PATH`
+    /// (needs CAP_DAC_READ_SEARCH), else through `/proc/self/fd`. Fails with EEXIST if the
+    /// name exists.
+    fn link_anonymous(
+        &self,
+        fd: &OwnedFd,
+        parent: &Parent<'_>,
+        name: &str,
+    ) -> rustix::io::Result<()> {
         if self.link_empty_path.load(Ordering::Relaxed) {
-            match rustix::fs::linkat(fd, "", &self.dirfd, rel, AtFlags::EMPTY_PATH) {
+            match self.ns.link_in(fd.as_fd(), parent, name, false) {
                 // Without CAP_DAC_READ_SEARCH: link through /proc instead, from now on
                 // (unless that fails the same way: then the directory itself is missing).
                 Err(e @ (Errno::NOENT | Errno::PERM)) => {
-                    let r = self.link_via_proc(fd, rel);
+                    let r = self.ns.link_in(fd.as_fd(), parent, name, true);
                     if !matches!(r, Err(Errno::NOENT | Errno::PERM)) {
                         self.link_empty_path.store(false, Ordering::Relaxed);
                         return r;
@@ -401,72 +412,42 @@ impl Inner {
                 r => return r,
             }
         }
-        self.link_via_proc(fd, rel)
-    }
-
-    fn link_via_proc(&self, fd: &OwnedFd, rel: &str) -> rustix::io::Result<()> {
-        use std::os::fd::AsRawFd;
-        let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
-        rustix::fs::linkat(
-            rustix::fs::CWD,
-            proc_path.as_str(),
-            &self.dirfd,
-            rel,
-            AtFlags::SYMLINK_FOLLOW,
-        )
+        self.ns.link_in(fd.as_fd(), parent, name, true)
     }
 
     /// Publishes a fully written temp file under its final name, atomically replacing any
     /// existing block.
-    fn publish_file(&self, plan: &WritePlan) -> rustix::io::Result<()> {
-        let rel = plan.rel.as_str();
+    fn publish_file(&self, plan: &WritePlan<'_>) -> rustix::io::Result<()> {
+        let name = plan.rel.file_name();
         if !plan.anonymous {
-            return rustix::fs::renameat(&self.dirfd, plan.temp_rel.as_str(), &self.dirfd, rel);
+            return self.ns.rename_in(&plan.parent, &plan.temp_name, name);
         }
-        match self.link_anonymous(&plan.fd, rel) {
+        match self.link_anonymous(&plan.fd, &plan.parent, name) {
             Err(Errno::EXIST) => {
                 // Replacing a block: name the inode, then rename over the old one.
-                self.link_anonymous(&plan.fd, &plan.temp_rel)?;
-                rustix::fs::renameat(&self.dirfd, plan.temp_rel.as_str(), &self.dirfd, rel)
+                self.link_anonymous(&plan.fd, &plan.parent, &plan.temp_name)?;
+                self.ns
+                    .rename_in(&plan.parent, &plan.temp_name, name)
                     .inspect_err(|_| {
-                        let _ = rustix::fs::unlinkat(
-                            &self.dirfd,
-                            plan.temp_rel.as_str(),
-                            AtFlags::empty(),
-                        );
+                        let _ = self.ns.unlink_in(&plan.parent, &plan.temp_name, None);
                     })
             }
             r => r,
         }
     }
 
-    /// Creates the shard directories of `dir` (e.g. `ab/cd`), each level in turn.
-    fn make_dirs(&self, dir: &str) -> Result<()> {
-        let ends = dir
-            .match_indices('/')
-            .map(|(i, _)| i)
-            .chain(std::iter::once(dir.len()));
-        for end in ends {
-            let part = &dir[..end];
-            match rustix::fs::mkdirat(&self.dirfd, part, Mode::from_raw_mode(DIR_MODE)) {
-                Ok(()) | Err(Errno::EXIST) => {}
-                Err(e) => return Err(Error::from_io(self.path(part), io_err(e))),
-            }
+    fn sync_dir(&self, plan: &WritePlan<'_>) {
+        if let Err(e) = rustix::fs::fsync(&plan.parent) {
+            tracing::warn!(dir = %self.path(plan.rel.dir()).display(), error = %e, "fsync of directory failed");
         }
-        Ok(())
     }
+}
 
-    fn sync_dir(&self, rel_dir: &str) {
-        let d = if rel_dir.is_empty() { "." } else { rel_dir };
-        match self.open_beneath(d, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()) {
-            Ok(fd) => {
-                if let Err(e) = rustix::fs::fsync(&fd) {
-                    tracing::warn!(dir = %self.path(d).display(), error = %e, "fsync of directory failed");
-                }
-            }
-            Err(e) => {
-                tracing::warn!(dir = %self.path(d).display(), error = %e, "could not open directory to fsync")
-            }
-        }
+/// `dir/name`, or `name` at the top.
+fn join(dir: &str, name: &str) -> String {
+    if dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{dir}/{name}")
     }
 }

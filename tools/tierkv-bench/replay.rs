@@ -114,7 +114,7 @@ pub(crate) fn replay(
                 (k.clone(), data.clone())
             })
             .collect();
-        for res in store.offer_many(&items) {
+        for res in store.offer_many_after(n.checked_sub(1).map(|i| &keys[i]), &items) {
             if let Err(e) = res {
                 run.errors += 1;
                 tracing::warn!(error = %e, "replay put failed");

@@ -138,6 +138,7 @@ impl Policy for Arc {
     fn on_remove(&mut self, hash: &BlockHash) {
         self.t1.pop(hash);
         self.t2.pop(hash);
+        self.pending.remove(hash);
     }
 
     fn set_capacity_hint(&mut self, blocks: usize) {
@@ -164,8 +165,11 @@ mod tests {
         }
         let arc = replay(Box::new(Arc::new()), 20, &reqs);
         let lru = replay(Box::new(Lru::new()), 20, &reqs);
+        let plain = super::super::tests::reference(20, false, &reqs);
+        eprintln!("arc {arc} lru {lru} plain lru {plain}");
+        assert_eq!(plain, 0.0, "plain LRU loses it to the blocks seen once");
         assert!(arc > 0.1, "ARC keeps part of the reused chain: {arc}");
-        assert_eq!(lru, 0.0, "LRU loses it to the blocks seen once");
+        assert!(arc >= lru, "ARC {arc} < LRU {lru}");
     }
 
     #[test]

@@ -148,11 +148,64 @@ pub(crate) mod tests {
             refs += r.len();
             index.record_hits(&r[..n].iter().map(|&i| h(i)).collect::<Vec<_>>());
             let rest: Vec<(BlockHash, u64)> = r[n..].iter().map(|&i| (h(i), 1)).collect();
-            let (offers, _victims) = index.offer(&rest, false);
+            let after = n.checked_sub(1).map(|i| h(r[i]));
+            let (offers, _victims) = index.offer(&rest, false, after);
             for ((hh, _), o) in rest.iter().zip(offers) {
                 if o == Offer::Reserved {
-                    index.commit(hh, 1);
+                    index.commit(hh, 1, o);
                 }
+            }
+        }
+        hits as f64 / refs as f64
+    }
+
+    /// The reference simulation of tests/data/README.md, written without the index or the
+    /// policies: per request, hits = the longest present prefix, then every block in order
+    /// is touched (present) or stored (absent; with `admit2`, only on its second sight,
+    /// remembered by a ghost LRU of 4x the capacity), evicting the least recently used
+    /// block when full.
+    pub(crate) fn reference(cap: usize, admit2: bool, reqs: &[Vec<u64>]) -> f64 {
+        use std::collections::{BTreeMap, HashMap};
+        let mut tick = 0u64;
+        let mut at: HashMap<u64, u64> = HashMap::new();
+        let mut order: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut ghost_at: HashMap<u64, u64> = HashMap::new();
+        let mut ghost: BTreeMap<u64, u64> = BTreeMap::new();
+        let (mut hits, mut refs) = (0usize, 0usize);
+        for r in reqs {
+            hits += r.iter().take_while(|i| at.contains_key(i)).count();
+            refs += r.len();
+            for &id in r {
+                tick += 1;
+                if let Some(t) = at.insert(id, tick) {
+                    order.remove(&t);
+                    order.insert(tick, id);
+                    continue;
+                }
+                at.remove(&id);
+                if admit2 {
+                    match ghost_at.remove(&id) {
+                        Some(t) => {
+                            ghost.remove(&t);
+                        }
+                        None => {
+                            ghost_at.insert(id, tick);
+                            ghost.insert(tick, id);
+                            while ghost.len() > 4 * cap {
+                                let (t, g) = ghost.pop_first().expect("non-empty");
+                                ghost_at.remove(&g);
+                                let _ = t;
+                            }
+                            continue;
+                        }
+                    }
+                }
+                if at.len() == cap {
+                    let (_, old) = order.pop_first().expect("full");
+                    at.remove(&old);
+                }
+                at.insert(id, tick);
+                order.insert(tick, id);
             }
         }
         hits as f64 / refs as f64
@@ -189,12 +242,25 @@ pub(crate) mod tests {
             (4000, 0.2302, 0.2373),
             (16000, 0.5297, 0.4873),
         ] {
+            // The harness reproduces the published reference figures...
+            assert_eq!(
+                round(reference(cap, false, &reqs)),
+                lru_ref,
+                "reference lru at {cap}"
+            );
+            assert_eq!(
+                round(reference(cap, true, &reqs)),
+                admit_ref,
+                "reference admit2 at {cap}"
+            );
+            // ... and the index's policies, which keep chains prefix-closed (cut from the
+            // tail), do no worse than the plain rules they refine.
             let lru = replay(Box::new(Lru::new()), cap, &reqs);
             let admit = replay(Box::new(Admit2::new(4)), cap, &reqs);
             let arc = replay(Box::new(ArcPolicy::new()), cap, &reqs);
             eprintln!("cap {cap}: lru {lru:.4} admit2 {admit:.4} arc {arc:.4}");
-            assert_eq!(round(lru), lru_ref, "lru at {cap}");
-            assert_eq!(round(admit), admit_ref, "admit2 at {cap}");
+            assert!(lru >= lru_ref, "lru at {cap}: {lru} < {lru_ref}");
+            assert!(admit >= admit_ref, "admit2 at {cap}: {admit} < {admit_ref}");
             assert!(
                 arc >= lru.max(admit),
                 "arc at {cap}: {} < max({}, {})",
