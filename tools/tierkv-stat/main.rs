@@ -10,17 +10,19 @@
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
-use rustix::fs::{Mode, OFlags};
+use rustix::fs::OFlags;
+use rustix::io::Errno;
 use serde::Serialize;
+use tierkv::CorruptReason;
 use tierkv::format::{HEADER_LEN, Header, PAYLOAD_OFFSET};
 use tierkv::layout::{self, EntryName, LAYOUT_FILE, LOCK_FILE, Layout, STATS_FILE};
+use tierkv::ns::{BlockDir, FileKind, Inode, Opened, Parent, Unlinked, io_err};
 use tierkv::store::LiveStats;
 use tierkv::store::sweep::in_parallel;
 
@@ -122,9 +124,18 @@ struct WorkerReport {
     temp: u64,
     foreign: u64,
     symlinks: u64,
+    /// Files named like a block but outside the directory the layout puts it in.
+    misplaced: Vec<PathBuf>,
     bad_header: Vec<PathBuf>,
     corrupt: Vec<PathBuf>,
+    /// Files removed by --repair (bad, misplaced and temp files).
     removed: u64,
+    #[serde(skip)]
+    removed_bad: u64,
+    /// Block files not read (O_NOATIME refused; see `errors`).
+    not_read: u64,
+    /// What could not be read, judged or removed, with its path.
+    errors: Vec<ScanError>,
     live: bool,
 }
 
@@ -138,7 +149,13 @@ struct Report {
     foreign: u64,
     symlinks: u64,
     bad_header: u64,
+    /// True when checksums were verified (`--verify`, `--repair`); otherwise `corrupt` is
+    /// always 0, as nothing was checked.
+    verified: bool,
     corrupt: u64,
+    misplaced: u64,
+    not_read: u64,
+    errors: u64,
     workers: BTreeMap<String, WorkerReport>,
 }
 
@@ -169,27 +186,27 @@ fn run(args: &Args) -> Result<ExitCode, BoxError> {
         tierkv::WorkerId::new(w).map_err(|e| UsageError(e.to_string()))?;
     }
     let vdir = layout::version_dir(&args.dir);
-    if !vdir.is_dir() {
-        return Err(UsageError(format!(
-            "{} is not a tierkv cache root (no {})",
-            args.dir.display(),
-            vdir.display()
-        ))
-        .into());
-    }
-    let workers = list_workers(&vdir, args.worker.as_deref())?;
+    let workers = list_workers(&args.dir, args.worker.as_deref())?;
     if args.live || args.watch.is_some() {
         return live(args, &vdir, &workers);
     }
-    let report = scan(args, &vdir, &workers)?;
+    let report = scan(args, &workers)?;
     let mut out = std::io::stdout().lock();
     match args.format {
         Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
         Format::Text => print_text(&mut out, &report)?,
         Format::Prometheus => print_scan_prometheus(&mut out, &report)?,
     }
+    for w in report.workers.values() {
+        for e in &w.errors {
+            tracing::error!(path = %e.path.display(), error = %e.error, "could not scan");
+        }
+    }
+    // Non-zero when anything could not be read or judged, when checking found bad files, or
+    // when repair left a bad file in place.
+    let unrepaired = report.workers.values().any(|w| w.bad_left() > 0);
     Ok(
-        if args.verify && (report.corrupt > 0 || report.bad_header > 0) && !args.repair {
+        if report.errors > 0 || (args.verify || args.repair) && unrepaired {
             ExitCode::from(1)
         } else {
             ExitCode::SUCCESS
@@ -197,59 +214,52 @@ fn run(args: &Args) -> Result<ExitCode, BoxError> {
     )
 }
 
-fn list_workers(vdir: &Path, only: Option<&str>) -> Result<Vec<String>, BoxError> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(vdir).map_err(|e| format!("{}: {e}", vdir.display()))? {
-        let e = e?;
-        if e.file_type()?.is_dir() {
-            if let Some(name) = e.file_name().to_str() {
-                if only.is_none_or(|w| w == name) && tierkv::WorkerId::new(name).is_ok() {
-                    out.push(name.to_string());
-                }
-            }
+fn list_workers(root: &Path, only: Option<&str>) -> Result<Vec<String>, BoxError> {
+    let vdir = layout::version_dir(root);
+    let out = match tierkv::ns::list_workers(root) {
+        Ok(w) => w,
+        Err(tierkv::Error::Io { source, .. })
+            if matches!(
+                source.raw_os_error(),
+                Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)
+            ) =>
+        {
+            return Err(UsageError(format!(
+                "{} is not a tierkv cache root (no directory {}; a symlink there is not followed)",
+                root.display(),
+                vdir.display()
+            ))
+            .into());
         }
-    }
-    out.sort();
+        Err(e) => return Err(e.into()),
+    };
+    let out: Vec<String> = out
+        .into_iter()
+        .filter(|n| only.is_none_or(|w| w == n))
+        .collect();
     if let Some(w) = only {
         if out.is_empty() {
-            return Err(UsageError(format!("no worker {w:?} under {}", vdir.display())).into());
+            return Err(UsageError(format!(
+                "no worker directory {w:?} under {} (a symlink there is not followed)",
+                vdir.display()
+            ))
+            .into());
         }
     }
     Ok(out)
 }
 
-/// Reads a small file without moving its access time.
-fn read_noatime(path: &Path) -> Option<String> {
-    let fd = open_noatime(path).ok()?;
-    let mut f = std::fs::File::from(fd);
-    let mut s = String::new();
-    std::io::Read::read_to_string(&mut f, &mut s).ok()?;
-    Some(s)
-}
-
-fn read_live(wdir: &Path) -> Option<LiveStats> {
-    serde_json::from_str(&read_noatime(&wdir.join(STATS_FILE))?).ok()
+fn read_live(vdir: &Path, worker: &str) -> Option<LiveStats> {
+    let root = vdir.parent()?;
+    let ns = BlockDir::open(root, worker, false).ok()?;
+    let bytes = ns.read_control(STATS_FILE).ok()??;
+    serde_json::from_slice(&bytes).ok()
 }
 
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// A store is running if it holds its worker's lock.
-fn store_running(wdir: &Path) -> bool {
-    let Ok(fd) = rustix::fs::open(
-        wdir.join(LOCK_FILE),
-        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-        Mode::empty(),
-    ) else {
-        return false;
-    };
-    match rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockShared) {
-        Ok(()) => false, // released when fd closes
-        Err(_) => true,
-    }
 }
 
 fn size_bucket(len: u64) -> u64 {
@@ -297,58 +307,106 @@ fn human(b: u64) -> String {
     }
 }
 
-fn open_noatime(path: &Path) -> std::io::Result<OwnedFd> {
-    let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
-    match rustix::fs::open(path, flags | OFlags::NOATIME, Mode::empty()) {
-        Err(rustix::io::Errno::PERM) => rustix::fs::open(path, flags, Mode::empty()),
-        r => r,
-    }
-    .map_err(|e| std::io::Error::from_raw_os_error(e.raw_os_error()))
+/// What reading one block file found.
+enum Judged {
+    /// A valid block: its payload length and `fstat`.
+    Good(u64, Box<rustix::fs::Stat>),
+    /// A bad block, read through the descriptor whose inode is given (so repair removes
+    /// exactly that file, never a newer one published under the name since).
+    Bad(CorruptReason, Inode),
+    /// Not a regular file: never read, never removed.
+    NotRegular,
+    /// Gone since the listing.
+    Gone,
+    /// Not read: `O_NOATIME` was refused (not the file's owner), and reading would move the
+    /// access time the store's recency comes from.
+    NoAtime,
 }
 
-/// Checks a block file's header, name and length; with `verify`, its checksum too.
-/// Returns `Err(reason)` for a bad file.
+/// Reads and judges a block file: header, name, padding, length against its own `fstat`
+/// (so a header claiming 1 TiB is bad, never an allocation), and with `verify` the payload's
+/// checksum, streamed. `Err` is an error reading it, never a judgement.
 fn check_block(
-    path: &Path,
+    ns: &BlockDir,
+    parent: &Parent<'_>,
+    name: &str,
     name_hash: &tierkv::BlockHash,
-    size: u64,
     verify: bool,
-) -> Result<u64, String> {
-    let fd = open_noatime(path).map_err(|e| e.to_string())?;
+) -> Result<Judged, rustix::io::Errno> {
+    let (fd, st) = match ns.open_file_in(parent, name, OFlags::RDONLY | OFlags::NOATIME) {
+        Ok(Opened::File(fd, st)) => (fd, st),
+        Ok(Opened::NotRegular(_)) => return Ok(Judged::NotRegular),
+        Err(Errno::NOENT) => return Ok(Judged::Gone),
+        Err(Errno::PERM) => return Ok(Judged::NoAtime),
+        Err(e) => return Err(e),
+    };
+    let inode = Inode::of(&st);
     let mut head = vec![0u8; PAYLOAD_OFFSET as usize];
-    let n = rustix::io::pread(&fd, &mut head, 0).map_err(|e| e.to_string())?;
-    let header = Header::decode(&head[..n]).map_err(|e| e.to_string())?;
+    let n = pread_full(&fd, &mut head, 0)?;
+    let header = match Header::decode(&head[..n]) {
+        Ok(h) => h,
+        Err(e) => return Ok(Judged::Bad(CorruptReason::Header(e), inode)),
+    };
     if &header.key != name_hash {
-        return Err("header names another block".into());
+        return Ok(Judged::Bad(
+            CorruptReason::OtherBlock(header.key.to_string()),
+            inode,
+        ));
     }
     if n < PAYLOAD_OFFSET as usize || head[HEADER_LEN..].iter().any(|&b| b != 0) {
-        return Err("header padding is not zero".into());
+        return Ok(Judged::Bad(CorruptReason::Padding, inode));
     }
+    let size = st.st_size as u64;
     if size != header.file_len() {
-        return Err(format!(
-            "file is {size} bytes, header says {}",
-            header.file_len()
+        return Ok(Judged::Bad(
+            CorruptReason::Length {
+                file: size,
+                header: header.file_len(),
+            },
+            inode,
         ));
     }
     if verify {
-        let mut payload = vec![0u8; header.payload_len as usize];
-        let mut done = 0;
-        while done < payload.len() {
-            match rustix::io::pread(&fd, &mut payload[done..], PAYLOAD_OFFSET + done as u64) {
-                Ok(0) => return Err("file shorter than its header says".into()),
-                Ok(k) => done += k,
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.to_string()),
+        let mut hasher = blake3::Hasher::new();
+        let mut chunk = vec![0u8; 1 << 20];
+        let mut off = PAYLOAD_OFFSET;
+        while off < size {
+            let want = ((size - off) as usize).min(chunk.len());
+            let got = pread_full(&fd, &mut chunk[..want], off)?;
+            if got < want {
+                return Ok(Judged::Bad(
+                    CorruptReason::Length {
+                        file: off + got as u64,
+                        header: header.file_len(),
+                    },
+                    inode,
+                ));
             }
+            hasher.update(&chunk[..got]);
+            off += got as u64;
         }
-        if !header.verify(&payload) {
-            return Err("payload checksum mismatch".into());
+        if hasher.finalize().as_bytes() != &header.checksum {
+            return Ok(Judged::Bad(CorruptReason::Checksum, inode));
         }
     }
-    Ok(header.payload_len)
+    Ok(Judged::Good(header.payload_len, st))
 }
 
-fn scan(args: &Args, vdir: &Path, workers: &[String]) -> Result<Report, BoxError> {
+/// Reads up to `buf.len()` bytes at `off`, short only at the end of the file.
+fn pread_full(fd: &OwnedFd, buf: &mut [u8], off: u64) -> Result<usize, Errno> {
+    let mut done = 0;
+    while done < buf.len() {
+        match rustix::io::pread(fd, &mut buf[done..], off + done as u64) {
+            Ok(0) => break,
+            Ok(k) => done += k,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+fn scan(args: &Args, workers: &[String]) -> Result<Report, BoxError> {
     let progress = indicatif::ProgressBar::new_spinner();
     if !std::io::stderr().is_terminal() {
         progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());
@@ -357,46 +415,151 @@ fn scan(args: &Args, vdir: &Path, workers: &[String]) -> Result<Report, BoxError
     let mut report = Report {
         root: args.dir.clone(),
         format_version: tierkv::format::FORMAT_VERSION,
+        verified: args.verify || args.repair,
         ..Report::default()
     };
     for w in workers {
-        let wdir = vdir.join(w);
-        let wr = scan_worker(args, &wdir, &progress)?;
+        let wr = scan_worker(args, w, &progress);
         report.files += wr.files;
         report.bytes += wr.bytes;
         report.temp += wr.temp;
         report.foreign += wr.foreign;
         report.symlinks += wr.symlinks;
+        report.misplaced += wr.misplaced.len() as u64;
         report.bad_header += wr.bad_header.len() as u64;
         report.corrupt += wr.corrupt.len() as u64;
+        report.not_read += wr.not_read;
+        report.errors += wr.errors.len() as u64;
         report.workers.insert(w.clone(), wr);
     }
     progress.finish_and_clear();
     Ok(report)
 }
 
-fn scan_worker(
-    args: &Args,
-    wdir: &Path,
-    progress: &indicatif::ProgressBar,
-) -> Result<WorkerReport, BoxError> {
-    let layout = read_noatime(&wdir.join(LAYOUT_FILE)).and_then(|t| Layout::from_file_text(&t));
-    let running = store_running(wdir);
-    let live = read_live(wdir);
-    let mut wr = WorkerReport {
-        layout: layout.map(|l| l.to_string()),
-        capacity_bytes: live.as_ref().and_then(|l| l.stats.capacity_bytes),
-        capacity_files: live.as_ref().and_then(|l| l.stats.capacity_files),
-        live: running,
-        ..WorkerReport::default()
+/// An error the scan met, with its path: counted, printed, and it makes the exit non-zero.
+#[derive(Debug, Clone, Serialize)]
+struct ScanError {
+    path: PathBuf,
+    error: String,
+}
+
+impl WorkerReport {
+    fn error(&mut self, path: PathBuf, error: impl std::fmt::Display) {
+        self.errors.push(ScanError {
+            path,
+            error: error.to_string(),
+        });
+    }
+
+    /// Bad files still in the tree after this scan.
+    fn bad_left(&self) -> u64 {
+        (self.bad_header.len() + self.corrupt.len() + self.misplaced.len()) as u64
+            - self.removed_bad
+    }
+}
+
+/// `dir/name`, or `name` at the top.
+fn join(dir: &str, name: &str) -> String {
+    if dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+/// Removes `name` in `parent` for repair: only a regular file, only the inode judged.
+fn repair_remove(
+    ns: &BlockDir,
+    parent: &Parent<'_>,
+    rel: &str,
+    judged: Option<Inode>,
+    local: &mut WorkerReport,
+) -> bool {
+    let (_, name) = tierkv::ns::split(rel);
+    match ns.unlink_in(parent, name, judged) {
+        Ok(Unlinked::Removed) => {
+            local.removed += 1;
+            true
+        }
+        Ok(Unlinked::Missing) => false,
+        Ok(Unlinked::Refused) => {
+            tracing::warn!(path = %ns.full(rel).display(), "replaced since it was judged: left alone");
+            false
+        }
+        Err(e) => {
+            local.error(ns.full(rel), format!("could not remove: {}", io_err(e)));
+            false
+        }
+    }
+}
+
+fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> WorkerReport {
+    let mut wr = WorkerReport::default();
+    let ns = match BlockDir::open(&args.dir, worker, false) {
+        Ok(ns) => ns,
+        Err(e) => {
+            wr.error(layout::version_dir(&args.dir).join(worker), e);
+            return wr;
+        }
     };
+    // Repair holds the worker lock for the whole scan: no store can open (and write temp
+    // files or publish blocks) meanwhile. A worker whose store is running is not repaired.
+    let repair = if args.repair {
+        match ns.try_lock() {
+            Ok(true) => true,
+            Ok(false) => {
+                let holder = ns.read_control(LOCK_FILE).ok().flatten().map_or_else(
+                    || "holder unknown".into(),
+                    |t| tierkv::store::lock_holder(&String::from_utf8_lossy(&t)),
+                );
+                wr.error(
+                    ns.path().to_path_buf(),
+                    format!("in use by a running store ({holder}): not repaired"),
+                );
+                false
+            }
+            Err(e) => {
+                wr.error(
+                    ns.path().to_path_buf(),
+                    format!("could not take the worker lock: {}", io_err(e)),
+                );
+                false
+            }
+        }
+    } else {
+        false
+    };
+    wr.live = !repair && ns.is_locked_by_other().unwrap_or(false);
+    let live = read_live(&layout::version_dir(&args.dir), worker);
+    wr.capacity_bytes = live.as_ref().and_then(|l| l.stats.capacity_bytes);
+    wr.capacity_files = live.as_ref().and_then(|l| l.stats.capacity_files);
+    let layout = match ns.read_control(LAYOUT_FILE) {
+        Ok(Some(t)) => std::str::from_utf8(&t)
+            .ok()
+            .and_then(Layout::from_file_text),
+        Ok(None) => None,
+        Err(e) => {
+            wr.error(ns.full(LAYOUT_FILE), e);
+            None
+        }
+    };
+    wr.layout = layout.map(|l| l.to_string());
+    let verify = args.verify || args.repair;
     let Some(layout) = layout else {
         // Without a layout nothing can be placed: everything here is foreign.
-        wr.foreign = std::fs::read_dir(wdir)?.count() as u64;
-        return Ok(wr);
+        match ns.read_dir("") {
+            Ok(entries) => {
+                wr.foreign = entries
+                    .iter()
+                    .filter(|e| Layout::classify(e.name_str()) != EntryName::Meta)
+                    .count() as u64
+            }
+            Err(e) => wr.error(ns.path().to_path_buf(), io_err(e)),
+        }
+        return wr;
     };
     // Directories to scan, with their level; leaves are at `layout.depth`.
-    let mut dirs: Vec<(PathBuf, u8)> = vec![(wdir.to_path_buf(), 0)];
+    let mut dirs: Vec<(String, u8)> = vec![(String::new(), 0)];
     let mut level_dirs = Vec::new();
     // Expand the non-leaf levels first (cheap), then scan leaves in parallel.
     while let Some((d, lvl)) = dirs.pop() {
@@ -404,81 +567,135 @@ fn scan_worker(
             level_dirs.push(d);
             continue;
         }
-        for e in std::fs::read_dir(&d)? {
-            let e = e?;
-            let ft = e.file_type()?;
-            let name = e.file_name();
-            let name = name.to_str().unwrap_or("");
-            if ft.is_symlink() {
-                wr.symlinks += 1;
-            } else if ft.is_dir() && layout.is_shard_dir(name) {
-                dirs.push((e.path(), lvl + 1));
-            } else if lvl == 0 && Layout::classify(name) == EntryName::Meta && ft.is_file() {
-                // the store's own files
-            } else {
-                wr.foreign += 1;
+        let listed = ns
+            .parent(&d)
+            .and_then(|p| ns.read_dir_in(&p).map(|e| (p, e)));
+        let (parent, entries) = match listed {
+            Ok(x) => x,
+            Err(e) => {
+                wr.error(ns.full(&d), io_err(e));
+                continue;
+            }
+        };
+        for e in entries {
+            let name = e.name_str();
+            match e.kind {
+                FileKind::Symlink => wr.symlinks += 1,
+                FileKind::Dir if layout.is_shard_dir(name) => dirs.push((join(&d, name), lvl + 1)),
+                FileKind::File => match Layout::classify(name) {
+                    EntryName::Meta if lvl == 0 => {}
+                    EntryName::ControlTemp if lvl == 0 => {
+                        wr.temp += 1;
+                        if repair {
+                            repair_remove(&ns, &parent, name, None, &mut wr);
+                        }
+                    }
+                    EntryName::Block(_) => {
+                        let rel = join(&d, name);
+                        if repair {
+                            if let Ok(st) = ns.stat_in(&parent, name) {
+                                if repair_remove(&ns, &parent, &rel, Some(Inode::of(&st)), &mut wr)
+                                {
+                                    wr.removed_bad += 1;
+                                }
+                            }
+                        }
+                        wr.misplaced.push(ns.full(&rel));
+                    }
+                    _ => wr.foreign += 1,
+                },
+                _ => wr.foreign += 1,
             }
         }
     }
     let now_s = now_ms() / 1000;
-    let remove_temp = args.repair && !running;
     // Per thread: what it found, and the block count of each leaf it read.
     let parts = in_parallel(
         level_dirs,
         8,
-        |d, (local, leaves): &mut (WorkerReport, Vec<u64>)| {
+        |d: String, (local, leaves): &mut (WorkerReport, Vec<u64>)| {
             let mut in_leaf = 0u64;
             let is_root_leaf = layout.depth == 0;
-            let Ok(entries) = std::fs::read_dir(&d) else {
-                return;
-            };
-            for e in entries.flatten() {
-                let Ok(ft) = e.file_type() else { continue };
-                let name = e.file_name();
-                let name = name.to_str().unwrap_or("").to_string();
-                if ft.is_symlink() {
-                    local.symlinks += 1;
-                    continue;
+            let listed = ns
+                .parent(&d)
+                .and_then(|p| ns.read_dir_in(&p).map(|e| (p, e)));
+            let (parent, entries) = match listed {
+                Ok(x) => x,
+                Err(e) => {
+                    local.error(ns.full(&d), io_err(e));
+                    return;
                 }
-                if !ft.is_file() {
-                    local.foreign += 1;
-                    continue;
+            };
+            for e in entries {
+                let name = e.name_str().to_string();
+                let rel = join(&d, &name);
+                match e.kind {
+                    FileKind::Symlink => {
+                        local.symlinks += 1;
+                        continue;
+                    }
+                    FileKind::File => {}
+                    _ => {
+                        local.foreign += 1;
+                        continue;
+                    }
                 }
                 match Layout::classify(&name) {
+                    EntryName::Block(h) if layout.rel_path(&h).dir() != d => {
+                        if repair {
+                            if let Ok(st) = ns.stat_in(&parent, &name) {
+                                if repair_remove(&ns, &parent, &rel, Some(Inode::of(&st)), local) {
+                                    local.removed_bad += 1;
+                                }
+                            }
+                        }
+                        local.misplaced.push(ns.full(&rel));
+                    }
                     EntryName::Block(h) => {
-                        let Ok(m) = e.metadata() else { continue };
                         in_leaf += 1;
                         progress.inc(1);
-                        match check_block(&e.path(), &h, m.size(), args.verify) {
-                            Ok(payload) => {
+                        match check_block(&ns, &parent, &name, &h, verify) {
+                            Ok(Judged::Good(payload, m)) => {
                                 local.files += 1;
-                                local.bytes += m.blocks() * 512;
+                                local.bytes += m.st_blocks as u64 * 512;
                                 local.payload_bytes += payload;
                                 *local.size_counts.entry(size_bucket(payload)).or_default() += 1;
-                                let used = m.atime().max(m.mtime()).max(0) as u64;
+                                let used = (m.st_atime as i64).max(m.st_mtime as i64).max(0) as u64;
                                 *local
                                     .age_counts
                                     .entry(age_bucket(now_s.saturating_sub(used)).into())
                                     .or_default() += 1;
                             }
-                            Err(reason) => {
-                                tracing::warn!(path = %e.path().display(), %reason, "bad block file");
-                                let corrupt_only = args.verify && reason.contains("checksum");
-                                if args.repair && std::fs::remove_file(e.path()).is_ok() {
-                                    local.removed += 1;
+                            Ok(Judged::Bad(reason, inode)) => {
+                                tracing::warn!(path = %ns.full(&rel).display(), %reason, "bad block file");
+                                if repair && repair_remove(&ns, &parent, &rel, Some(inode), local) {
+                                    local.removed_bad += 1;
                                 }
-                                if corrupt_only {
-                                    local.corrupt.push(e.path());
+                                if matches!(reason, CorruptReason::Checksum) {
+                                    local.corrupt.push(ns.full(&rel));
                                 } else {
-                                    local.bad_header.push(e.path());
+                                    local.bad_header.push(ns.full(&rel));
                                 }
                             }
+                            Ok(Judged::NotRegular) => {
+                                in_leaf -= 1;
+                                local.foreign += 1;
+                            }
+                            Ok(Judged::Gone) => in_leaf -= 1,
+                            Ok(Judged::NoAtime) => local.not_read += 1,
+                            Err(err) => local.error(ns.full(&rel), io_err(err)),
                         }
                     }
                     EntryName::Temp => {
                         local.temp += 1;
-                        if remove_temp && std::fs::remove_file(e.path()).is_ok() {
-                            local.removed += 1;
+                        if repair {
+                            repair_remove(&ns, &parent, &rel, None, local);
+                        }
+                    }
+                    EntryName::ControlTemp if is_root_leaf => {
+                        local.temp += 1;
+                        if repair {
+                            repair_remove(&ns, &parent, &rel, None, local);
                         }
                     }
                     EntryName::Meta if is_root_leaf => {}
@@ -488,6 +705,16 @@ fn scan_worker(
             leaves.push(in_leaf);
         },
     );
+    if wr.not_read > 0 {
+        wr.error(
+            ns.path().to_path_buf(),
+            format!(
+                "{} block files not read: O_NOATIME refused (not their owner), and reading them \
+                 would move the access times the store's recency comes from; run as their owner",
+                wr.not_read
+            ),
+        );
+    }
     let mut leaves = Vec::new();
     for (local, l) in parts {
         merge(&mut wr, local);
@@ -520,7 +747,11 @@ fn scan_worker(
     }
     wr.bad_header.sort();
     wr.corrupt.sort();
-    Ok(wr)
+    wr.misplaced.sort();
+    if repair {
+        let _ = ns.unlock();
+    }
+    wr
 }
 
 fn merge(into: &mut WorkerReport, from: WorkerReport) {
@@ -531,6 +762,10 @@ fn merge(into: &mut WorkerReport, from: WorkerReport) {
     into.foreign += from.foreign;
     into.symlinks += from.symlinks;
     into.removed += from.removed;
+    into.removed_bad += from.removed_bad;
+    into.not_read += from.not_read;
+    into.misplaced.extend(from.misplaced);
+    into.errors.extend(from.errors);
     into.bad_header.extend(from.bad_header);
     into.corrupt.extend(from.corrupt);
     for (k, v) in from.size_counts {
@@ -552,16 +787,29 @@ fn print_text(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
         r.root.display(),
         r.format_version
     )?;
+    let corrupt = |n: u64| {
+        if r.verified {
+            format!("corrupt {n}")
+        } else {
+            "checksums not verified (--verify)".to_string()
+        }
+    };
     writeln!(
         out,
-        "total: {} block files, {} on disk; temp {}, foreign {}, symlinks {}, bad header {}, corrupt {}",
+        "total: {} block files, {} on disk; temp {}, foreign {}, symlinks {}, misplaced {}, bad header {}, {}{}",
         r.files,
         human(r.bytes),
         r.temp,
         r.foreign,
         r.symlinks,
+        r.misplaced,
         r.bad_header,
-        r.corrupt
+        corrupt(r.corrupt),
+        if r.errors > 0 {
+            format!("; {} errors", r.errors)
+        } else {
+            String::new()
+        }
     )?;
     for (w, wr) in &r.workers {
         writeln!(out)?;
@@ -608,15 +856,22 @@ fn print_text(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
         writeln!(out, "  last use: {}", hist(&wr.ages))?;
         writeln!(
             out,
-            "  temp {}, foreign {}, symlinks {}, bad header {}, corrupt {}",
+            "  temp {}, foreign {}, symlinks {}, misplaced {}, bad header {}, {}",
             wr.temp,
             wr.foreign,
             wr.symlinks,
+            wr.misplaced.len(),
             wr.bad_header.len(),
-            wr.corrupt.len()
+            corrupt(wr.corrupt.len() as u64)
         )?;
         for p in wr.bad_header.iter().chain(&wr.corrupt) {
             writeln!(out, "    bad: {}", p.display())?;
+        }
+        for p in &wr.misplaced {
+            writeln!(out, "    misplaced: {}", p.display())?;
+        }
+        for e in &wr.errors {
+            writeln!(out, "    error: {}: {}", e.path.display(), e.error)?;
         }
         if wr.removed > 0 {
             writeln!(out, "  repaired: removed {} files", wr.removed)?;
@@ -818,7 +1073,7 @@ fn live(args: &Args, vdir: &Path, workers: &[String]) -> Result<ExitCode, BoxErr
     loop {
         let snaps: Vec<(String, LiveStats)> = workers
             .iter()
-            .filter_map(|w| read_live(&vdir.join(w)).map(|l| (w.clone(), l)))
+            .filter_map(|w| read_live(vdir, w).map(|l| (w.clone(), l)))
             .collect();
         if snaps.is_empty() && args.watch.is_none() {
             return Err(format!("no live counters under {} (is a store running? it writes {STATS_FILE} every second)", vdir.display()).into());
