@@ -169,6 +169,36 @@ pub trait IoEngine: Send + Sync + fmt::Debug {
     }
 }
 
+/// Runs `batch` on `engine` and holds it to the contract's first rule: an engine that returns
+/// a different number of results than requests fails the whole batch (which results belong
+/// to which requests is unknown), so the store discards every write and releases every
+/// reservation instead of panicking.
+pub(crate) fn submit_checked(
+    engine: &dyn IoEngine,
+    batch: &mut [IoRequest<'_>],
+) -> Vec<io::Result<usize>> {
+    let n = batch.len();
+    let results = engine.submit(batch);
+    if results.len() == n {
+        return results;
+    }
+    tracing::error!(
+        engine = engine.name(),
+        results = results.len(),
+        requests = n,
+        "engine broke its contract: result count differs from request count"
+    );
+    (0..n)
+        .map(|_| {
+            Err(io::Error::other(format!(
+                "engine {} returned {} results for {n} requests",
+                engine.name(),
+                results.len()
+            )))
+        })
+        .collect()
+}
+
 /// The error of a device-memory request given to an engine that moves host memory only.
 pub fn device_unsupported(engine: &str) -> io::Error {
     io::Error::new(

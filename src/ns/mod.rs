@@ -234,12 +234,18 @@ impl BlockDir {
             .map_err(|e| Error::from_io(&vpath, io_err(e)))?;
         let fd = child_dir(vfd.as_fd(), worker, create)
             .map_err(|e| Error::from_io(&wpath, io_err(e)))?;
+        // Temp names of control files start from an unpredictable number, so names planted
+        // in advance (e.g. symlinks for the next pids) do not block writes.
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ (&fd as *const OwnedFd as u64).rotate_left(32);
         Ok(BlockDir {
             fd,
             path: wpath,
             has_openat2: AtomicBool::new(true),
             faults,
-            seq: AtomicU64::new(0),
+            seq: AtomicU64::new(seed % 1_000_000_000_000),
         })
     }
 
@@ -610,11 +616,17 @@ impl BlockDir {
     /// ([`BlockDir::control_temp_name`]), then `rename` over `name` (a symlink at `name` is
     /// replaced, never followed). The temp file is unlinked on any failure.
     pub fn write_control(&self, name: &str, bytes: &[u8]) -> Result<()> {
-        let tmp = self.control_temp_name(name);
         let top = Parent::Top(self.fd.as_fd());
-        let fd = self
-            .create_in(&top, &tmp, OFlags::WRONLY, Mode::from_raw_mode(FILE_MODE))
-            .map_err(|e| Error::from_io(self.full(&tmp), io_err(e)))?;
+        let mut tries = 0;
+        let (tmp, fd) = loop {
+            let tmp = self.control_temp_name(name);
+            match self.create_in(&top, &tmp, OFlags::WRONLY, Mode::from_raw_mode(FILE_MODE)) {
+                Ok(fd) => break (tmp, fd),
+                // Something already has the name (left by a crash, or planted): another name.
+                Err(Errno::EXIST) if tries < 16 => tries += 1,
+                Err(e) => return Err(Error::from_io(self.full(&tmp), io_err(e))),
+            }
+        };
         let written = crate::engine::write_full(fd.as_fd(), 0, &mut [std::io::IoSlice::new(bytes)])
             .and_then(|n| {
                 if n == bytes.len() {

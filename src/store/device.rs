@@ -110,7 +110,7 @@ impl Inner {
                     owners.push(i);
                 }
             }
-            self.engine.submit(&mut reqs)
+            crate::engine::submit_checked(self.engine.as_ref(), &mut reqs)
         };
 
         let mut results: Vec<Result<Lookup>> = Vec::with_capacity(keys.len());

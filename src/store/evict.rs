@@ -25,17 +25,16 @@ pub(super) struct Evictor {
 
 impl Evictor {
     /// Starts the thread. It holds only a weak reference: it ends when the store is dropped.
-    pub fn spawn(store: Weak<Inner>) -> Evictor {
+    pub fn spawn(store: Weak<Inner>) -> std::io::Result<Evictor> {
         let signal = Arc::new(Signal::default());
         let sig = signal.clone();
         let thread = std::thread::Builder::new()
             .name("tierkv-evict".into())
-            .spawn(move || run(store, sig))
-            .expect("spawn the eviction thread");
-        Evictor {
+            .spawn(move || run(store, sig))?;
+        Ok(Evictor {
             signal,
             thread: Some(thread),
-        }
+        })
     }
 
     /// Asks the thread to evict down to the low watermark.

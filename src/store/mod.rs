@@ -204,6 +204,20 @@ pub fn lock_holder(text: &str) -> String {
     }
 }
 
+/// A read-only filesystem met while opening for writing: say how to open it for reading.
+fn read_only_hint(e: Error) -> Error {
+    match e {
+        Error::Io { path, source } if source.raw_os_error() == Some(Errno::ROFS.raw_os_error()) => {
+            Error::Config(format!(
+                "{} is on a read-only filesystem: open it with \
+                 StoreConfig::with_read_only(true) to serve reads",
+                path.display()
+            ))
+        }
+        e => e,
+    }
+}
+
 fn host_name() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: `buf` is valid for `buf.len()` bytes; gethostname writes at most that many and
@@ -252,16 +266,9 @@ impl Store {
         };
         let policy = parts.policy.unwrap_or_else(|| config.policy.build());
         let read_only = config.read_only;
-        let ns = BlockDir::open_with_faults(root.as_ref(), worker.as_str(), !read_only, parts.ns_faults)
-            .map_err(|e| match e {
-                Error::Io { path, source } if source.raw_os_error() == Some(Errno::ROFS.raw_os_error()) => {
-                    Error::Config(format!(
-                        "{} is on a read-only filesystem: open it with StoreConfig::with_read_only(true)",
-                        path.display()
-                    ))
-                }
-                e => e,
-            })?;
+        let ns =
+            BlockDir::open_with_faults(root.as_ref(), worker.as_str(), !read_only, parts.ns_faults)
+                .map_err(read_only_hint)?;
         let dir = ns.path().to_path_buf();
         let locked = !read_only;
         if locked {
@@ -280,7 +287,7 @@ impl Store {
             let who = format!("pid={}\nhost={}\n", std::process::id(), host_name());
             if let Err(e) = ns.write_control(LOCK_FILE, who.as_bytes()) {
                 let _ = ns.unlock();
-                return Err(e);
+                return Err(read_only_hint(e));
             }
         }
         Self::open_locked(ns, worker, &config, engine, policy, read_only)
@@ -351,7 +358,7 @@ impl Store {
         let fd_cap = config.fd_cache_capacity();
         tracing::debug!(worker = %worker, %layout, fd_cache = fd_cap, engine = engine.name(), "store open");
         let stats_interval = config.stats_interval.filter(|_| !read_only);
-        let inner = Arc::new_cyclic(|weak| Inner {
+        let inner = Arc::new(Inner {
             worker,
             ns,
             locked: !read_only,
@@ -366,17 +373,28 @@ impl Store {
             bufs: crate::buf::BufPool::new(64 << 20),
             index,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
-            stats_writer: Mutex::new(stats_interval.map(|i| StatsWriter::spawn(weak.clone(), i))),
+            stats_writer: Mutex::new(None),
             stats_interval: stats_interval.unwrap_or_default(),
-            evictor: Mutex::new(
-                (!read_only && limits.is_bounded() && limits.high < 1.0)
-                    .then(|| Evictor::spawn(weak.clone())),
-            ),
+            evictor: Mutex::new(None),
             counters,
             tmpfile: AtomicBool::new(config.publish == Publish::Tmpfile),
             link_empty_path: AtomicBool::new(true),
             temp_seq: AtomicU64::new(0),
         });
+        // The background threads; a failure to start one fails the open (the lock is released
+        // as `inner` drops).
+        let thread_err = |e: std::io::Error| Error::Io {
+            path: inner.ns.path().to_path_buf(),
+            source: std::io::Error::new(e.kind(), format!("could not start a store thread: {e}")),
+        };
+        if !read_only && limits.is_bounded() && limits.high < 1.0 {
+            let ev = Evictor::spawn(Arc::downgrade(&inner)).map_err(thread_err)?;
+            *inner.evictor.lock().unwrap_or_else(|e| e.into_inner()) = Some(ev);
+        }
+        if let Some(i) = stats_interval {
+            let w = StatsWriter::spawn(Arc::downgrade(&inner), i).map_err(thread_err)?;
+            *inner.stats_writer.lock().unwrap_or_else(|e| e.into_inner()) = Some(w);
+        }
         // Enforce the capacity on what the tree already holds.
         if !read_only {
             let victims = inner.index.evict_to_bound();

@@ -142,7 +142,7 @@ impl Inner {
                 reqs.push(req);
                 owners.push(i);
             }
-            self.engine.submit(&mut reqs)
+            crate::engine::submit_checked(self.engine.as_ref(), &mut reqs)
         };
 
         let mut results: Vec<Option<Result<Lookup>>> = plans

@@ -54,7 +54,7 @@ pub(super) struct StatsWriter {
 
 impl StatsWriter {
     /// Starts publishing every `interval`. Holds only a weak reference to the store.
-    pub fn spawn(store: Weak<Inner>, interval: Duration) -> StatsWriter {
+    pub fn spawn(store: Weak<Inner>, interval: Duration) -> std::io::Result<StatsWriter> {
         let signal = Arc::new(Signal::default());
         let sig = signal.clone();
         let thread = std::thread::Builder::new()
@@ -74,12 +74,11 @@ impl StatsWriter {
                     let Some(inner) = store.upgrade() else { return };
                     inner.write_live_stats(true, interval);
                 }
-            })
-            .expect("spawn the stats thread");
-        StatsWriter {
+            })?;
+        Ok(StatsWriter {
             signal,
             thread: Some(thread),
-        }
+        })
     }
 }
 

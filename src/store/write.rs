@@ -155,7 +155,7 @@ impl Inner {
                     (None, None, None) => unreachable!("a payload is in host or device memory"),
                 });
             }
-            self.engine.submit(&mut reqs)
+            crate::engine::submit_checked(self.engine.as_ref(), &mut reqs)
         };
 
         // 5. Size, sync; failures unlink their temp file and drop their reservation.

@@ -108,9 +108,14 @@ pub struct Tmpfs {
 
 impl Tmpfs {
     pub fn mount(size: &str, why: &str) -> Option<Tmpfs> {
+        Self::mount_with(&format!("size={size}"), why)
+    }
+
+    /// As [`Tmpfs::mount`], with mount options (e.g. `size=8m,nr_inodes=200`).
+    pub fn mount_with(opts: &str, why: &str) -> Option<Tmpfs> {
         let dir = tempfile::tempdir().unwrap();
         let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tierkv-test"])
+            .args(["-t", "tmpfs", "-o", opts, "tierkv-test"])
             .arg(dir.path())
             .stderr(std::process::Stdio::null())
             .status()
@@ -130,6 +135,39 @@ impl Tmpfs {
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
+}
+
+impl Tmpfs {
+    /// Remounts read-only (`true`) or read-write.
+    pub fn remount(&self, read_only: bool) {
+        let opt = if read_only {
+            "remount,ro"
+        } else {
+            "remount,rw"
+        };
+        let ok = std::process::Command::new("mount")
+            .args(["-o", opt])
+            .arg(self.dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "mount -o {opt} {}", self.dir.path().display());
+    }
+}
+
+/// True when this process may do what root may (mknod, setuid, mount). When not, the
+/// caller skips, unless CI requires the test (TIERKV_REQUIRE_PRIVILEGED_TESTS): then this
+/// panics.
+pub fn privileged(why: &str) -> bool {
+    if rustix::process::geteuid().is_root() {
+        return true;
+    }
+    let msg = format!("skipped: needs root for {why}");
+    assert!(
+        std::env::var_os("TIERKV_REQUIRE_PRIVILEGED_TESTS").is_none(),
+        "{msg}"
+    );
+    eprintln!("{msg}");
+    false
 }
 
 impl Drop for Tmpfs {
