@@ -6,11 +6,13 @@
 //! directory shared with other workers.
 //!
 //! The modules follow the architecture:
-//! - where bytes live: [`layout`] (the sharded directory tree) and [`format`] (the block file);
+//! - where bytes live: [`layout`] (the sharded directory tree) and [`format`](mod@format) (the
+//!   block file);
 //! - how I/O is submitted: [`engine`] (the [`IoEngine`](engine::IoEngine) trait, psync);
 //! - what is kept: [`index`] (capacity, eviction policies) and [`store`] (put/get semantics,
 //!   the open-file cache, counters, the rebuild on open);
-//! - what users run: the `tierkv-bench` tool in `tools/`.
+//! - what users run (with the `tools` feature): `tierkv-bench` (the fio-style benchmark) and
+//!   `tierkv-stat` (what a cache tree holds, the live counters of its stores), in `tools/`.
 //!
 //! ```
 //! use tierkv::{BlockHash, Lookup, Store, StoreConfig, WorkerId};

@@ -13,8 +13,8 @@ shift $(( $# > 2 ? 2 : $# )) || true
 SIZES=("${@:-4k 64k 256k}")
 read -r -a SIZES <<< "${SIZES[*]}"
 . tools/bench-common.sh
-cargo build --release --quiet --bin tierkv-bench
-BENCH=target/release/tierkv-bench
+build_bin tierkv-bench
+BENCH=$B
 WORK=$(mktemp -d /tmp/tierkv-naive.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 

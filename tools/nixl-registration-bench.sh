@@ -7,8 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-2000}; ROUNDS=${2:-5}
 . tools/bench-common.sh
-cargo build --release --quiet --features nixl --bin tierkv-bench
-B=target/release/tierkv-bench
+build_bin tierkv-bench nixl
 W=$(mktemp -d /tmp/tierkv-nixl.XXXXXX); trap 'rm -rf "$W"' EXIT
 echo "| bs | iodepth | store ops/s | naive ops/s | ratio |"
 echo "|---:|---:|---:|---:|---:|"

@@ -5,8 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-50000}; ROUNDS=${2:-3}; BS=${3:-4k}
-cargo build --release --quiet --bin tierkv-bench
-BENCH=target/release/tierkv-bench
+. tools/bench-common.sh
+build_bin tierkv-bench
+BENCH=$B
 WORK=$(mktemp -d /tmp/tierkv-publish.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 echo "| round | publish | files/s |"

@@ -4,8 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/bench-common.sh
-cargo build --release --quiet --bin tierkv-bench
-B=target/release/tierkv-bench
+build_bin tierkv-bench
 W=$(mktemp -d /tmp/tierkv-verify.XXXXXX); trap 'rm -rf "$W"' EXIT
 echo "| bs | always | on-open (default) | never |"
 echo "|---:|---:|---:|---:|"

@@ -400,6 +400,7 @@ impl Store {
     /// exceeds the bound by more than the batches in flight. A policy with admission control
     /// may decline a block: the result is `Ok` and the block is not stored (counted in
     /// `StoreStats::not_admitted`). ENOSPC below the capacity evicts and retries once.
+    #[must_use = "each block's result says whether it was stored"]
     pub fn put_many<D: AsRef<[u8]>>(&self, items: &[(BlockKey, D)]) -> Vec<Result<()>> {
         self.inner.put_with_retry(items, true)
     }
@@ -409,6 +410,7 @@ impl Store {
     /// (subject to admission), present ones are only marked as used, in one batch so that
     /// the policy sees the chain in order. Block hashes name their content, so a present
     /// block is never rewritten.
+    #[must_use = "each block's result says whether it was stored"]
     pub fn offer_many<D: AsRef<[u8]>>(&self, items: &[(BlockKey, D)]) -> Vec<Result<()>> {
         self.inner.put_with_retry(items, false)
     }

@@ -81,7 +81,7 @@ struct ShardBalance {
     histogram: Vec<Bucket>,
 }
 
-/// A histogram kept under sortable keys ("<order>: <label>"), listed in order, every bucket.
+/// A histogram kept under sortable keys (`"<order>: <label>"`), listed in order, every bucket.
 fn buckets(keys: &[&str], counts: &BTreeMap<String, u64>) -> Vec<Bucket> {
     keys.iter()
         .map(|k| Bucket {
@@ -139,6 +139,8 @@ struct Report {
     symlinks: u64,
     bad_header: u64,
     corrupt: u64,
+    /// Whether checksums were checked (`--verify`); without it `corrupt` is not known.
+    verified: bool,
     workers: BTreeMap<String, WorkerReport>,
 }
 
@@ -357,6 +359,7 @@ fn scan(args: &Args, vdir: &Path, workers: &[String]) -> Result<Report, BoxError
     let mut report = Report {
         root: args.dir.clone(),
         format_version: tierkv::format::FORMAT_VERSION,
+        verified: args.verify,
         ..Report::default()
     };
     for w in workers {
@@ -545,6 +548,15 @@ fn strip_key(k: &str) -> &str {
     k.split_once(": ").map_or(k, |(_, v)| v)
 }
 
+/// The corrupt count, or "not verified" when no checksum was checked.
+fn corrupt_text(verified: bool, n: u64) -> String {
+    if verified {
+        n.to_string()
+    } else {
+        "not verified".into()
+    }
+}
+
 fn print_text(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
     writeln!(
         out,
@@ -561,7 +573,7 @@ fn print_text(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
         r.foreign,
         r.symlinks,
         r.bad_header,
-        r.corrupt
+        corrupt_text(r.verified, r.corrupt)
     )?;
     for (w, wr) in &r.workers {
         writeln!(out)?;
@@ -613,7 +625,7 @@ fn print_text(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
             wr.foreign,
             wr.symlinks,
             wr.bad_header.len(),
-            wr.corrupt.len()
+            corrupt_text(r.verified, wr.corrupt.len() as u64)
         )?;
         for p in wr.bad_header.iter().chain(&wr.corrupt) {
             writeln!(out, "    bad: {}", p.display())?;
@@ -668,7 +680,7 @@ fn print_scan_prometheus(out: &mut impl Write, r: &Report) -> std::io::Result<()
 /// (name, help, counter?, value)
 fn live_metrics(l: &LiveStats) -> Vec<(&'static str, &'static str, bool, f64)> {
     let s = &l.stats;
-    vec![
+    let mut m = vec![
         (
             "tierkv_hits_total",
             "Lookups that returned a block.",
@@ -772,18 +784,6 @@ fn live_metrics(l: &LiveStats) -> Vec<(&'static str, &'static str, bool, f64)> {
             s.used_files as f64,
         ),
         (
-            "tierkv_capacity_bytes",
-            "Byte capacity (0: unbounded).",
-            false,
-            s.capacity_bytes.unwrap_or(0) as f64,
-        ),
-        (
-            "tierkv_capacity_files",
-            "File capacity (0: unbounded).",
-            false,
-            s.capacity_files.unwrap_or(0) as f64,
-        ),
-        (
             "tierkv_get_latency_p99_seconds",
             "99th percentile of get_many latency.",
             false,
@@ -801,7 +801,15 @@ fn live_metrics(l: &LiveStats) -> Vec<(&'static str, &'static str, bool, f64)> {
             false,
             if live_fresh(l) { 1.0 } else { 0.0 },
         ),
-    ]
+    ];
+    // An unbounded store has no capacity gauge (a 0 would read as a full store).
+    if let Some(c) = s.capacity_bytes {
+        m.push(("tierkv_capacity_bytes", "Byte capacity.", false, c as f64));
+    }
+    if let Some(c) = s.capacity_files {
+        m.push(("tierkv_capacity_files", "File capacity.", false, c as f64));
+    }
+    m
 }
 
 fn us(ns: u64) -> f64 {
