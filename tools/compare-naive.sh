@@ -30,8 +30,8 @@ for bs in "${SIZES[@]}"; do
   for verify in on-open never; do
     s=(); n=()
     for _ in $(seq "$ROUNDS"); do
-      s+=("$($BENCH --dir "$WORK/store" --rw randread --bs "$bs" --nblocks "$NBLOCKS" --loops 10 --verify $verify --no-layout --output-format json | ops_per_sec)")
-      n+=("$($BENCH --dir "$WORK/naive" --rw randread --bs "$bs" --nblocks "$NBLOCKS" --loops 10 --verify $verify --no-layout --fd-cache 0 --output-format json | ops_per_sec)")
+      s+=("$($BENCH --dir "$WORK/store" --rw randread --bs "$bs" --nblocks "$NBLOCKS" --loops 10 --batch 1 --verify $verify --no-layout --output-format json | ops_per_sec)")
+      n+=("$($BENCH --dir "$WORK/naive" --rw randread --bs "$bs" --nblocks "$NBLOCKS" --loops 10 --batch 1 --verify $verify --no-layout --fd-cache 0 --output-format json | ops_per_sec)")
     done
     median_row "$bs" "$verify" "${s[*]}" "${n[*]}"
   done

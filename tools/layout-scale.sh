@@ -17,4 +17,4 @@ echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}
 cold=()
 [ "$(id -u)" = 0 ] && cold=(--invalidate)
 "$B" --dir "$BASE" --rw metadata --bs "$BS" --nblocks "$N" \
-  --layout-depths 0,1,2 --numjobs 2 --iodepth 32 "${cold[@]}"
+  --layout-depths 0,1,2 --numjobs 2 --batch 32 "${cold[@]}"

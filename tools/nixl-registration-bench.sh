@@ -17,8 +17,8 @@ for bs in 4k 64k; do
   for qd in 1 32; do
     c=(); n=()
     for _ in $(seq "$ROUNDS"); do
-      c+=("$($B --dir "$W/c$bs" --rw randread --bs $bs --nblocks "$N" --loops 10 --no-layout --ioengine nixl --iodepth $qd --verify never --output-format json 2>/dev/null | ops_per_sec)")
-      n+=("$($B --dir "$W/n$bs" --rw randread --bs $bs --nblocks "$N" --loops 10 --no-layout --ioengine nixl --iodepth $qd --verify never --fd-cache 0 --output-format json 2>/dev/null | ops_per_sec)")
+      c+=("$($B --dir "$W/c$bs" --rw randread --bs $bs --nblocks "$N" --loops 10 --no-layout --ioengine nixl --batch $qd --verify never --output-format json 2>/dev/null | ops_per_sec)")
+      n+=("$($B --dir "$W/n$bs" --rw randread --bs $bs --nblocks "$N" --loops 10 --no-layout --ioengine nixl --batch $qd --verify never --fd-cache 0 --output-format json 2>/dev/null | ops_per_sec)")
     done
     median_row "$bs" "$qd" "${c[*]}" "${n[*]}"
   done

@@ -14,7 +14,7 @@ echo "| round | publish | files/s |"
 echo "|---:|---|---:|"
 for r in $(seq "$ROUNDS"); do
   for p in auto rename; do
-    ops=$($BENCH --dir "$WORK/$p$r" --rw write --bs "$BS" --nblocks "$N" --publish $p --output-format json | python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["ops_per_sec"])')
+    ops=$($BENCH --dir "$WORK/$p$r" --rw write --bs "$BS" --nblocks "$N" --batch 1 --publish $p --output-format json | python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["ops_per_sec"])')
     echo "| $r | $p | $ops |"
   done
 done
