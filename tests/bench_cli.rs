@@ -582,9 +582,16 @@ fn the_main_job_says_what_it_measured() {
     assert!(help.contains("[default: main]"), "{help}");
 }
 
-/// SIGINT stops the run: partial result printed, temp dir removed, exit 130.
+/// SIGINT (Ctrl-C) or SIGTERM stops the run: partial result printed, temp dir removed, exit
+/// 130.
 #[test]
 fn sigint_reports_cleans_up_and_exits_130() {
+    for signal in [rustix::process::Signal::INT, rustix::process::Signal::TERM] {
+        interrupt_with(signal);
+    }
+}
+
+fn interrupt_with(signal: rustix::process::Signal) {
     let tmp = tempfile::tempdir().unwrap();
     let child = Command::new(BENCH)
         .args(words("--bs 4k --nblocks 64 --runtime 60s --progress never"))
@@ -604,13 +611,13 @@ fn sigint_reports_cleans_up_and_exits_130() {
     }
     std::thread::sleep(std::time::Duration::from_millis(500));
     let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    rustix::process::kill_process(pid, signal).unwrap();
     let out = child.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),
         Some(130),
-        "{text}{}",
+        "{signal:?}: {text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(text.contains("hot read: IOPS="), "{text}");
