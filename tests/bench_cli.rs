@@ -570,9 +570,20 @@ fn the_main_job_says_what_it_measured() {
         &format!("  filesystem: {fs} ("),
         "  page cache: ",
         "summary: wrote 64 blocks of 4.0KiB",
+        "the first read from the page cache",
         "with 100% of opens saved by the open-file cache",
     ] {
         assert!(text.contains(want), "{want:?} in\n{text}");
+    }
+    // --invalidate drops the written blocks from the page cache before the read phase (where
+    // the filesystem's cache is not its storage, as tmpfs's is).
+    if ["ext4", "xfs", "btrfs"].contains(&fs) {
+        let r = run_json(&words("--bs 64k --nblocks 16 --invalidate"));
+        let resident = r["page_cache_resident"].as_f64().unwrap();
+        assert!(
+            resident < 0.5,
+            "{resident} of the blocks cached after --invalidate"
+        );
     }
     // The defaults: one 16-token block of an 8B Llama, 256 of them (512 MiB).
     let help = Command::new(BENCH).arg("--help").output().unwrap();

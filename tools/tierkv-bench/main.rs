@@ -1070,12 +1070,23 @@ fn parallel<T: Send>(n: usize, job: impl Fn(usize) -> T + Sync) -> Vec<T> {
 }
 
 /// Drops the working set's blocks from the page cache (posix_fadvise DONTNEED), so that the
-/// reads that follow come from the device.
+/// reads that follow come from the device. Each file is synced first: DONTNEED leaves dirty
+/// pages (blocks just written) in the cache.
 fn invalidate(store: &Store, keys: &[BlockKey]) -> Result<(), BoxError> {
     for k in keys {
         let p = store.path_of(&k.hash);
         match std::fs::File::open(&p) {
-            Ok(f) => rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed)
+            Ok(f) => f
+                .sync_data()
+                .map_err(BoxError::from)
+                .and_then(|()| {
+                    Ok(rustix::fs::fadvise(
+                        &f,
+                        0,
+                        None,
+                        rustix::fs::Advice::DontNeed,
+                    )?)
+                })
                 .map_err(|e| format!("{}: {e}", p.display()))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(format!("{}: {e}", p.display()).into()),

@@ -422,7 +422,7 @@ pub(crate) fn report_main(
             ));
         }
         format!(
-            "{}; on {}, from {from}{}",
+            "{}; on {}, the first read from {from}{}",
             parts.join(", "),
             env.filesystem,
             if interrupted() {
