@@ -86,7 +86,13 @@ fn dir_json(d: &Dir, secs: f64) -> Value {
     })
 }
 
-fn dir_lines(out: &mut impl Write, name: &str, d: &Dir, secs: f64) -> std::io::Result<()> {
+fn dir_lines(
+    out: &mut impl Write,
+    name: &str,
+    d: &Dir,
+    secs: f64,
+    batch: usize,
+) -> std::io::Result<()> {
     let l = &d.lat;
     let q = |p: f64| l.value_at_quantile(p) as f64 / 1e3;
     writeln!(
@@ -105,16 +111,22 @@ fn dir_lines(out: &mut impl Write, name: &str, d: &Dir, secs: f64) -> std::io::R
             String::new()
         },
     )?;
+    // Microseconds, or milliseconds once calls take 10 ms (large blocks, large batches).
+    let (unit, div) = if l.max() >= 10_000_000 {
+        ("msec", 1e3)
+    } else {
+        ("usec", 1.0)
+    };
     writeln!(
         out,
-        "    lat per call (usec): min={:.1}, avg={:.1}, p50={:.1}, p90={:.1}, p99={:.1}, p99.9={:.1}, max={:.1}",
-        l.min() as f64 / 1e3,
-        l.mean() / 1e3,
-        q(0.5),
-        q(0.9),
-        q(0.99),
-        q(0.999),
-        l.max() as f64 / 1e3
+        "    lat per call of up to {batch} blocks ({unit}): min={:.1}, avg={:.1}, p50={:.1}, p90={:.1}, p99={:.1}, p99.9={:.1}, max={:.1}",
+        l.min() as f64 / 1e3 / div,
+        l.mean() / 1e3 / div,
+        q(0.5) / div,
+        q(0.9) / div,
+        q(0.99) / div,
+        q(0.999) / div,
+        l.max() as f64 / 1e3 / div
     )
 }
 
@@ -238,10 +250,10 @@ pub(crate) fn report(
             let reads = matches!(args.rw, Rw::Read | Rw::Randread | Rw::Randrw);
             let writes = matches!(args.rw, Rw::Write | Rw::Randwrite | Rw::Randrw);
             if reads {
-                dir_lines(&mut out, "read", &run.read, secs)?;
+                dir_lines(&mut out, "read", &run.read, secs, args.batch)?;
             }
             if writes {
-                dir_lines(&mut out, "write", &run.write, secs)?;
+                dir_lines(&mut out, "write", &run.write, secs, args.batch)?;
             }
             if reads {
                 writeln!(
@@ -530,7 +542,7 @@ pub(crate) fn report_main(
                     _ => ("hot read", &r.read),
                 };
                 writeln!(out, "  {label} ({}):", p.what)?;
-                dir_lines(&mut out, &format!("  {label}"), d, secs)?;
+                dir_lines(&mut out, &format!("  {label}"), d, secs, args.batch)?;
                 if p.name != "write" {
                     let (h, m) = fd_cache(&p.ranks);
                     writeln!(
