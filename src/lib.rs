@@ -12,7 +12,8 @@
 //! - how I/O is submitted: [`engine`] (the [`IoEngine`](engine::IoEngine) trait, psync);
 //! - what is kept: [`index`] (capacity, eviction policies) and [`store`] (put/get semantics,
 //!   the open-file cache, counters, the rebuild on open);
-//! - what users run: the `tierkv-bench` tool in `tools/`.
+//! - what users run (with the `tools` feature): `tierkv-bench` (the fio-style benchmark) and
+//!   `tierkv-stat` (what a cache tree holds, the live counters of its stores), in `tools/`.
 //!
 //! ```
 //! use tierkv::{BlockHash, Lookup, Store, StoreConfig, WorkerId};

@@ -58,9 +58,9 @@ fn write_then_read_in_separate_processes() {
 }
 
 #[test]
-fn naive_mode_and_iodepth() {
+fn naive_mode_and_batches() {
     let r = run_json(&words(
-        "--bs 4k --nblocks 100 --loops 2 --fd-cache 0 --layout-depth 0 --iodepth 8",
+        "--rw randread --bs 4k --nblocks 100 --loops 2 --fd-cache 0 --layout-depth 0 --batch 8",
     ));
     assert_eq!(r["layout"]["depth"], 0);
     assert_eq!(r["fd_cache"]["hits"], 0);
@@ -81,7 +81,7 @@ fn keep_keeps_the_temporary_directory() {
 #[test]
 fn normal_output_reads_like_fio() {
     let out = Command::new(BENCH)
-        .args(["--bs", "4k", "--nblocks", "20"])
+        .args(["--rw", "randread", "--bs", "4k", "--nblocks", "20"])
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -134,7 +134,7 @@ fn numjobs_share_one_store() {
     );
     // Reads: each job reads every block.
     let r = run_json(&words(&format!(
-        "--dir {d} --rw randread --bs 4k --nblocks 101 --numjobs 2 --no-layout --iodepth 4"
+        "--dir {d} --rw randread --bs 4k --nblocks 101 --numjobs 2 --no-layout --batch 4"
     )));
     assert_eq!(
         (r["hits"].as_u64(), r["misses"].as_u64()),
@@ -151,11 +151,12 @@ fn numjobs_share_one_store() {
 /// A short run of the bench through every engine this build has (CI builds with `nixl`).
 #[test]
 fn every_engine_runs() {
-    // (engine, extra options): io_uring also with a ring shallower than the batch (the batch
-    // streams through it), nixl with each of its POSIX queues.
+    // (engine, extra options): io_uring also with fewer I/Os in flight than the batch (the
+    // batch streams through them), nixl with each of its POSIX queues.
     let mut variants: Vec<(&str, Vec<&str>)> = vec![
         ("psync", vec![]),
         ("io_uring", vec![]),
+        ("io_uring", vec!["--iodepth", "3"]),
         ("io_uring", vec!["--queue-depth", "3"]),
         ("auto", vec![]),
     ];
@@ -182,7 +183,7 @@ fn every_engine_runs() {
                 "--nblocks",
                 "64",
             ];
-            args.extend(["--loops", "2", "--iodepth", "8", "--ioengine", engine]);
+            args.extend(["--loops", "2", "--batch", "8", "--ioengine", engine]);
             args.extend(&extra);
             if direct {
                 args.push("--direct");
@@ -229,7 +230,7 @@ fn fio_style_modes_and_limits() {
     // randrw mixes reads and writes: 0 % reads is all writes, 100 % all reads.
     for (mix, reads) in [("0", false), ("100", true)] {
         let r = run_json(&words(&format!(
-            "--dir {d} --rw randrw --rwmixread {mix} --bs 4k --nblocks 100 --ops 120 --iodepth 4 --no-layout"
+            "--dir {d} --rw randrw --rwmixread {mix} --bs 4k --nblocks 100 --ops 120 --batch 4 --no-layout"
         )));
         assert_eq!(r["ops"], 120);
         assert_eq!(r["hits"].as_u64().unwrap() == 120, reads, "mix {mix}");
@@ -241,7 +242,7 @@ fn fio_style_modes_and_limits() {
     }
     // Zipf draws a skewed key set: far fewer distinct blocks are opened than read.
     let r = run_json(&words(&format!(
-        "--dir {d} --rw randread --random_distribution zipf:1.2 --bs 4k --nblocks 100 --loops 5 --no-layout"
+        "--dir {d} --rw randread --random_distribution zipf:1.2 --bs 4k --nblocks 100 --loops 5 --no-layout --batch 1"
     )));
     assert_eq!(r["hits"], 500);
     assert!(
@@ -272,7 +273,7 @@ fn randrw_reports_each_direction() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     let r = run_json(&words(&format!(
-        "--dir {d} --rw randrw --rwmixread 50 --bs 4k --nblocks 100 --ops 400 --iodepth 2"
+        "--dir {d} --rw randrw --rwmixread 50 --bs 4k --nblocks 100 --ops 400 --batch 2"
     )));
     let (reads, writes) = (
         r["read"]["ops"].as_u64().unwrap(),
@@ -361,7 +362,7 @@ fn metadata_mode_measures_each_depth() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     let r = run_json(&words(&format!(
-        "--dir {d} --rw metadata --bs 512 --nblocks 300 --layout-depths 0,2 --layout-fanout 16 --numjobs 2 --iodepth 8 --keep"
+        "--dir {d} --rw metadata --bs 512 --nblocks 300 --layout-depths 0,2 --layout-fanout 16 --numjobs 2 --batch 8 --keep"
     )));
     let depths = r["depths"].as_array().unwrap();
     assert_eq!(depths.len(), 2);
@@ -529,4 +530,265 @@ fn a_bounded_run_reports_evictions() {
         .and_then(|t| t.parse().ok())
         .unwrap_or_else(|| panic!("{text}"));
     assert!(n >= 80, "{text}");
+}
+
+/// The plain run is the main job: each phase with its figures, the open-file cache hit in the
+/// hot loop, the filesystem, the page cache, a summary; defaults 2 MiB x 256 blocks.
+#[test]
+fn the_main_job_says_what_it_measured() {
+    let r = run_json(&words("--bs 4k --nblocks 64"));
+    assert_eq!(r["rw"], "main");
+    let ph = &r["phases"];
+    assert_eq!(ph["write"]["write"]["ops"], 64, "{ph}");
+    assert_eq!(ph["read"]["read"]["ops"], 64, "{ph}");
+    assert_eq!(ph["read"]["fd_cache"]["misses"], 64, "the first read opens");
+    assert_eq!(ph["hot_read"]["read"]["ops"], 3 * 64, "4 loops by default");
+    assert_eq!(ph["hot_read"]["fd_cache"]["hits"], 3 * 64, "{ph}");
+    assert_eq!(ph["hot_read"]["fd_cache"]["misses"], 0, "{ph}");
+    assert_eq!(
+        (r["hits"].as_u64(), r["errors"].as_u64()),
+        (Some(256), Some(0))
+    );
+    let fs = r["filesystem"].as_str().unwrap();
+    assert!(!fs.is_empty() && !fs.starts_with("unknown"), "{fs}");
+    let resident = r["page_cache_resident"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&resident));
+    assert!(!std::path::Path::new(r["dir"].as_str().unwrap()).exists());
+
+    let out = Command::new(BENCH)
+        .args(words("--bs 4k --nblocks 64"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for want in [
+        "the main job: 64 blocks of 4.0KiB",
+        "    write: IOPS=",
+        "    read: IOPS=",
+        "    hot read: IOPS=",
+        "fd-cache: hits=192 misses=0",
+        &format!("  filesystem: {fs} ("),
+        "  page cache: ",
+        "summary: wrote 64 blocks of 4.0KiB",
+        "the first read from the page cache",
+        "with 100% of opens saved by the open-file cache",
+    ] {
+        assert!(text.contains(want), "{want:?} in\n{text}");
+    }
+    // --invalidate drops the written blocks from the page cache before the read phase (where
+    // the filesystem's cache is not its storage, as tmpfs's is).
+    if ["ext4", "xfs", "btrfs"].contains(&fs) {
+        let r = run_json(&words("--bs 64k --nblocks 16 --invalidate"));
+        let resident = r["page_cache_resident"].as_f64().unwrap();
+        assert!(
+            resident < 0.5,
+            "{resident} of the blocks cached after --invalidate"
+        );
+    }
+    // The defaults: one 16-token block of an 8B Llama, 256 of them (512 MiB).
+    let help = Command::new(BENCH).arg("--help").output().unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    assert!(help.contains("[default: 2MiB]"), "{help}");
+    assert!(help.contains("[default: 256]"), "{help}");
+    assert!(help.contains("[default: main]"), "{help}");
+}
+
+/// SIGINT (Ctrl-C) or SIGTERM stops the run: partial result printed, temp dir removed, exit
+/// 130.
+#[test]
+fn sigint_reports_cleans_up_and_exits_130() {
+    for signal in [rustix::process::Signal::INT, rustix::process::Signal::TERM] {
+        interrupt_with(signal);
+    }
+}
+
+fn interrupt_with(signal: rustix::process::Signal) {
+    let tmp = tempfile::tempdir().unwrap();
+    let child = Command::new(BENCH)
+        .args(words("--bs 4k --nblocks 64 --runtime 60s --progress never"))
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Started: its temp dir holds a store.
+    let started = std::time::Instant::now();
+    while !std::fs::read_dir(tmp.path())
+        .unwrap()
+        .any(|e| e.unwrap().path().join("v1").exists())
+    {
+        assert!(started.elapsed().as_secs() < 30, "the bench did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, signal).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{signal:?}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("hot read: IOPS="), "{text}");
+    assert!(text.contains("interrupted: partial result"), "{text}");
+    assert_eq!(
+        std::fs::read_dir(tmp.path()).unwrap().count(),
+        0,
+        "the temp dir is removed"
+    );
+}
+
+/// --iodepth is in-flight depth (the engine's queue), --batch blocks per call; fio's JSON
+/// names where they match.
+#[test]
+fn iodepth_is_in_flight_batch_is_per_call_and_json_reads_like_fio() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let r = run_json(&words(&format!(
+        "--dir {d} --rw read --bs 4k --nblocks 100 --ioengine io_uring --iodepth 8 --batch 10"
+    )));
+    assert_eq!(
+        (r["iodepth"].as_u64(), r["batch"].as_u64()),
+        (Some(8), Some(10))
+    );
+    let read = &r["read"];
+    assert_eq!(
+        read["clat_ns"]["N"], 10,
+        "100 blocks in calls of 10: {read}"
+    );
+    assert_eq!(read["total_ios"], 100);
+    assert_eq!(read["io_bytes"], 100 * 4096);
+    assert!(read["iops"].as_f64().unwrap() > 0.0);
+    assert!(read["bw_bytes"].as_f64().unwrap() > 0.0);
+    let pct = &read["clat_ns"]["percentile"];
+    let p50 = pct["50.000000"].as_u64().unwrap();
+    let p99 = pct["99.000000"].as_u64().unwrap();
+    assert!(0 < p50 && p50 <= p99, "{pct}");
+    // The default batch is 64 blocks: 100 blocks take two calls.
+    let r = run_json(&words(&format!(
+        "--dir {d} --rw read --bs 4k --nblocks 100 --no-layout"
+    )));
+    assert_eq!(
+        (r["batch"].as_u64(), r["read"]["clat_ns"]["N"].as_u64()),
+        (Some(64), Some(2))
+    );
+}
+
+/// fio's spellings are accepted; contradictions and a --dir of another block size are refused.
+#[test]
+fn fio_spellings_and_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let r = run_json(&words(&format!(
+        "--dir {d} --rw=randread --blocksize=4k --size=40k --numjobs=1 --runtime=200ms --direct=1"
+    )));
+    assert_eq!(
+        (r["bs"].as_u64(), r["nblocks"].as_u64()),
+        (Some(4096), Some(10))
+    );
+    assert_eq!(r["direct"], true);
+    assert!(r["loops"].is_null(), "--runtime, not loops, ends the run");
+    assert_eq!(r["runtime_s"], 0.2);
+    let r = run_json(&words(&format!(
+        "--dir {d} --rw randread --bs 4k --nblocks 10 --direct=0"
+    )));
+    assert_eq!(r["direct"], false);
+    let out = Command::new(BENCH)
+        .args(words(&format!(
+            "--dir {d} --rw read --bs 4k --nblocks 10 --runtime 100ms"
+        )))
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains(" runtime=0.1s ") && !text.contains("loops="),
+        "{text}"
+    );
+    // The tree holds 4 KiB blocks: a 64 KiB read of it is refused, naming both sizes.
+    let out = Command::new(BENCH)
+        .args(words(&format!(
+            "--dir {d} --rw randread --bs 64k --nblocks 10"
+        )))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("holds blocks of 4096 bytes") && err.contains("--bs 4096"),
+        "{err}"
+    );
+    // --layout-fanout without --layout-depth would be ignored: refused.
+    let out = Command::new(BENCH)
+        .args(words("--layout-fanout 16 --bs 4k --nblocks 4"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--layout-depth"));
+}
+
+/// Failed operations are errors, not IOPS, and a run with them exits non-zero: every put
+/// fails here (files may not grow past 1 KiB: EFBIG).
+#[test]
+fn failed_operations_are_errors_not_iops() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new("bash")
+        .args(["-c", "trap '' XFSZ; ulimit -f 1; exec \"$0\" \"$@\"", BENCH])
+        .args(["--dir", dir.path().to_str().unwrap()])
+        .args(words(
+            "--rw write --bs 4k --nblocks 64 --output-format json",
+        ))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("64 of 64 operations failed"), "{err}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (r["write"]["ops"].as_u64(), r["write"]["errors"].as_u64()),
+        (Some(0), Some(64))
+    );
+    assert_eq!(r["write"]["iops"], 0.0);
+    assert_eq!(r["ops_per_sec"], 0.0);
+}
+
+/// Sizes beyond what the run can hold are usage errors naming the limit, not allocation
+/// aborts.
+#[test]
+fn sizes_beyond_memory_are_usage_errors() {
+    let run = |shell: &str, args: &str| {
+        let out = Command::new("bash")
+            .args(["-c", &format!("{shell} exec \"$0\" \"$@\""), BENCH])
+            .args(words(args))
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run("", "--bs 1024g");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("largest block"), "{err}");
+    let (code, err) = run("", "--bs 8g --nblocks 4");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("MemAvailable") || err.contains("memory.max"),
+        "{err}"
+    );
+    let (code, err) = run("ulimit -v 4000000;", "--bs 4k --nblocks 100000000");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("RLIMIT_AS"), "{err}");
+    // A replay trace with one huge request.
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.jsonl");
+    let ids: Vec<String> = (0..100_000).map(|i| i.to_string()).collect();
+    std::fs::write(&trace, format!("{{\"hash_ids\": [{}]}}\n", ids.join(","))).unwrap();
+    let (code, err) = run(
+        "",
+        &format!("--rw replay --bs 1g --trace {}", trace.display()),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("longest request, 100000 blocks"), "{err}");
 }

@@ -3,7 +3,6 @@
 mod common;
 
 use std::os::unix::fs::MetadataExt;
-use std::process::Command;
 
 use common::*;
 use tierkv::{Lookup, PolicyKind, Store, StoreConfig};
@@ -136,8 +135,11 @@ fn hits_survive_a_restart_and_recency_comes_back() {
     );
 }
 
+/// The bench binary (built with the `tools` feature).
+#[cfg(feature = "tools")]
 const BENCH: &str = env!("CARGO_BIN_EXE_tierkv-bench");
 
+#[cfg(feature = "tools")]
 #[test]
 fn several_processes_share_a_root_safely() {
     let dir = tempfile::tempdir().unwrap();
@@ -159,7 +161,7 @@ fn several_processes_share_a_root_safely() {
         .iter()
         .zip(["lru", "arc", "admit2"])
         .map(|(w, policy)| {
-            Command::new(BENCH)
+            std::process::Command::new(BENCH)
                 .args([
                     "--rw",
                     "replay",

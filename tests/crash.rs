@@ -37,7 +37,7 @@ fn sigkill_loop(publish: &str) {
                 "40",
                 "--loops",
                 "1000000",
-                "--iodepth",
+                "--batch",
                 "4",
             ])
             .args(["--publish", publish])

@@ -167,6 +167,16 @@ fn reports_exact_figures_and_changes_nothing() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("worker a: 14 files"), "{text}");
     assert!(text.contains(t.truncated.to_str().unwrap()), "{text}");
+    // No checksum was checked: the corrupt count is not known, not 0.
+    assert!(
+        text.contains("bad header 1, corrupt not verified"),
+        "{text}"
+    );
+    assert!(!text.contains("corrupt 0"), "{text}");
+    // Warnings to a file (not a terminal) carry no colour codes.
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("bad block file"), "{err}");
+    assert!(!err.contains('\x1b'), "colour codes in {err:?}");
 }
 
 #[test]
@@ -181,6 +191,13 @@ fn verify_finds_corrupt_blocks_and_repair_removes_them() {
         t.flipped.exists() && t.temp.exists(),
         "--verify alone changes nothing"
     );
+    let out = Command::new(STAT)
+        .arg(&t.root)
+        .arg("--verify")
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("bad header 1, corrupt 1"), "{text}");
 
     let (code, r) = stat_json(&[t.root.to_str().unwrap(), "--verify", "--repair"]);
     assert_eq!(code, Some(0));
@@ -263,6 +280,8 @@ fn live_counters_of_a_running_store() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("# TYPE tierkv_hits_total counter"), "{text}");
     assert!(text.contains("tierkv_up{worker=\"0\"} 1"), "{text}");
+    // The store is unbounded: no capacity gauge (0 would read as a full store).
+    assert!(!text.contains("tierkv_capacity_"), "{text}");
     let line = text
         .lines()
         .find(|l| l.starts_with("tierkv_hits_total{worker=\"0\"}"))

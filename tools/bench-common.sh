@@ -1,21 +1,33 @@
-# Sourced by the side-by-side benchmark scripts (from the repository root).
-# need_fio: installs fio if missing. build_bench: builds tierkv-bench in release, with the nixl
-# engine when the NIXL library is present (tools/fetch-nixl.sh); sets B (the binary) and NIXL
-# (1 when the nixl engine is available, else 0).
+# Sourced by the benchmark scripts (from the repository root).
+# need_fio: installs fio if missing. target_dir: cargo's target directory, as cargo itself
+# resolves it (CARGO_TARGET_DIR, build.target-dir, else target/). build_bin BIN [FEATURE]:
+# builds BIN in release with the tools feature (and FEATURE) and sets B to its path there.
+# build_bench: builds tierkv-bench, with the nixl engine when the NIXL library is present
+# (tools/fetch-nixl.sh); sets B (the binary) and NIXL (1 when the nixl engine is available,
+# else 0).
 
 need_fio() {
   command -v fio >/dev/null || { apt-get update -qq && apt-get install -y -qq fio >/dev/null; }
+}
+
+target_dir() {
+  cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])'
+}
+
+build_bin() {
+  cargo build --release --quiet --features "tools${2:+,$2}" --bin "$1"
+  B="$(target_dir)/release/$1"
 }
 
 build_bench() {
   NIXL=0
   if [ -e .nixl/lib/libnixl_capi.so ] || [ -n "${TIERKV_NIXL_DIR:-}" ]; then NIXL=1; fi
   if [ $NIXL = 1 ]; then
-    cargo build --release --quiet --features nixl --bin tierkv-bench
+    build_bin tierkv-bench nixl
   else
-    cargo build --release --quiet --bin tierkv-bench
+    build_bin tierkv-bench
   fi
-  B=target/release/tierkv-bench
 }
 
 # ops_per_sec: the ops/s of a tierkv-bench JSON report on stdin.

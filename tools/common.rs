@@ -18,9 +18,12 @@ impl std::error::Error for UsageError {}
 /// The tools' error type.
 pub type BoxError = Box<dyn std::error::Error>;
 
-/// Logs to stderr, filtered by `RUST_LOG` (default: warnings).
+/// Logs to stderr, filtered by `RUST_LOG` (default: warnings), in colour only when stderr is a
+/// terminal.
 pub fn init_logging() {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),

@@ -13,8 +13,8 @@ shift $(( $# > 2 ? 2 : $# )) || true
 SIZES=("${@:-4k 64k 256k}")
 read -r -a SIZES <<< "${SIZES[*]}"
 . tools/bench-common.sh
-cargo build --release --quiet --bin tierkv-bench
-BENCH=target/release/tierkv-bench
+build_bin tierkv-bench
+BENCH=$B
 WORK=$(mktemp -d /tmp/tierkv-naive.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 
@@ -30,8 +30,8 @@ for bs in "${SIZES[@]}"; do
   for verify in on-open never; do
     s=(); n=()
     for _ in $(seq "$ROUNDS"); do
-      s+=("$($BENCH --dir "$WORK/store" --rw randread --bs "$bs" --nblocks "$NBLOCKS" --loops 10 --verify $verify --no-layout --output-format json | ops_per_sec)")
-      n+=("$($BENCH --dir "$WORK/naive" --rw randread --bs "$bs" --nblocks "$NBLOCKS" --loops 10 --verify $verify --no-layout --fd-cache 0 --output-format json | ops_per_sec)")
+      s+=("$($BENCH --dir "$WORK/store" --rw randread --bs "$bs" --nblocks "$NBLOCKS" --loops 10 --batch 1 --verify $verify --no-layout --output-format json | ops_per_sec)")
+      n+=("$($BENCH --dir "$WORK/naive" --rw randread --bs "$bs" --nblocks "$NBLOCKS" --loops 10 --batch 1 --verify $verify --no-layout --fd-cache 0 --output-format json | ops_per_sec)")
     done
     median_row "$bs" "$verify" "${s[*]}" "${n[*]}"
   done

@@ -33,12 +33,12 @@ for bs in 64k 256k; do
          --runtime "${SECS}s" --output-format json "$@" \
         | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["errors"] == 0 and d["misses"] == 0; print(d["bw_bytes_per_sec"])'
     }
-    b=$(t --ioengine io_uring --iodepth 32)
-    s8=$(t --ioengine io_uring --iodepth 256 --queue-depth 32)
-    s32=$(t --ioengine io_uring --iodepth 1024 --queue-depth 32)
+    b=$(t --ioengine io_uring --batch 32 --iodepth 32)
+    s8=$(t --ioengine io_uring --batch 256 --iodepth 32)
+    s32=$(t --ioengine io_uring --batch 1024 --iodepth 32)
     if [ $NIXL = 1 ]; then
-      na=$(t --iodepth 32 --ioengine nixl --nixl-posix-queue libaio)
-      nu=$(t --iodepth 32 --ioengine nixl --nixl-posix-queue uring)
+      na=$(t --batch 32 --ioengine nixl --nixl-posix-queue libaio)
+      nu=$(t --batch 32 --ioengine nixl --nixl-posix-queue uring)
     else
       na=0; nu=0
     fi

@@ -57,12 +57,12 @@ for bs in 64k 256k; do
       # Enough passes over the blocks to run for about SECS seconds at fio's rate.
       loops=$(python3 -c "import math; print(max(1, math.ceil($f * 1048576 * $SECS / ($N * $(numfmt --from=iec ${bs^^})))))")
       t() { $B --dir "$d" --rw randread --bs $bs --nblocks "$N" --loops "$loops" $dflag --verify never --no-layout --output-format json "$@" | mibs; }
-      ps=$(t --ioengine psync --iodepth $qd)
-      ur=$(t --ioengine io_uring --iodepth $qd)
-      st=$(t --ioengine io_uring --iodepth $((qd * 8)) --queue-depth $qd)
+      ps=$(t --ioengine psync --batch $qd)
+      ur=$(t --ioengine io_uring --batch $qd)
+      st=$(t --ioengine io_uring --batch $((qd * 8)) --iodepth $qd)
       if [ $NIXL = 1 ]; then
-        na=$(t --ioengine nixl --nixl-posix-queue libaio --iodepth $qd)
-        nu=$(t --ioengine nixl --nixl-posix-queue uring --iodepth $qd)
+        na=$(t --ioengine nixl --nixl-posix-queue libaio --batch $qd)
+        nu=$(t --ioengine nixl --nixl-posix-queue uring --batch $qd)
       else
         na=-; nu=-
       fi
@@ -92,7 +92,7 @@ for bs in 64k 256k; do
           --file_service_type=sequential --openfiles=32 --output-format=json 2>/dev/null | fio_mibs write)
     rm -rf "$fd"
     sync
-    tk=$($B --dir "$td" --rw randwrite --bs $bs --nblocks "$NW" --ioengine io_uring --iodepth 32 $dflag --output-format json | mibs)
+    tk=$($B --dir "$td" --rw randwrite --bs $bs --nblocks "$NW" --ioengine io_uring --batch 32 $dflag --output-format json | mibs)
     echo "| $bs | $([ $direct = 1 ] && echo yes || echo no) | $f | $tk | $(ratio "$tk" "$f") |"
   done
   rm -rf "$td"

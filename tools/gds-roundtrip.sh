@@ -15,9 +15,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-}; [ $# -gt 0 ] && shift; [ "${1:-}" = -- ] && shift
-BIN=${GDS_BIN:-target/release/gds-roundtrip}
-if [ ! -x "$BIN" ]; then
-  cargo build --release --quiet --features tools,nixl --bin gds-roundtrip
+if [ -n "${GDS_BIN:-}" ]; then
+  BIN=$GDS_BIN
+else
+  . tools/bench-common.sh
+  build_bin gds-roundtrip nixl
+  BIN=$B
 fi
 bash tools/fetch-nixl.sh --gpu
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true

@@ -11,9 +11,10 @@ cd "$(dirname "$0")/.."
 N=${1:?usage: layout-scale.sh N [BS] [DIR]}
 BS=${2:-512}
 BASE=${3:-$(mktemp -d /tmp/tierkv-layout.XXXXXX)}
-cargo build --release --quiet --bin tierkv-bench
+. tools/bench-common.sh
+build_bin tierkv-bench
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), $(df -T "$BASE" | awk 'NR==2 {print $2}')"
 cold=()
 [ "$(id -u)" = 0 ] && cold=(--invalidate)
-target/release/tierkv-bench --dir "$BASE" --rw metadata --bs "$BS" --nblocks "$N" \
-  --layout-depths 0,1,2 --numjobs 2 --iodepth 32 "${cold[@]}"
+"$B" --dir "$BASE" --rw metadata --bs "$BS" --nblocks "$N" \
+  --layout-depths 0,1,2 --numjobs 2 --batch 32 "${cold[@]}"

@@ -7,8 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-2000}; ROUNDS=${2:-5}
 . tools/bench-common.sh
-cargo build --release --quiet --features nixl --bin tierkv-bench
-B=target/release/tierkv-bench
+build_bin tierkv-bench nixl
 W=$(mktemp -d /tmp/tierkv-nixl.XXXXXX); trap 'rm -rf "$W"' EXIT
 echo "| bs | iodepth | store ops/s | naive ops/s | ratio |"
 echo "|---:|---:|---:|---:|---:|"
@@ -18,8 +17,8 @@ for bs in 4k 64k; do
   for qd in 1 32; do
     c=(); n=()
     for _ in $(seq "$ROUNDS"); do
-      c+=("$($B --dir "$W/c$bs" --rw randread --bs $bs --nblocks "$N" --loops 10 --no-layout --ioengine nixl --iodepth $qd --verify never --output-format json 2>/dev/null | ops_per_sec)")
-      n+=("$($B --dir "$W/n$bs" --rw randread --bs $bs --nblocks "$N" --loops 10 --no-layout --ioengine nixl --iodepth $qd --verify never --fd-cache 0 --output-format json 2>/dev/null | ops_per_sec)")
+      c+=("$($B --dir "$W/c$bs" --rw randread --bs $bs --nblocks "$N" --loops 10 --no-layout --ioengine nixl --batch $qd --verify never --output-format json 2>/dev/null | ops_per_sec)")
+      n+=("$($B --dir "$W/n$bs" --rw randread --bs $bs --nblocks "$N" --loops 10 --no-layout --ioengine nixl --batch $qd --verify never --fd-cache 0 --output-format json 2>/dev/null | ops_per_sec)")
     done
     median_row "$bs" "$qd" "${c[*]}" "${n[*]}"
   done

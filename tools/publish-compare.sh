@@ -5,15 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-50000}; ROUNDS=${2:-3}; BS=${3:-4k}
-cargo build --release --quiet --bin tierkv-bench
-BENCH=target/release/tierkv-bench
+. tools/bench-common.sh
+build_bin tierkv-bench
+BENCH=$B
 WORK=$(mktemp -d /tmp/tierkv-publish.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 echo "| round | publish | files/s |"
 echo "|---:|---|---:|"
 for r in $(seq "$ROUNDS"); do
   for p in auto rename; do
-    ops=$($BENCH --dir "$WORK/$p$r" --rw write --bs "$BS" --nblocks "$N" --publish $p --output-format json | python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["ops_per_sec"])')
+    ops=$($BENCH --dir "$WORK/$p$r" --rw write --bs "$BS" --nblocks "$N" --batch 1 --publish $p --output-format json | python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["ops_per_sec"])')
     echo "| $r | $p | $ops |"
   done
 done

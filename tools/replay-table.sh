@@ -10,8 +10,9 @@ BASE=${2:-$(mktemp -d /tmp/tierkv-replay.XXXXXX)}
 BS=${3:-4k}
 shift $(( $# > 3 ? 3 : $# )) || true
 CAPS=("$@"); [ ${#CAPS[@]} -gt 0 ] || CAPS=(1000 4000 16000)
-cargo build --release --quiet --bin tierkv-bench
-BENCH=target/release/tierkv-bench
+. tools/bench-common.sh
+build_bin tierkv-bench
+BENCH=$B
 echo "trace: $TRACE; bs=$BS; dir on $(df -T "$BASE" | awk 'NR==2 {print $2}')"
 echo
 echo "| capacity (blocks) | lru | admit2 | arc (default) | belady | arc vs best simple | gap to belady |"

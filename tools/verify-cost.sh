@@ -4,8 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/bench-common.sh
-cargo build --release --quiet --bin tierkv-bench
-B=target/release/tierkv-bench
+build_bin tierkv-bench
 W=$(mktemp -d /tmp/tierkv-verify.XXXXXX); trap 'rm -rf "$W"' EXIT
 echo "| bs | always | on-open (default) | never |"
 echo "|---:|---:|---:|---:|"
@@ -15,7 +14,7 @@ for bs in 4k 64k 256k; do
   for v in always on-open never; do
     vals=""
     for _ in 1 2 3; do
-      vals="$vals $($B --dir "$W/$bs" --rw randread --bs $bs --nblocks 2000 --loops 10 --verify $v --no-layout --output-format json | ops_per_sec)"
+      vals="$vals $($B --dir "$W/$bs" --rw randread --bs $bs --nblocks 2000 --loops 10 --batch 1 --verify $v --no-layout --output-format json | ops_per_sec)"
     done
     row="$row $(python3 -c "import statistics; print(format(round(statistics.median([float(x) for x in '$vals'.split()])), ','))") |"
   done

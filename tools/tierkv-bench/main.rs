@@ -1,11 +1,16 @@
 //! tierkv-bench: a fio-style benchmark of the tierkv block store.
 //!
-//! Keys derive from the block index and the worker id, so a `--rw write` run and a later
-//! `--rw read` run on the same `--dir` (separate processes) use the same blocks.
+//! Plain (`--rw main`, the default) it runs the main job: write the blocks, read them once,
+//! hot-read them through the open-file cache, and report each phase, the filesystem and
+//! whether reads came from the page cache. Keys derive from the block index and the worker id,
+//! so a `--rw write` run and a later `--rw read` run on the same `--dir` (separate processes)
+//! use the same blocks. SIGINT/SIGTERM stop the run: the partial result is printed, the
+//! temporary directory removed, and the exit status is 130.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
@@ -31,6 +36,10 @@ use report::{RankResult, human_bytes, report};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Rw {
+    /// The main job: write every block, read every block once in a random order (each file
+    /// opened), then hot-read them `--loops` - 1 more times (the open-file cache); each phase
+    /// is reported, with the filesystem and whether reads came from the page cache.
+    Main,
     /// Write every block, in index order.
     Write,
     /// Read every block, in index order.
@@ -66,25 +75,29 @@ struct Args {
     /// Keep the temporary directory (its path is printed).
     #[arg(long)]
     keep: bool,
-    /// I/O pattern.
-    #[arg(long, value_enum, default_value_t = Rw::Randread)]
+    /// I/O pattern (fio's `--rw`; `main`: the main job).
+    #[arg(long, value_enum, default_value_t = Rw::Main)]
     rw: Rw,
-    /// Block size: bytes, or with a suffix (4k = 4KiB, 64KiB, 1MiB, 1m).
-    #[arg(long, default_value = "64KiB", value_parser = parse_size)]
+    /// Block size (fio's `--blocksize`): bytes, or with a suffix (4k = 4KiB, 64KiB, 2MiB, 1m).
+    /// The default, 2 MiB, is one 16-token block of an 8B Llama (32 layers x K and V x 8 KV
+    /// heads x 128 dims x 2 bytes x 16 tokens).
+    #[arg(long, alias = "blocksize", default_value = "2MiB", value_parser = parse_size)]
     bs: u64,
     /// Number of blocks.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 256)]
     nblocks: u64,
-    /// Working-set size (e.g. 1GiB): sets the number of blocks to SIZE / bs.
+    /// Working-set size (fio's `--size`, e.g. 1GiB): sets the number of blocks to SIZE / bs.
     #[arg(long, value_parser = parse_size, conflicts_with = "nblocks")]
     size: Option<u64>,
-    /// Passes over the blocks (fio's `loops`).
-    #[arg(long, default_value_t = 1)]
-    loops: u64,
-    /// Stop after this long (e.g. 15s, 2m), whatever the loops.
+    /// Passes over the blocks (fio's `loops`). Default 1; the main job 4 (one read pass, then
+    /// 3 hot-read passes).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    loops: Option<u64>,
+    /// Stop after this long (fio's `--runtime`, e.g. 15s, 2m), whatever the loops; the main
+    /// job: its hot-read phase.
     #[arg(long, value_parser = parse_duration)]
     runtime: Option<Duration>,
-    /// Stop after this many block operations in all.
+    /// Stop after this many block operations in all (the main job: of its hot-read phase).
     #[arg(long)]
     ops: Option<u64>,
     /// randrw: percentage of batches that read.
@@ -102,9 +115,16 @@ struct Args {
     /// A progress bar on stderr: auto (when stderr is a terminal) or never.
     #[arg(long, default_value = "auto", value_parser = ["auto", "never"])]
     progress: String,
-    /// Blocks per store call (a batch of `get_many`/`put_many`).
-    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
-    iodepth: usize,
+    /// I/Os in flight (fio's iodepth): the engine's queue depth, which the store keeps full
+    /// while a batch streams through it (io_uring's ring, nixl's requests; default 64). psync
+    /// does one I/O at a time whatever the depth, as fio's psync does. `--queue-depth` is
+    /// the same option.
+    #[arg(long, alias = "queue-depth", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    iodepth: Option<u32>,
+    /// Blocks per store call (`get_many`/`put_many`: one request's chain of blocks, the
+    /// engine's request size). Latency figures are per call.
+    #[arg(long, default_value_t = DEFAULT_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1 << 20))]
+    batch: usize,
     /// Threads running the job at once on one store (fio's numjobs): reads each go over all
     /// blocks in their own order; writes split the blocks between them.
     #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
@@ -122,9 +142,10 @@ struct Args {
     /// --rw metadata: the shard depths to compare, comma-separated (default 0,1,2).
     #[arg(long, value_delimiter = ',', conflicts_with = "layout_depth")]
     layout_depths: Vec<u8>,
-    /// Directories per shard level: 16, 256 or 4096.
-    #[arg(long, default_value_t = 256)]
-    layout_fanout: u32,
+    /// Directories per shard level: 16, 256 or 4096 (default 256); with --layout-depth or
+    /// --layout-depths.
+    #[arg(long)]
+    layout_fanout: Option<u32>,
     /// Open-file cache size (0 = open and close the file on every access).
     #[arg(long)]
     fd_cache: Option<usize>,
@@ -137,13 +158,10 @@ struct Args {
     /// I/O engine: psync, io_uring, auto (io_uring where the kernel allows it), nixl.
     #[arg(long, default_value = "psync")]
     ioengine: tierkv::engine::EngineKind,
-    /// Use O_DIRECT.
-    #[arg(long)]
+    /// Use O_DIRECT (fio's `--direct`, also as `--direct=1`; `--direct=0` is off).
+    #[arg(long, num_args = 0..=1, default_value = "0", default_missing_value = "1",
+          value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
     direct: bool,
-    /// The engine's bound on I/Os in flight (the io_uring ring's depth; default 64). A batch
-    /// larger than this streams through that many slots.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
-    queue_depth: Option<u32>,
     /// The nixl engine's POSIX queue: libaio (NIXL's default), uring, or posix-aio.
     #[arg(long)]
     nixl_posix_queue: Option<PosixQueue>,
@@ -165,6 +183,64 @@ struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Normal)]
     output_format: OutputFormat,
+}
+
+/// Blocks per store call unless `--batch` says otherwise: one request's worth of 16-token
+/// blocks (1,024 tokens).
+const DEFAULT_BATCH: usize = 64;
+
+impl Args {
+    /// Directories per shard level.
+    fn fanout(&self) -> u32 {
+        self.layout_fanout.unwrap_or(256)
+    }
+
+    /// Passes over the blocks.
+    fn loops(&self) -> u64 {
+        self.loops
+            .unwrap_or(if self.rw == Rw::Main { 4 } else { 1 })
+    }
+}
+
+/// Set by SIGINT or SIGTERM: the run stops, reports what it did and exits 130.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// The temporary directory of this run (removed by the signal handler's last resort).
+static TEMP_ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Exit status after SIGINT/SIGTERM (128 + SIGINT, as a shell reports it).
+const EXIT_INTERRUPTED: u8 = 130;
+
+/// Seconds the run has to stop by itself after a signal before the handler removes the
+/// temporary directory and exits.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
+}
+
+/// SIGINT/SIGTERM: the first asks the run to stop (it reports and cleans up); a second one,
+/// or a run that has not stopped within [`STOP_GRACE`], removes the temporary directory and
+/// exits at once.
+fn install_signal_handler() -> Result<(), BoxError> {
+    ctrlc::set_handler(|| {
+        let last_resort = || {
+            if let Some(root) = TEMP_ROOT.get() {
+                let _ = std::fs::remove_dir_all(root);
+            }
+            eprintln!("tierkv-bench: interrupted");
+            std::process::exit(EXIT_INTERRUPTED.into());
+        };
+        if INTERRUPTED.swap(true, Ordering::SeqCst) {
+            last_resort();
+        }
+        eprintln!("tierkv-bench: interrupted: stopping (the partial result follows)");
+        std::thread::spawn(move || {
+            std::thread::sleep(STOP_GRACE);
+            last_resort();
+        });
+    })
+    .map_err(|e| format!("cannot handle SIGINT/SIGTERM: {e}").into())
 }
 
 /// How keys are drawn.
@@ -224,9 +300,18 @@ struct Budget {
 }
 
 impl Budget {
+    /// No limit but the loops (and a signal).
+    fn unlimited() -> Budget {
+        Budget {
+            deadline: None,
+            ops_left: None,
+            progress: indicatif::ProgressBar::hidden(),
+        }
+    }
+
     /// Takes up to `want` operations; 0 when the run is over.
     fn take(&self, want: usize) -> usize {
-        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+        if interrupted() || self.deadline.is_some_and(|d| Instant::now() >= d) {
             return 0;
         }
         match &self.ops_left {
@@ -258,9 +343,12 @@ fn fill_block(buf: &mut [u8], index: u64) {
 
 /// One direction's figures, like fio's read and write sections.
 struct Dir {
+    /// Operations that succeeded (a miss is a successful read); failed ones are `errors`.
     ops: u64,
     bytes: u64,
     errors: u64,
+    /// The first failure's message.
+    first_error: Option<String>,
     /// Latency per store call, in nanoseconds up to an hour.
     lat: Histogram<u64>,
 }
@@ -271,6 +359,7 @@ impl Dir {
             ops: 0,
             bytes: 0,
             errors: 0,
+            first_error: None,
             lat: Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram"),
         }
     }
@@ -279,7 +368,18 @@ impl Dir {
         self.ops += o.ops;
         self.bytes += o.bytes;
         self.errors += o.errors;
+        if self.first_error.is_none() {
+            self.first_error.clone_from(&o.first_error);
+        }
         self.lat.add(&o.lat).expect("same bounds");
+    }
+
+    /// Counts a failed operation.
+    fn error(&mut self, e: &tierkv::Error) {
+        self.errors += 1;
+        if self.first_error.is_none() {
+            self.first_error = Some(e.to_string());
+        }
     }
 }
 
@@ -316,6 +416,10 @@ impl Run {
     fn ops(&self) -> u64 {
         self.read.ops + self.write.ops
     }
+
+    fn errors(&self) -> u64 {
+        self.read.errors + self.write.errors
+    }
 }
 
 /// One worker (tensor-parallel rank): its store and its keys.
@@ -327,13 +431,94 @@ struct Rank {
 fn main() -> ExitCode {
     common::init_logging();
     let args = Args::parse();
+    if let Err(e) = install_signal_handler() {
+        return common::exit_for("tierkv-bench", &e);
+    }
     match run(&args) {
+        Ok(()) if interrupted() => ExitCode::from(EXIT_INTERRUPTED),
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if interrupted() => {
+            eprintln!("tierkv-bench: {e}");
+            ExitCode::from(EXIT_INTERRUPTED)
+        }
         Err(e) => common::exit_for("tierkv-bench", &e),
     }
 }
 
+/// What one phase of a run is: its pattern and passes.
+#[derive(Clone, Copy)]
+struct Spec {
+    rw: Rw,
+    /// Passes over the blocks (ignored when `limited`).
+    loops: u64,
+    /// Passes repeat until the runtime or the operation budget runs out (fio's time_based).
+    limited: bool,
+}
+
+/// The figures of one phase of the main job (or of the whole run otherwise).
+pub(crate) struct Phase {
+    /// `write`, `read`, `hot_read`, or the run's pattern.
+    pub(crate) name: &'static str,
+    /// What it is, for the text report.
+    pub(crate) what: String,
+    pub(crate) ranks: Vec<RankResult>,
+}
+
+/// Checks option combinations that clap cannot express; usage errors (exit 2).
+fn check_usage(args: &Args) -> Result<(), UsageError> {
+    if args.layout_fanout.is_some() && args.layout_depth.is_none() && args.rw != Rw::Metadata {
+        return Err(UsageError(
+            "--layout-fanout needs --layout-depth (a new tree's shard levels; an existing \
+             tree keeps its own layout)"
+                .into(),
+        ));
+    }
+    if !args.layout_depths.is_empty() && args.rw != Rw::Metadata {
+        return Err(UsageError("--layout-depths is for --rw metadata".into()));
+    }
+    if args.workers.is_some() && matches!(args.rw, Rw::Replay | Rw::Metadata) {
+        return Err(UsageError(format!(
+            "--workers is not for --rw {}: it runs one store",
+            format!("{:?}", args.rw).to_lowercase()
+        )));
+    }
+    if args.rw == Rw::Main && args.no_layout {
+        return Err(UsageError(
+            "--no-layout is for --rw read/randread/randrw: the main job writes its blocks".into(),
+        ));
+    }
+    Ok(())
+}
+
 fn run(args: &Args) -> Result<(), BoxError> {
+    check_usage(args)?;
+    let bs = usize::try_from(args.bs)?;
+    let nblocks = match args.size {
+        Some(size) if bs == 0 || size < bs as u64 => {
+            return Err(UsageError(format!(
+                "--size {size} is smaller than one block of --bs {bs}"
+            ))
+            .into());
+        }
+        Some(size) => size / bs as u64,
+        None => args.nblocks,
+    };
+    if nblocks == 0 {
+        return Err(UsageError("the working set has no blocks".into()).into());
+    }
+    if bs > MAX_BS {
+        return Err(UsageError(format!(
+            "--bs {} is over the largest block this bench runs, {} (the store's limit is 1 TiB, \
+             the bench holds --batch blocks per job in memory)",
+            human_bytes(bs as f64),
+            human_bytes(MAX_BS as f64)
+        ))
+        .into());
+    }
+    let nranks = args.workers.unwrap_or(1);
+    if !matches!(args.rw, Rw::Replay) {
+        check_memory(&memory_need(args, bs, nblocks, nranks))?;
+    }
     let tmp;
     let root = match &args.dir {
         Some(d) => d.clone(),
@@ -342,6 +527,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
             if args.keep {
                 tmp.keep()
             } else {
+                let _ = TEMP_ROOT.set(tmp.path().to_path_buf());
                 tmp.path().to_path_buf()
             }
         }
@@ -351,35 +537,24 @@ fn run(args: &Args) -> Result<(), BoxError> {
         .with_direct_io(args.direct)
         .with_publish(args.publish)
         .with_engine(args.ioengine);
-    if let Some(q) = args.queue_depth {
+    if let Some(q) = args.iodepth {
         config = config.with_queue_depth(q);
     }
     if let Some(q) = args.nixl_posix_queue {
         config = config.with_nixl_posix_queue(q);
     }
     if let Some(d) = args.layout_depth {
-        config = config.with_layout(Layout::new(d, args.layout_fanout)?);
+        config = config.with_layout(Layout::new(d, args.fanout())?);
     }
     if let Some(n) = args.fd_cache {
         config = config.with_fd_cache(n);
     }
-    let bs = usize::try_from(args.bs)?;
     config = config.with_max_block_size(bs.max(tierkv::store::DEFAULT_MAX_BLOCK_SIZE));
     if let Some(c) = args.capacity {
         config = config.with_capacity_bytes(c);
     }
     if let Some(c) = args.capacity_blocks {
         config = config.with_capacity_files(c);
-    }
-    if !args.layout_depths.is_empty() && args.rw != Rw::Metadata {
-        return Err(UsageError("--layout-depths is for --rw metadata".into()).into());
-    }
-    if args.workers.is_some() && matches!(args.rw, Rw::Replay | Rw::Metadata) {
-        return Err(UsageError(format!(
-            "--workers is not for --rw {}: it runs one store",
-            format!("{:?}", args.rw).to_lowercase()
-        ))
-        .into());
     }
     let mut parts = Parts::new();
     let mut oracle = None;
@@ -415,19 +590,6 @@ fn run(args: &Args) -> Result<(), BoxError> {
     } else if args.trace.is_some() {
         return Err(UsageError("--trace is only for --rw replay".into()).into());
     }
-    let nblocks = match args.size {
-        Some(size) if bs == 0 || size < bs as u64 => {
-            return Err(UsageError(format!(
-                "--size {size} is smaller than one block of --bs {bs}"
-            ))
-            .into());
-        }
-        Some(size) => size / bs as u64,
-        None => args.nblocks,
-    };
-    if nblocks == 0 {
-        return Err(UsageError("the working set has no blocks".into()).into());
-    }
     if args.rw == Rw::Metadata {
         return metadata::scale(args, &root, &config, bs, nblocks);
     }
@@ -452,14 +614,18 @@ fn run(args: &Args) -> Result<(), BoxError> {
     let mut ranks = Vec::with_capacity(ids.len());
     for id in &ids {
         let store = Store::open(&root, id.clone(), config.clone())?;
-        let keys = (0..nblocks)
-            .map(|i| store.key(block_hash(&namespace, i)))
-            .collect();
+        let mut keys = Vec::new();
+        keys.try_reserve_exact(usize::try_from(nblocks)?)
+            .map_err(|_| UsageError(format!("no memory for the keys of {nblocks} blocks")))?;
+        keys.extend((0..nblocks).map(|i| store.key(block_hash(&namespace, i))));
         ranks.push(Rank { store, keys });
     }
 
     let reads = matches!(args.rw, Rw::Read | Rw::Randread | Rw::Randrw);
     for r in &ranks {
+        if reads {
+            check_block_size(&r.store, &r.keys, bs, args.dir.as_deref())?;
+        }
         if reads && !args.no_layout {
             lay_out(&r.store, &r.keys, bs)?;
         }
@@ -467,12 +633,322 @@ fn run(args: &Args) -> Result<(), BoxError> {
             invalidate(&r.store, &r.keys)?;
         }
     }
+    let limited = args.runtime.is_some() || args.ops.is_some();
+    let loops = args.loops();
+    let phases = if args.rw == Rw::Main {
+        let mut phases = vec![Phase {
+            name: "write",
+            what: "every block once".into(),
+            ranks: run_phase(
+                &ranks,
+                &ids,
+                bs,
+                args,
+                Spec {
+                    rw: Rw::Write,
+                    loops: 1,
+                    limited: false,
+                },
+                &Budget::unlimited(),
+            ),
+        }];
+        let mut resident = None;
+        if !interrupted() {
+            if args.invalidate {
+                for r in &ranks {
+                    invalidate(&r.store, &r.keys)?;
+                }
+            }
+            resident = page_cache_resident(&ranks[0].store, &ranks[0].keys, bs);
+            phases.push(Phase {
+                name: "read",
+                what: "every block once, random order: opens every file".into(),
+                ranks: run_phase(
+                    &ranks,
+                    &ids,
+                    bs,
+                    args,
+                    Spec {
+                        rw: Rw::Randread,
+                        loops: 1,
+                        limited: false,
+                    },
+                    &Budget::unlimited(),
+                ),
+            });
+        }
+        if !interrupted() && (loops > 1 || limited) {
+            let budget = budget(args, &ranks, Rw::Randread, loops - 1, nblocks);
+            let what = if limited {
+                "passes until --runtime/--ops, through the open-file cache".to_string()
+            } else {
+                format!("{} more passes, through the open-file cache", loops - 1)
+            };
+            phases.push(Phase {
+                name: "hot_read",
+                what,
+                ranks: run_phase(
+                    &ranks,
+                    &ids,
+                    bs,
+                    args,
+                    Spec {
+                        rw: Rw::Randread,
+                        loops: loops - 1,
+                        limited,
+                    },
+                    &budget,
+                ),
+            });
+            budget.progress.finish_and_clear();
+        }
+        let env = Environment {
+            filesystem: filesystem_name(&root),
+            page_cache_resident: resident,
+        };
+        let engine = ranks[0].store.engine_name();
+        let layout = ranks[0].store.layout();
+        drop(ranks);
+        report::report_main(args, engine, layout, &root, nblocks, &phases, &env)?;
+        phases
+    } else {
+        let budget = budget(args, &ranks, args.rw, loops, nblocks);
+        let spec = Spec {
+            rw: args.rw,
+            loops,
+            limited,
+        };
+        let results = run_phase(&ranks, &ids, bs, args, spec, &budget);
+        budget.progress.finish_and_clear();
+        let engine = ranks[0].store.engine_name();
+        let layout = ranks[0].store.layout();
+        drop(ranks);
+        report(args, engine, layout, &root, nblocks, &results)?;
+        vec![Phase {
+            name: "run",
+            what: String::new(),
+            ranks: results,
+        }]
+    };
+    if args.keep && args.dir.is_none() {
+        eprintln!("tierkv-bench: kept {}", root.display());
+    }
+    if interrupted() {
+        return Ok(());
+    }
+    // Failed operations are errors, not IOPS: a run with any exits 1.
+    let (mut errors, mut ok) = (0, 0);
+    let mut first = None;
+    for r in phases.iter().flat_map(|p| &p.ranks) {
+        errors += r.run.errors();
+        ok += r.run.ops();
+        for d in [&r.run.read, &r.run.write] {
+            if first.is_none() {
+                first.clone_from(&d.first_error);
+            }
+        }
+    }
+    if errors > 0 {
+        return Err(format!(
+            "{errors} of {} operations failed (first: {})",
+            errors + ok,
+            first.unwrap_or_default()
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// The largest `--bs`: a block the bench holds `--batch` of per job (the store's own limit
+/// is 1 TiB).
+const MAX_BS: usize = 16 << 30;
+
+/// Bytes a run will hold in memory, and what for.
+struct MemoryNeed {
+    bytes: u128,
+    what: String,
+}
+
+/// The memory a run of these options allocates: block buffers per job, keys and orders per
+/// block (an estimate; the store's index adds its own).
+fn memory_need(args: &Args, bs: usize, nblocks: u64, nranks: usize) -> MemoryNeed {
+    let jobs = (nranks * args.numjobs) as u128;
+    let both = matches!(args.rw, Rw::Randrw) as u128 + 1;
+    let buffers = jobs * args.batch as u128 * bs as u128 * both;
+    // Per block: its key per rank, its slot in each job's order, a Zipf weight, the index.
+    let per_block = (std::mem::size_of::<BlockKey>() as u128 + 128) * nranks as u128 + 16 * jobs;
+    let blocks = nblocks as u128 * per_block;
+    MemoryNeed {
+        bytes: buffers + blocks,
+        what: format!(
+            "{jobs} job(s) x --batch {} x --bs {} of buffers ({}) and {nblocks} blocks' keys \
+             and index ({})",
+            args.batch,
+            human_bytes(bs as f64),
+            human_bytes(buffers as f64),
+            human_bytes(blocks as f64)
+        ),
+    }
+}
+
+/// The memory this process may still take: the least of MemAvailable, the address-space
+/// limit (RLIMIT_AS) and the cgroup's memory.max headroom; with what bounds it.
+fn memory_limit() -> Option<(u128, &'static str)> {
+    let mut best: Option<(u128, &'static str)> = None;
+    let mut consider = |v: u128, what: &'static str| {
+        if best.is_none_or(|(b, _)| v < b) {
+            best = Some((v, what));
+        }
+    };
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u128>().ok())
+    });
+    if let Some(kb) = available {
+        consider(kb * 1024, "MemAvailable in /proc/meminfo");
+    }
+    if let Some(cur) = rustix::process::getrlimit(rustix::process::Resource::As).current {
+        consider(
+            cur as u128,
+            "the address-space limit (RLIMIT_AS, ulimit -v)",
+        );
+    }
+    let cg = |f: &str| {
+        std::fs::read_to_string(format!("/sys/fs/cgroup/{f}"))
+            .ok()
+            .and_then(|v| v.trim().parse::<u128>().ok())
+    };
+    if let (Some(max), Some(cur)) = (cg("memory.max"), cg("memory.current")) {
+        consider(max.saturating_sub(cur), "the cgroup's memory.max");
+    }
+    best
+}
+
+/// Refuses a run whose buffers exceed the memory it can have (a usage error, not an
+/// allocation abort).
+fn check_memory(need: &MemoryNeed) -> Result<(), UsageError> {
+    match memory_limit() {
+        Some((limit, what)) if need.bytes > limit => Err(UsageError(format!(
+            "this run needs about {} of memory ({}), more than {what} allows ({}): lower --bs, \
+             --batch, --numjobs or --nblocks",
+            human_bytes(need.bytes as f64),
+            need.what,
+            human_bytes(limit as f64)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A read of a `--dir` written with another `--bs` would read other-sized blocks under this
+/// run's label: refused, naming the size found.
+fn check_block_size(
+    store: &Store,
+    keys: &[BlockKey],
+    bs: usize,
+    dir: Option<&Path>,
+) -> Result<(), BoxError> {
+    let Some(dir) = dir else { return Ok(()) };
+    let present = store.contains_many(&keys[..keys.len().min(64)]);
+    let Some(i) = present.iter().position(|p| matches!(p, Ok(true))) else {
+        return Ok(());
+    };
+    let path = store.path_of(&keys[i].hash);
+    let mut head = [0u8; tierkv::format::HEADER_LEN];
+    let f = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    rustix::io::pread(&f, &mut head, 0).map_err(|e| format!("{}: {e}", path.display()))?;
+    let Ok(h) = tierkv::format::Header::decode(&head) else {
+        return Ok(()); // a bad block is the store's to count as a miss
+    };
+    if h.payload_len != bs as u64 {
+        return Err(UsageError(format!(
+            "--dir {} holds blocks of {} bytes for worker {} (block {i}), this run's --bs is {} \
+             ({bs} bytes): use --bs {} or another --dir",
+            dir.display(),
+            h.payload_len,
+            store.worker(),
+            human_bytes(bs as f64),
+            h.payload_len
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// Where the blocks are and whether reads met the device: for the main job's report.
+pub(crate) struct Environment {
+    /// The filesystem the root is on (statfs's f_type), e.g. ext4, tmpfs, xfs.
+    pub(crate) filesystem: String,
+    /// The fraction of the sampled blocks' bytes in the page cache before the first read;
+    /// None where it cannot be told.
+    pub(crate) page_cache_resident: Option<f64>,
+}
+
+/// The name of the filesystem holding `path`, from statfs's f_type.
+fn filesystem_name(path: &Path) -> String {
+    let Ok(s) = rustix::fs::statfs(path) else {
+        return "unknown".into();
+    };
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
+    let magic = s.f_type as i64 as u32;
+    match magic {
+        0xEF53 => "ext4",
+        0x0102_1994 => "tmpfs",
+        0x5846_5342 => "xfs",
+        0x9123_683E => "btrfs",
+        0x794C_7630 => "overlay",
+        0x6969 => "nfs",
+        0x2FC1_2FC1 => "zfs",
+        0xF2F5_2010 => "f2fs",
+        0x6573_5546 => "fuse",
+        0x8584_58F6 => "ramfs",
+        0xFE53_4D42 | 0xFF53_4D42 => "cifs",
+        0x00C3_6400 => "ceph",
+        0x0BD0_0BD0 => "lustre",
+        0x0102_1997 => "9p",
+        other => return format!("unknown (f_type {other:#x})"),
+    }
+    .into()
+}
+
+/// The fraction of up to 32 sampled blocks' payload bytes in the page cache, by reads that
+/// may not wait for the device (`preadv2` with `RWF_NOWAIT`: they return what is cached and
+/// bring nothing in). None where the filesystem does not support such reads or with
+/// O_DIRECT (the cache is bypassed).
+fn page_cache_resident(store: &Store, keys: &[BlockKey], bs: usize) -> Option<f64> {
+    let step = keys.len().div_ceil(32).max(1);
+    let mut buf = vec![0u8; bs];
+    let (mut cached, mut total) = (0u64, 0u64);
+    for k in keys.iter().step_by(step) {
+        let f = std::fs::File::open(store.path_of(&k.hash)).ok()?;
+        let mut off = 0usize;
+        while off < bs {
+            let mut slice = [std::io::IoSliceMut::new(&mut buf[off..])];
+            match rustix::io::preadv2(
+                &f,
+                &mut slice,
+                tierkv::format::PAYLOAD_OFFSET + off as u64,
+                rustix::io::ReadWriteFlags::NOWAIT,
+            ) {
+                Ok(0) => break,
+                Ok(n) => off += n,
+                Err(rustix::io::Errno::AGAIN) => break,
+                Err(_) => return None,
+            }
+        }
+        cached += off as u64;
+        total += bs as u64;
+    }
+    (total > 0).then(|| cached as f64 / total as f64)
+}
+
+/// A run's budget: its deadline and operation count, and a progress bar.
+fn budget(args: &Args, ranks: &[Rank], rw: Rw, loops: u64, nblocks: u64) -> Budget {
     let progress = if args.progress == "auto" && std::io::stderr().is_terminal() {
-        let per_rank = match args.rw {
+        let per_rank = match rw {
             // Writes split the blocks between a rank's jobs.
-            Rw::Write | Rw::Randwrite => args.loops.saturating_mul(nblocks),
-            _ => args
-                .loops
+            Rw::Write | Rw::Randwrite => loops.saturating_mul(nblocks),
+            _ => loops
                 .saturating_mul(nblocks)
                 .saturating_mul(args.numjobs as u64),
         };
@@ -490,20 +966,31 @@ fn run(args: &Args) -> Result<(), BoxError> {
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let budget = Budget {
+    Budget {
         deadline: args.runtime.map(|d| Instant::now() + d),
         ops_left: args
             .ops
             .map(|n| std::sync::atomic::AtomicI64::new(n.min(i64::MAX as u64) as i64)),
         progress,
-    };
+    }
+}
+
+/// Runs one phase on every rank (`--numjobs` threads each) and gathers each rank's figures.
+fn run_phase(
+    ranks: &[Rank],
+    ids: &[WorkerId],
+    bs: usize,
+    args: &Args,
+    spec: Spec,
+    budget: &Budget,
+) -> Vec<RankResult> {
     let before: Vec<StoreStats> = ranks.iter().map(|r| r.store.stats()).collect();
     let jobs = parallel(ranks.len() * args.numjobs, |j| {
         let rank = &ranks[j / args.numjobs];
         let jr = j % args.numjobs;
         // Writes split the rank's blocks between its jobs; reads go over all of them.
         let n = rank.keys.len();
-        let (a, b) = match args.rw {
+        let (a, b) = match spec.rw {
             Rw::Write | Rw::Randwrite => (n * jr / args.numjobs, n * (jr + 1) / args.numjobs),
             _ => (0, n),
         };
@@ -513,12 +1000,12 @@ fn run(args: &Args) -> Result<(), BoxError> {
             a as u64,
             bs,
             args,
+            spec,
             j as u64,
-            &budget,
+            budget,
         )
     });
-    budget.progress.finish_and_clear();
-    let results: Vec<RankResult> = ranks
+    ranks
         .iter()
         .zip(ids)
         .zip(before)
@@ -529,21 +1016,13 @@ fn run(args: &Args) -> Result<(), BoxError> {
                 run.merge(r);
             }
             RankResult {
-                worker,
+                worker: worker.clone(),
                 run,
                 before,
                 after: rank.store.stats(),
             }
         })
-        .collect();
-    let engine = ranks[0].store.engine_name();
-    let layout = ranks[0].store.layout();
-    drop(ranks);
-    report(args, engine, layout, &root, nblocks, &results)?;
-    if args.keep && args.dir.is_none() {
-        eprintln!("tierkv-bench: kept {}", root.display());
-    }
-    Ok(())
+        .collect()
 }
 
 /// Writes the blocks that are missing (fio's "laying out IO file").
@@ -565,6 +1044,9 @@ fn lay_out(store: &Store, keys: &[BlockKey], bs: usize) -> Result<(), BoxError> 
     );
     let mut data = vec![0xA5u8; bs];
     for &i in &missing {
+        if interrupted() {
+            return Err("interrupted while laying out the blocks".into());
+        }
         fill_block(&mut data, i as u64);
         store.put(&keys[i], &data)?;
     }
@@ -588,12 +1070,23 @@ fn parallel<T: Send>(n: usize, job: impl Fn(usize) -> T + Sync) -> Vec<T> {
 }
 
 /// Drops the working set's blocks from the page cache (posix_fadvise DONTNEED), so that the
-/// reads that follow come from the device.
+/// reads that follow come from the device. Each file is synced first: DONTNEED leaves dirty
+/// pages (blocks just written) in the cache.
 fn invalidate(store: &Store, keys: &[BlockKey]) -> Result<(), BoxError> {
     for k in keys {
         let p = store.path_of(&k.hash);
         match std::fs::File::open(&p) {
-            Ok(f) => rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed)
+            Ok(f) => f
+                .sync_data()
+                .map_err(BoxError::from)
+                .and_then(|()| {
+                    Ok(rustix::fs::fadvise(
+                        &f,
+                        0,
+                        None,
+                        rustix::fs::Advice::DontNeed,
+                    )?)
+                })
                 .map_err(|e| format!("{}: {e}", p.display()))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(format!("{}: {e}", p.display()).into()),
@@ -602,8 +1095,8 @@ fn invalidate(store: &Store, keys: &[BlockKey]) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// One job: batches of `--iodepth` blocks, read or written, until the loops, the runtime or
-/// the operation budget run out. `keys[i]` is block `first + i` (contents follow the global
+/// One job: batches of `--batch` blocks, read or written, until the loops, the runtime or
+/// the operation budget run out (or a signal). `keys[i]` is block `first + i` (contents follow the global
 /// index, so a later read can check them).
 #[allow(clippy::too_many_arguments)]
 fn run_job(
@@ -612,6 +1105,7 @@ fn run_job(
     first: u64,
     bs: usize,
     args: &Args,
+    spec: Spec,
     job: u64,
     budget: &Budget,
 ) -> Run {
@@ -628,23 +1122,30 @@ fn run_job(
     let zipf = zipf.as_ref();
     // Page-aligned, as engines' buffer pools are (and as fio's are): copies into misaligned
     // buffers run several times slower.
-    let mut bufs: Vec<AlignedBuf> = (0..args.iodepth).map(|_| AlignedBuf::zeroed(bs)).collect();
-    let mut datas: Vec<Vec<u8>> = (0..args.iodepth).map(|_| vec![0xA5u8; bs]).collect();
+    // Only the buffers of the directions this job runs (checked against memory up front).
+    let rw = spec.rw;
+    let (reads, writes) = match rw {
+        Rw::Write | Rw::Randwrite => (0, args.batch),
+        Rw::Randrw => (args.batch, args.batch),
+        _ => (args.batch, 0),
+    };
+    let mut bufs: Vec<AlignedBuf> = (0..reads).map(|_| AlignedBuf::zeroed(bs)).collect();
+    let mut datas: Vec<Vec<u8>> = (0..writes).map(|_| vec![0xA5u8; bs]).collect();
     let mut rng = fastrand::Rng::with_seed(0x7165_726b + job);
     let start = Instant::now();
     let mut order: Vec<usize> = (0..keys.len()).collect();
-    let mut batch_idx: Vec<usize> = Vec::with_capacity(args.iodepth);
+    let mut batch_idx: Vec<usize> = Vec::with_capacity(args.batch);
     // With --runtime or --ops, passes repeat until that limit (fio's time_based); else
     // --loops passes. randrw draws keys instead of passing over them: loops x blocks ops.
-    let limited = args.runtime.is_some() || args.ops.is_some();
-    let passes = if limited { u64::MAX } else { args.loops.max(1) };
+    let limited = spec.limited;
+    let passes = if limited { u64::MAX } else { spec.loops.max(1) };
     let mut mixed_left = if limited {
         u64::MAX
     } else {
-        args.loops.saturating_mul(keys.len() as u64)
+        spec.loops.saturating_mul(keys.len() as u64)
     };
     'passes: for _ in 0..passes {
-        let shuffle = matches!(args.rw, Rw::Randread | Rw::Randwrite);
+        let shuffle = matches!(rw, Rw::Randread | Rw::Randwrite);
         if shuffle && zipf.is_none() {
             rng.shuffle(&mut order);
         }
@@ -652,14 +1153,14 @@ fn run_job(
         loop {
             // The next batch's block indices.
             batch_idx.clear();
-            let want = match args.rw {
+            let want = match rw {
                 Rw::Randrw => {
                     if mixed_left == 0 {
                         break 'passes;
                     }
-                    args.iodepth.min(mixed_left.min(usize::MAX as u64) as usize)
+                    args.batch.min(mixed_left.min(usize::MAX as u64) as usize)
                 }
-                _ => args.iodepth.min(keys.len() - pos),
+                _ => args.batch.min(keys.len() - pos),
             };
             if want == 0 {
                 break;
@@ -669,7 +1170,7 @@ fn run_job(
                 break 'passes;
             }
             for j in 0..n {
-                batch_idx.push(match (args.rw, zipf) {
+                batch_idx.push(match (rw, zipf) {
                     (Rw::Read | Rw::Write, _) => pos + j,
                     (_, Some(z)) => z.sample(&mut rng),
                     (Rw::Randrw, None) => rng.usize(..keys.len()),
@@ -678,7 +1179,7 @@ fn run_job(
             }
             pos += n;
             mixed_left = mixed_left.saturating_sub(n as u64);
-            let write = match args.rw {
+            let write = match rw {
                 Rw::Write | Rw::Randwrite => true,
                 Rw::Randrw => rng.u8(0..100) >= args.rwmixread,
                 _ => false,
@@ -697,12 +1198,16 @@ fn run_job(
                 let w = &mut run.write;
                 w.lat.saturating_record(t.elapsed().as_nanos() as u64);
                 for r in res {
-                    w.ops += 1;
                     match r {
-                        Ok(()) => w.bytes += bs as u64,
+                        Ok(()) => {
+                            w.ops += 1;
+                            w.bytes += bs as u64;
+                        }
                         Err(e) => {
-                            w.errors += 1;
-                            tracing::warn!(error = %e, "put failed");
+                            if w.errors == 0 {
+                                tracing::warn!(error = %e, "put failed");
+                            }
+                            w.error(&e);
                         }
                     }
                 }
@@ -711,16 +1216,21 @@ fn run_job(
                 let rd = &mut run.read;
                 rd.lat.saturating_record(t.elapsed().as_nanos() as u64);
                 for r in res {
-                    rd.ops += 1;
                     match r {
                         Ok(Lookup::Hit(len)) => {
+                            rd.ops += 1;
                             run.hits += 1;
                             rd.bytes += len as u64;
                         }
-                        Ok(Lookup::Miss) => run.misses += 1,
+                        Ok(Lookup::Miss) => {
+                            rd.ops += 1;
+                            run.misses += 1;
+                        }
                         Err(e) => {
-                            rd.errors += 1;
-                            tracing::warn!(error = %e, "read failed");
+                            if rd.errors == 0 {
+                                tracing::warn!(error = %e, "read failed");
+                            }
+                            rd.error(&e);
                         }
                     }
                 }

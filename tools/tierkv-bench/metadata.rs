@@ -74,8 +74,11 @@ pub(crate) fn scale(
     };
     let mut rows = Vec::with_capacity(depths.len());
     for &depth in &depths {
-        let layout = Layout::new(depth, args.layout_fanout)?;
-        let dir = root.join(format!("depth{depth}-{}", args.layout_fanout));
+        if crate::interrupted() {
+            break;
+        }
+        let layout = Layout::new(depth, args.fanout())?;
+        let dir = root.join(format!("depth{depth}-{}", args.fanout()));
         if std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_some()) {
             return Err(UsageError(format!(
                 "{} is not empty: --rw metadata measures fresh trees",
@@ -132,9 +135,12 @@ fn one_depth(
     let (create, t) = timed(jobs, |j| {
         let (a, b) = split(keys.len(), j, jobs);
         let mut tally = Tally::default();
-        let mut datas: Vec<Vec<u8>> = (0..args.iodepth).map(|_| vec![0x5Au8; bs]).collect();
-        for (c, chunk) in keys[a..b].chunks(args.iodepth).enumerate() {
-            let first = (a + c * args.iodepth) as u64;
+        let mut datas: Vec<Vec<u8>> = (0..args.batch).map(|_| vec![0x5Au8; bs]).collect();
+        for (c, chunk) in keys[a..b].chunks(args.batch).enumerate() {
+            if crate::interrupted() {
+                break;
+            }
+            let first = (a + c * args.batch) as u64;
             for (i, d) in datas.iter_mut().enumerate().take(chunk.len()) {
                 fill_block(d, first + i as u64);
             }
@@ -170,7 +176,10 @@ fn one_depth(
         let mut tally = Tally::default();
         let order = shuffled(keys.len(), 0);
         let (a, b) = split(order.len(), j, jobs);
-        for chunk in order[a..b].chunks(args.iodepth) {
+        for chunk in order[a..b].chunks(args.batch) {
+            if crate::interrupted() {
+                break;
+            }
             let batch: Vec<BlockKey> = chunk.iter().map(|&i| keys[i].clone()).collect();
             for r in store.contains_many(&batch) {
                 match r {
@@ -194,10 +203,16 @@ fn one_depth(
         timed(jobs, |j| {
             let mut tally = Tally::default();
             let mut bufs: Vec<AlignedBuf> =
-                (0..args.iodepth).map(|_| AlignedBuf::zeroed(bs)).collect();
+                (0..args.batch).map(|_| AlignedBuf::zeroed(bs)).collect();
             let order = shuffled(keys.len(), seed);
             let (a, b) = split(order.len(), j, jobs);
-            for chunk in order[a..b].chunks(args.iodepth) {
+            for chunk in order[a..b].chunks(args.batch) {
+                if crate::interrupted() {
+                    break;
+                }
+                if crate::interrupted() {
+                    break;
+                }
                 let batch: Vec<BlockKey> = chunk.iter().map(|&i| keys[i].clone()).collect();
                 for r in store.get_many(&batch, &mut bufs[..batch.len()]) {
                     match r {
@@ -319,7 +334,7 @@ fn print_rows(
                 "bs": bs,
                 "nblocks": nblocks,
                 "numjobs": args.numjobs,
-                "iodepth": args.iodepth,
+                "batch": args.batch,
                 "fd_cache": args.fd_cache.unwrap_or(0),
                 "dir": root.display().to_string(),
                 "depths": depths,
@@ -329,10 +344,10 @@ fn print_rows(
         OutputFormat::Normal => {
             writeln!(
                 out,
-                "tierkv-bench: rw=metadata bs={} nblocks={nblocks} numjobs={} iodepth={} fd-cache={}",
+                "tierkv-bench: rw=metadata bs={} nblocks={nblocks} numjobs={} batch={} fd-cache={}",
                 human_bytes(bs as f64),
                 args.numjobs,
-                args.iodepth,
+                args.batch,
                 args.fd_cache.unwrap_or(0),
             )?;
             writeln!(

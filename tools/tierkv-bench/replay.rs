@@ -71,6 +71,14 @@ pub(crate) fn replay(
         last.insert(*id, i as u64);
     }
     let longest = reqs.iter().map(Vec::len).max().unwrap_or(0);
+    // The longest request's blocks are held at once: a usage error past the memory there is.
+    crate::check_memory(&crate::MemoryNeed {
+        bytes: (longest as u128 + 1) * bs as u128,
+        what: format!(
+            "the trace's longest request, {longest} blocks of --bs {}",
+            human_bytes(bs as f64)
+        ),
+    })?;
     let mut bufs: Vec<Vec<u8>> = (0..longest).map(|_| vec![0u8; bs]).collect();
     let mut data = vec![0xA5u8; bs];
     let mut run = ReplayRun {
@@ -84,6 +92,9 @@ pub(crate) fn replay(
     let start = Instant::now();
     let mut pos = 0usize;
     for r in &reqs {
+        if crate::interrupted() {
+            break;
+        }
         if let Some(o) = oracle {
             let mut o = o.lock().unwrap_or_else(|e| e.into_inner());
             for (j, id) in r.iter().enumerate() {

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use tierkv::{Layout, StoreStats, WorkerId};
 
 use crate::common::BoxError;
-use crate::{Args, Dir, OutputFormat, Run, Rw};
+use crate::{Args, Dir, Environment, OutputFormat, Phase, Run, Rw, interrupted};
 
 /// What one worker's jobs did, with its store's counters before and after.
 pub(crate) struct RankResult {
@@ -49,37 +49,84 @@ fn lat_json(d: &Dir) -> Value {
            "p99": q(0.99), "p99.9": q(0.999), "max": l.max() as f64 / 1e3})
 }
 
+/// fio's completion-latency percentiles, under fio's keys ("99.000000"), in nanoseconds.
+const FIO_PERCENTILES: [f64; 17] = [
+    1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95,
+    99.99,
+];
+
+/// One direction's figures: ours, and fio's names where the concept matches (`iops`,
+/// `bw_bytes`, `io_bytes`, `total_ios`, `clat_ns` with fio's percentile keys; the latency is
+/// per store call, which is per I/O with `--batch 1`).
 fn dir_json(d: &Dir, secs: f64) -> Value {
+    let l = &d.lat;
+    let percentile: serde_json::Map<String, Value> = FIO_PERCENTILES
+        .iter()
+        .map(|&p| (format!("{p:.6}"), json!(l.value_at_quantile(p / 100.0))))
+        .collect();
+    let (min, max, mean) = if l.is_empty() {
+        (0, 0, 0.0)
+    } else {
+        (l.min(), l.max(), l.mean())
+    };
     json!({
         "ops": d.ops,
         "bytes": d.bytes,
         "errors": d.errors,
+        "first_error": d.first_error,
         "ops_per_sec": d.ops as f64 / secs,
         "bw_bytes_per_sec": d.bytes as f64 / secs,
         "lat_us": lat_json(d),
+        "iops": d.ops as f64 / secs,
+        "bw_bytes": d.bytes as f64 / secs,
+        "io_bytes": d.bytes,
+        "total_ios": d.ops,
+        "runtime": (secs * 1e3).round(),
+        "clat_ns": {"min": min, "max": max, "mean": mean, "N": l.len(), "percentile": percentile},
     })
 }
 
-fn dir_lines(out: &mut impl Write, name: &str, d: &Dir, secs: f64) -> std::io::Result<()> {
+fn dir_lines(
+    out: &mut impl Write,
+    name: &str,
+    d: &Dir,
+    secs: f64,
+    batch: usize,
+) -> std::io::Result<()> {
     let l = &d.lat;
     let q = |p: f64| l.value_at_quantile(p) as f64 / 1e3;
     writeln!(
         out,
-        "  {name}: IOPS={}, BW={}/s, {} ops in {secs:.3}s",
+        "  {name}: IOPS={}, BW={}/s, {} ops in {secs:.3}s{}",
         human_count(d.ops as f64 / secs),
         human_bytes(d.bytes as f64 / secs),
         d.ops,
+        if d.errors > 0 {
+            format!(
+                ", {} errors (not counted as IOPS; first: {})",
+                d.errors,
+                d.first_error.as_deref().unwrap_or("?")
+            )
+        } else {
+            String::new()
+        },
     )?;
+    // Microseconds, or milliseconds once calls take 10 ms (large blocks, large batches).
+    let (unit, div) = if l.max() >= 10_000_000 {
+        ("msec", 1e3)
+    } else {
+        ("usec", 1.0)
+    };
     writeln!(
         out,
-        "    lat per call (usec): min={:.1}, avg={:.1}, p50={:.1}, p90={:.1}, p99={:.1}, p99.9={:.1}, max={:.1}",
-        l.min() as f64 / 1e3,
-        l.mean() / 1e3,
-        q(0.5),
-        q(0.9),
-        q(0.99),
-        q(0.999),
-        l.max() as f64 / 1e3
+        "    lat per call of up to {batch} blocks ({unit}): min={:.1}, avg={:.1}, p50={:.1}, p90={:.1}, p99={:.1}, p99.9={:.1}, max={:.1}",
+        l.min() as f64 / 1e3 / div,
+        l.mean() / 1e3 / div,
+        q(0.5) / div,
+        q(0.9) / div,
+        q(0.99) / div,
+        q(0.999) / div,
+        l.max() as f64 / 1e3 / div
     )
 }
 
@@ -145,9 +192,12 @@ pub(crate) fn report(
                 "rw": format!("{:?}", args.rw).to_lowercase(),
                 "bs": args.bs,
                 "nblocks": nblocks,
-                "loops": args.loops,
-                "iodepth": args.iodepth,
+                "loops": loops_json(args),
+                "runtime_s": args.runtime.map(|d| d.as_secs_f64()),
+                "iodepth": iodepth(args),
+                "batch": args.batch,
                 "numjobs": args.numjobs,
+                "interrupted": interrupted(),
                 "worker": ranks[0].worker.as_str(),
                 "nworkers": ranks.len(),
                 "engine": engine,
@@ -181,12 +231,13 @@ pub(crate) fn report(
         OutputFormat::Normal => {
             writeln!(
                 out,
-                "tierkv-bench: rw={} bs={} nblocks={} loops={} iodepth={} numjobs={}{} engine={engine} layout=({layout}) fd-cache={fd_capacity} verify={}{}",
+                "tierkv-bench: rw={} bs={} nblocks={} {} iodepth={} batch={} numjobs={}{} engine={engine} layout=({layout}) fd-cache={fd_capacity} verify={}{}",
                 format!("{:?}", args.rw).to_lowercase(),
                 human_bytes(args.bs as f64),
                 nblocks,
-                args.loops,
-                args.iodepth,
+                passes_text(args),
+                iodepth(args),
+                args.batch,
                 args.numjobs,
                 if ranks.len() > 1 {
                     format!(" workers={}", ranks.len())
@@ -199,10 +250,10 @@ pub(crate) fn report(
             let reads = matches!(args.rw, Rw::Read | Rw::Randread | Rw::Randrw);
             let writes = matches!(args.rw, Rw::Write | Rw::Randwrite | Rw::Randrw);
             if reads {
-                dir_lines(&mut out, "read", &run.read, secs)?;
+                dir_lines(&mut out, "read", &run.read, secs, args.batch)?;
             }
             if writes {
-                dir_lines(&mut out, "write", &run.write, secs)?;
+                dir_lines(&mut out, "write", &run.write, secs, args.batch)?;
             }
             if reads {
                 writeln!(
@@ -224,6 +275,12 @@ pub(crate) fn report(
                     run.write.bytes
                 )?;
             }
+            if interrupted() {
+                writeln!(
+                    out,
+                    "  interrupted: partial result (the run stopped at the signal)"
+                )?;
+            }
             if ranks.len() > 1 {
                 for r in ranks {
                     let s = r.run.elapsed.as_secs_f64().max(1e-9);
@@ -238,6 +295,272 @@ pub(crate) fn report(
                     )?;
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// The header's passes: `loops=N`, or the limit that ends the run instead.
+fn passes_text(args: &Args) -> String {
+    match (args.runtime, args.ops) {
+        (Some(d), _) => format!("runtime={}s", d.as_secs_f64()),
+        (None, Some(n)) => format!("ops={n}"),
+        (None, None) => format!("loops={}", args.loops()),
+    }
+}
+
+/// `loops` in JSON: null when --runtime or --ops ends the run instead.
+fn loops_json(args: &Args) -> Value {
+    if args.runtime.is_some() || args.ops.is_some() {
+        Value::Null
+    } else {
+        json!(args.loops())
+    }
+}
+
+/// The in-flight depth the engine ran with (`--iodepth`, else the engine's default; 1 for
+/// psync, which does one I/O at a time).
+fn iodepth(args: &Args) -> u32 {
+    match args.ioengine {
+        tierkv::engine::EngineKind::Psync => 1,
+        _ => args.iodepth.unwrap_or(tierkv::engine::DEFAULT_QUEUE_DEPTH),
+    }
+}
+
+/// Sums phase figures over ranks.
+fn merged(ranks: &[RankResult]) -> Run {
+    let mut run = Run::empty();
+    for r in ranks {
+        run.merge(&r.run);
+    }
+    run
+}
+
+/// A store counter's growth over a phase, all ranks.
+fn delta(ranks: &[RankResult], f: fn(&StoreStats) -> u64) -> u64 {
+    ranks
+        .iter()
+        .map(|r| f(&r.after).saturating_sub(f(&r.before)))
+        .sum()
+}
+
+/// The open-file cache's hits and misses over a phase, all ranks.
+fn fd_cache(ranks: &[RankResult]) -> (u64, u64) {
+    (
+        delta(ranks, |s| s.fd_cache_hits),
+        delta(ranks, |s| s.fd_cache_misses),
+    )
+}
+
+/// `1.2GiB/s`.
+fn rate(d: &Dir, secs: f64) -> String {
+    format!("{}/s", human_bytes(d.bytes as f64 / secs))
+}
+
+/// The main job's report: each phase (write, read, hot read) with its line, the filesystem,
+/// whether reads came from the page cache, and a summary.
+pub(crate) fn report_main(
+    args: &Args,
+    engine: &str,
+    layout: Layout,
+    root: &Path,
+    nblocks: u64,
+    phases: &[Phase],
+    env: &Environment,
+) -> Result<(), BoxError> {
+    let mut out = std::io::stdout().lock();
+    let nranks = phases[0].ranks.len();
+    let total = args.bs as f64 * nblocks as f64 * nranks as f64;
+    let cache = if args.direct {
+        "O_DIRECT: reads bypassed the page cache (they met the device)".to_string()
+    } else {
+        match env.page_cache_resident {
+            Some(f) if f >= 0.99 => format!(
+                "{:.0}% of the sampled blocks' bytes were in the page cache before the first \
+                 read: reads came from memory, not the device (--invalidate or --direct to \
+                 read the device)",
+                f * 100.0
+            ),
+            Some(f) if f <= 0.01 => format!(
+                "{:.0}% of the sampled blocks' bytes were in the page cache before the first \
+                 read: the first read met the device",
+                f * 100.0
+            ),
+            Some(f) => format!(
+                "{:.0}% of the sampled blocks' bytes were in the page cache before the first \
+                 read: reads came partly from memory",
+                f * 100.0
+            ),
+            None => "unknown (this filesystem cannot tell what is cached)".to_string(),
+        }
+    };
+    let from = if args.direct {
+        "the device (O_DIRECT)"
+    } else {
+        match env.page_cache_resident {
+            Some(f) if f >= 0.99 => "the page cache",
+            Some(f) if f <= 0.01 => "the device",
+            Some(_) => "partly the page cache",
+            None => "the page cache or the device (unknown)",
+        }
+    };
+    let phase_of = |name: &str| phases.iter().find(|p| p.name == name);
+    let summary = {
+        let mut parts = Vec::new();
+        if let Some(p) = phase_of("write") {
+            let r = merged(&p.ranks);
+            parts.push(format!(
+                "wrote {} blocks of {} ({}) at {}",
+                r.write.ops,
+                human_bytes(args.bs as f64),
+                human_bytes(total),
+                rate(&r.write, r.elapsed.as_secs_f64().max(1e-9))
+            ));
+        }
+        if let Some(p) = phase_of("read") {
+            let r = merged(&p.ranks);
+            parts.push(format!(
+                "read them back at {}",
+                rate(&r.read, r.elapsed.as_secs_f64().max(1e-9))
+            ));
+        }
+        if let Some(p) = phase_of("hot_read") {
+            let r = merged(&p.ranks);
+            let (h, m) = fd_cache(&p.ranks);
+            parts.push(format!(
+                "re-read them at {} with {:.0}% of opens saved by the open-file cache",
+                rate(&r.read, r.elapsed.as_secs_f64().max(1e-9)),
+                100.0 * h as f64 / (h + m).max(1) as f64
+            ));
+        }
+        format!(
+            "{}; on {}, the first read from {from}{}",
+            parts.join(", "),
+            env.filesystem,
+            if interrupted() {
+                " (interrupted: partial)"
+            } else {
+                ""
+            }
+        )
+    };
+    match args.output_format {
+        OutputFormat::Json => {
+            let mut ph = serde_json::Map::new();
+            for p in phases {
+                let r = merged(&p.ranks);
+                let secs = r.elapsed.as_secs_f64().max(1e-9);
+                let (h, m) = fd_cache(&p.ranks);
+                ph.insert(
+                    p.name.to_string(),
+                    json!({
+                        "elapsed_s": secs,
+                        "read": dir_json(&r.read, secs),
+                        "write": dir_json(&r.write, secs),
+                        "hits": r.hits,
+                        "misses": r.misses,
+                        "fd_cache": {"hits": h, "misses": m},
+                    }),
+                );
+            }
+            let mut all = Run::empty();
+            for p in phases {
+                all.merge(&merged(&p.ranks));
+            }
+            let secs: f64 = phases
+                .iter()
+                .map(|p| merged(&p.ranks).elapsed.as_secs_f64())
+                .sum::<f64>()
+                .max(1e-9);
+            let (h, m) = phases
+                .iter()
+                .map(|p| fd_cache(&p.ranks))
+                .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+            let last = &phases[phases.len() - 1].ranks[0];
+            let doc = json!({
+                "rw": "main",
+                "bs": args.bs,
+                "nblocks": nblocks,
+                "loops": args.loops(),
+                "iodepth": iodepth(args),
+                "batch": args.batch,
+                "numjobs": args.numjobs,
+                "nworkers": nranks,
+                "engine": engine,
+                "layout": {"depth": layout.depth, "fanout": layout.fanout},
+                "verify": args.verify.to_string(),
+                "direct": args.direct,
+                "dir": root.display().to_string(),
+                "filesystem": env.filesystem,
+                "page_cache_resident": env.page_cache_resident,
+                "interrupted": interrupted(),
+                "phases": ph,
+                "ops": all.ops(),
+                "elapsed_s": secs,
+                "ops_per_sec": all.ops() as f64 / secs,
+                "hits": all.hits,
+                "misses": all.misses,
+                "errors": all.errors(),
+                "corrupt": phases.iter().map(|p| delta(&p.ranks, |s| s.corrupt)).sum::<u64>(),
+                "fd_cache": {"hits": h, "misses": m},
+                "store": last.after,
+                "summary": summary,
+            });
+            writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        }
+        OutputFormat::Normal => {
+            writeln!(
+                out,
+                "tierkv-bench: the main job: {nblocks} blocks of {} ({}){} in {} ({}); engine={engine} iodepth={} batch={} numjobs={} layout=({layout}) verify={}{}",
+                human_bytes(args.bs as f64),
+                human_bytes(total),
+                if args.bs == 2 << 20 {
+                    ", each one 16-token block of an 8B Llama's KV"
+                } else {
+                    ""
+                },
+                root.display(),
+                env.filesystem,
+                iodepth(args),
+                args.batch,
+                args.numjobs,
+                args.verify,
+                if args.direct { " direct" } else { "" },
+            )?;
+            if nranks > 1 {
+                writeln!(
+                    out,
+                    "  {nranks} workers (tensor-parallel ranks), figures summed"
+                )?;
+            }
+            for p in phases {
+                let r = merged(&p.ranks);
+                let secs = r.elapsed.as_secs_f64().max(1e-9);
+                let (label, d) = match p.name {
+                    "write" => ("write", &r.write),
+                    "read" => ("read", &r.read),
+                    _ => ("hot read", &r.read),
+                };
+                writeln!(out, "  {label} ({}):", p.what)?;
+                dir_lines(&mut out, &format!("  {label}"), d, secs, args.batch)?;
+                if p.name != "write" {
+                    let (h, m) = fd_cache(&p.ranks);
+                    writeln!(
+                        out,
+                        "      hits={} misses={} fd-cache: hits={h} misses={m} (a miss opens the file)",
+                        r.hits, r.misses
+                    )?;
+                }
+            }
+            writeln!(out, "  filesystem: {} ({})", env.filesystem, root.display())?;
+            writeln!(out, "  page cache: {cache}")?;
+            if interrupted() {
+                writeln!(
+                    out,
+                    "  interrupted: partial result (the run stopped at the signal)"
+                )?;
+            }
+            writeln!(out, "summary: {summary}")?;
         }
     }
     Ok(())

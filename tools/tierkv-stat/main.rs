@@ -83,7 +83,7 @@ struct ShardBalance {
     histogram: Vec<Bucket>,
 }
 
-/// A histogram kept under sortable keys ("<order>: <label>"), listed in order, every bucket.
+/// A histogram kept under sortable keys (`"<order>: <label>"`), listed in order, every bucket.
 fn buckets(keys: &[&str], counts: &BTreeMap<String, u64>) -> Vec<Bucket> {
     keys.iter()
         .map(|k| Bucket {
@@ -780,6 +780,15 @@ fn strip_key(k: &str) -> &str {
     k.split_once(": ").map_or(k, |(_, v)| v)
 }
 
+/// The corrupt count, or "not verified" when no checksum was checked.
+fn corrupt_text(verified: bool, n: u64) -> String {
+    if verified {
+        n.to_string()
+    } else {
+        "not verified".into()
+    }
+}
+
 fn print_text(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
     writeln!(
         out,
@@ -787,13 +796,7 @@ fn print_text(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
         r.root.display(),
         r.format_version
     )?;
-    let corrupt = |n: u64| {
-        if r.verified {
-            format!("corrupt {n}")
-        } else {
-            "checksums not verified (--verify)".to_string()
-        }
-    };
+    let corrupt = |n: u64| format!("corrupt {}", corrupt_text(r.verified, n));
     writeln!(
         out,
         "total: {} block files, {} on disk; temp {}, foreign {}, symlinks {}, misplaced {}, bad header {}, {}{}",
@@ -923,7 +926,7 @@ fn print_scan_prometheus(out: &mut impl Write, r: &Report) -> std::io::Result<()
 /// (name, help, counter?, value)
 fn live_metrics(l: &LiveStats) -> Vec<(&'static str, &'static str, bool, f64)> {
     let s = &l.stats;
-    vec![
+    let mut m = vec![
         (
             "tierkv_hits_total",
             "Lookups that returned a block.",
@@ -1027,18 +1030,6 @@ fn live_metrics(l: &LiveStats) -> Vec<(&'static str, &'static str, bool, f64)> {
             s.used_files as f64,
         ),
         (
-            "tierkv_capacity_bytes",
-            "Byte capacity (0: unbounded).",
-            false,
-            s.capacity_bytes.unwrap_or(0) as f64,
-        ),
-        (
-            "tierkv_capacity_files",
-            "File capacity (0: unbounded).",
-            false,
-            s.capacity_files.unwrap_or(0) as f64,
-        ),
-        (
             "tierkv_get_latency_p99_seconds",
             "99th percentile of get_many latency.",
             false,
@@ -1056,7 +1047,15 @@ fn live_metrics(l: &LiveStats) -> Vec<(&'static str, &'static str, bool, f64)> {
             false,
             if live_fresh(l) { 1.0 } else { 0.0 },
         ),
-    ]
+    ];
+    // An unbounded store has no capacity gauge (a 0 would read as a full store).
+    if let Some(c) = s.capacity_bytes {
+        m.push(("tierkv_capacity_bytes", "Byte capacity.", false, c as f64));
+    }
+    if let Some(c) = s.capacity_files {
+        m.push(("tierkv_capacity_files", "File capacity.", false, c as f64));
+    }
+    m
 }
 
 fn us(ns: u64) -> f64 {
