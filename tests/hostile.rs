@@ -311,7 +311,7 @@ fn item05_fifos_and_devices_are_never_read_nor_removed() {
     // FIFOs at STATS.json and LAYOUT: neither the store nor tierkv-stat hangs.
     rustix::fs::mknodat(
         rustix::fs::CWD,
-        &w.join("STATS.json"),
+        w.join("STATS.json"),
         rustix::fs::FileType::Fifo,
         rustix::fs::Mode::from_raw_mode(0o644),
         0,
@@ -327,7 +327,7 @@ fn item05_fifos_and_devices_are_never_read_nor_removed() {
     std::fs::remove_file(w.join("LAYOUT")).unwrap();
     rustix::fs::mknodat(
         rustix::fs::CWD,
-        &w.join("LAYOUT"),
+        w.join("LAYOUT"),
         rustix::fs::FileType::Fifo,
         rustix::fs::Mode::from_raw_mode(0o644),
         0,
@@ -869,7 +869,7 @@ fn item15_claimed_lengths_are_checked_before_use() {
     drop(store);
     let store = Store::open(root.path(), worker("0"), quiet()).unwrap();
     assert_eq!(
-        store.get(&k, &mut vec![0u8; 100]).unwrap(),
+        store.get(&k, &mut [0u8; 100]).unwrap(),
         Lookup::Miss,
         "a corrupt miss, not an error"
     );
@@ -935,10 +935,7 @@ fn item17_first_open_failures_missing_layout_and_misplaced_blocks() {
     let moved = other_shard.join(p.file_name().unwrap());
     std::fs::rename(&p, &moved).unwrap();
     let store = Store::open(root.path(), worker("0"), quiet()).unwrap();
-    assert_eq!(
-        store.get(&ks[0], &mut vec![0u8; 100]).unwrap(),
-        Lookup::Miss
-    );
+    assert_eq!(store.get(&ks[0], &mut [0u8; 100]).unwrap(), Lookup::Miss);
     assert!(store.stats().foreign >= 1);
     drop(store);
     let o = run_within(stat_cmd(&[root.path().to_str().unwrap(), "--json"]), 60);

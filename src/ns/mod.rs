@@ -664,9 +664,9 @@ fn regular_only(fd: OwnedFd, flags: OFlags) -> rustix::io::Result<Opened> {
 
 /// Lists the directory open at `fd`.
 fn list(fd: OwnedFd) -> rustix::io::Result<Vec<Entry>> {
-    let mut dir = rustix::fs::Dir::read_from(&fd)?;
+    let dir = rustix::fs::Dir::read_from(&fd)?;
     let mut out = Vec::new();
-    while let Some(e) = dir.next() {
+    for e in dir {
         let e = e?;
         let name = e.file_name().to_bytes();
         if name == b"." || name == b".." {

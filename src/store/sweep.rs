@@ -196,8 +196,8 @@ fn scan_dir(
                             r.entries.push(BlockEntry {
                                 hash,
                                 bytes: m.st_blocks as u64 * 512,
-                                recency_ns: ns(m.st_atime as i64, m.st_atime_nsec as i64)
-                                    .max(ns(m.st_mtime as i64, m.st_mtime_nsec as i64)),
+                                recency_ns: ns(m.st_atime, m.st_atime_nsec as i64)
+                                    .max(ns(m.st_mtime, m.st_mtime_nsec as i64)),
                             });
                         }
                         // Replaced by something else since the listing: not a block.

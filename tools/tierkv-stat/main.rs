@@ -660,7 +660,7 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
                                 local.bytes += m.st_blocks as u64 * 512;
                                 local.payload_bytes += payload;
                                 *local.size_counts.entry(size_bucket(payload)).or_default() += 1;
-                                let used = (m.st_atime as i64).max(m.st_mtime as i64).max(0) as u64;
+                                let used = m.st_atime.max(m.st_mtime).max(0) as u64;
                                 *local
                                     .age_counts
                                     .entry(age_bucket(now_s.saturating_sub(used)).into())
