@@ -22,7 +22,7 @@ use super::fdcache::OpenBlock;
 use super::read::{check_head, count_mismatch};
 use super::{Counters, Inner, Lookup, Store, VerifyMode, io_err};
 use crate::buf::DeviceMem;
-use crate::engine::{IoRequest, read_full};
+use crate::engine::IoRequest;
 use crate::error::{Error, Result};
 use crate::format::PAYLOAD_OFFSET;
 use crate::key::BlockKey;
@@ -177,11 +177,11 @@ impl Inner {
         };
         if check {
             let mut payload = self.bufs.take(need);
-            let read = read_full(
+            let read = self.engine_one(IoRequest::read(
                 block.fd.as_fd(),
                 PAYLOAD_OFFSET,
-                &mut [IoSliceMut::new(&mut payload)],
-            );
+                vec![IoSliceMut::new(&mut payload)],
+            ));
             match read {
                 Ok(n) if n >= need && block.header.verify(&payload[..need]) => {
                     block.verified.store(true, Ordering::Relaxed);
@@ -237,7 +237,13 @@ impl Inner {
             |e: std::io::Error| DevicePlan::Done(Err(Error::from_io(self.path(rel.as_str()), e)));
         // An aligned buffer, so that O_DIRECT descriptors work too.
         let mut head = self.bufs.take(PAYLOAD_OFFSET as usize);
-        let n = read_full(fd.as_fd(), 0, &mut [IoSliceMut::new(&mut head)]).map_err(io_error)?;
+        let n = self
+            .engine_one(IoRequest::read(
+                fd.as_fd(),
+                0,
+                vec![IoSliceMut::new(&mut head)],
+            ))
+            .map_err(io_error)?;
         let header = match check_head(key, &head[..n]) {
             Ok(h) => h,
             Err(reason) => {

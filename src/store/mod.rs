@@ -664,6 +664,13 @@ impl Inner {
         self.ns.full(rel)
     }
 
+    /// One request through the engine (every data transfer goes through it).
+    fn engine_one(&self, req: crate::engine::IoRequest<'_>) -> std::io::Result<usize> {
+        crate::engine::submit_checked(self.engine.as_ref(), &mut [req])
+            .pop()
+            .unwrap_or_else(|| Err(std::io::Error::other("engine returned no result")))
+    }
+
     /// Runs a namespace operation that opens a descriptor; on EMFILE/ENFILE the open-file
     /// cache shrinks and the operation is retried.
     fn retry_emfile<T>(

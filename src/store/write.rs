@@ -9,7 +9,7 @@ use rustix::io::Errno;
 
 use super::{Counters, FILE_MODE, Inner, io_err};
 use crate::buf::{DeviceMem, PooledBuf, align_up};
-use crate::engine::{IoRequest, read_full, write_full};
+use crate::engine::IoRequest;
 use crate::error::{Error, Result};
 use crate::format::{HEADER_LEN, Header, PADDING, PAYLOAD_OFFSET};
 use crate::index::Offer;
@@ -228,11 +228,11 @@ impl Inner {
         }
         // Aligned buffers and lengths, so that O_DIRECT descriptors work too.
         let mut payload = self.bufs.take(plan.len);
-        let got = read_full(
+        let got = self.engine_one(IoRequest::read(
             plan.fd.as_fd(),
             PAYLOAD_OFFSET,
-            &mut [IoSliceMut::new(&mut payload)],
-        )?;
+            vec![IoSliceMut::new(&mut payload)],
+        ))?;
         if got != plan.len {
             return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
         }
@@ -240,7 +240,11 @@ impl Inner {
         let mut head = self.bufs.take(PAYLOAD_OFFSET as usize);
         head[..HEADER_LEN].copy_from_slice(&header);
         head[HEADER_LEN..PAYLOAD_OFFSET as usize].fill(0);
-        write_full(plan.fd.as_fd(), 0, &mut [IoSlice::new(&head)])?;
+        self.engine_one(IoRequest::write(
+            plan.fd.as_fd(),
+            0,
+            vec![IoSlice::new(&head)],
+        ))?;
         Ok(PAYLOAD_OFFSET as usize + plan.len)
     }
 
