@@ -206,7 +206,9 @@ fn a_failed_device_write_leaves_nothing() {
     let engine = Arc::new(FaultyEngine::new(
         Arc::new(HostAsDevice::default()),
         FaultPlan {
-            fail_writes_from: Some(1),
+            // The first put's two writes (the payload from the device, then the header,
+            // both through the engine) pass; every later write fails.
+            fail_writes_from: Some(2),
             fail_reads_from: None,
             partial_fraction: 0.0,
             errno: 5,
@@ -220,7 +222,8 @@ fn a_failed_device_write_leaves_nothing() {
         .cloned()
         .zip(bufs.iter_mut().map(|b| dev(b)))
         .collect();
-    let res = store.put_many_device(&items);
+    let mut res = store.put_many_device(&items[..1]);
+    res.extend(store.put_many_device(&items[1..]));
     assert!(res[0].is_ok());
     assert!(matches!(res[1], Err(Error::Io { .. })), "{:?}", res[1]);
     assert!(matches!(res[2], Err(Error::Io { .. })));
