@@ -185,6 +185,15 @@ pub fn split(rel: &str) -> (&str, &str) {
     }
 }
 
+/// `dir/name`, or `name` when `dir` is the worker directory (`""`).
+pub fn join(dir: &str, name: &str) -> String {
+    if dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
 fn dir_flags() -> OFlags {
     OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
 }
@@ -486,6 +495,14 @@ impl BlockDir {
         self.check(NsOp::ReadDir)?;
         let fd = self.open_raw(dir, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
         list(fd)
+    }
+
+    /// Opens the directory `dir` and lists it: its descriptor (for operations on the names
+    /// listed) and its entries.
+    pub fn list(&self, dir: &str) -> rustix::io::Result<(Parent<'_>, Vec<Entry>)> {
+        let parent = self.parent(dir)?;
+        let entries = self.read_dir_in(&parent)?;
+        Ok((parent, entries))
     }
 
     /// Lists `parent` (see [`BlockDir::read_dir`]).

@@ -141,17 +141,8 @@ fn scan_dir(
     subdirs: &mut Vec<String>,
 ) {
     let layout = mode.layout;
-    let join = |name: &str| {
-        if rel.is_empty() {
-            name.to_string()
-        } else {
-            format!("{rel}/{name}")
-        }
-    };
-    let listed = ns
-        .parent(rel)
-        .and_then(|p| ns.read_dir_in(&p).map(|e| (p, e)));
-    let (parent, entries) = match listed {
+    let join = |name: &str| crate::ns::join(rel, name);
+    let (parent, entries) = match ns.list(rel) {
         Ok(x) => x,
         Err(Errno::LOOP) => {
             // Replaced by a symlink since its parent was listed: not followed.
@@ -240,12 +231,8 @@ fn remove_temp(
         match ns.unlink_in(parent, name, None) {
             Ok(_) => {}
             Err(e) => {
-                let p = if rel.is_empty() {
-                    ns.full(name)
-                } else {
-                    ns.full(&format!("{rel}/{name}"))
-                };
-                r.errors.push((p, io_err(e).to_string()));
+                r.errors
+                    .push((ns.full(&crate::ns::join(rel, name)), io_err(e).to_string()));
             }
         }
     }

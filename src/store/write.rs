@@ -15,7 +15,7 @@ use crate::format::{HEADER_LEN, Header, PADDING, PAYLOAD_OFFSET};
 use crate::index::Offer;
 use crate::key::{BlockHash, BlockKey};
 use crate::layout::{RelPath, TEMP_PREFIX};
-use crate::ns::Parent;
+use crate::ns::{Parent, join};
 
 /// A put in progress: its temp file and what it will be published as.
 pub(super) struct WritePlan<'a> {
@@ -444,14 +444,5 @@ impl Inner {
         if let Err(e) = rustix::fs::fsync(&plan.parent) {
             tracing::warn!(dir = %self.path(plan.rel.dir()).display(), error = %e, "fsync of directory failed");
         }
-    }
-}
-
-/// `dir/name`, or `name` at the top.
-fn join(dir: &str, name: &str) -> String {
-    if dir.is_empty() {
-        name.to_string()
-    } else {
-        format!("{dir}/{name}")
     }
 }

@@ -22,7 +22,7 @@ use serde::Serialize;
 use tierkv::CorruptReason;
 use tierkv::format::{HEADER_LEN, Header, PAYLOAD_OFFSET};
 use tierkv::layout::{self, EntryName, LAYOUT_FILE, LOCK_FILE, Layout, STATS_FILE};
-use tierkv::ns::{BlockDir, FileKind, Inode, Opened, Parent, Unlinked, io_err};
+use tierkv::ns::{BlockDir, FileKind, Inode, Opened, Parent, Unlinked, io_err, join};
 use tierkv::store::LiveStats;
 use tierkv::store::sweep::in_parallel;
 
@@ -458,13 +458,18 @@ impl WorkerReport {
     }
 }
 
-/// `dir/name`, or `name` at the top.
-fn join(dir: &str, name: &str) -> String {
-    if dir.is_empty() {
-        name.to_string()
-    } else {
-        format!("{dir}/{name}")
+/// A block outside the directory its layout puts it in: counted, and removed by repair (if
+/// it is still the regular file just listed).
+fn misplaced(ns: &BlockDir, parent: &Parent<'_>, rel: &str, repair: bool, wr: &mut WorkerReport) {
+    if repair {
+        let (_, name) = tierkv::ns::split(rel);
+        if let Ok(st) = ns.stat_in(parent, name) {
+            if repair_remove(ns, parent, rel, Some(Inode::of(&st)), wr) {
+                wr.removed_bad += 1;
+            }
+        }
     }
+    wr.misplaced.push(ns.full(rel));
 }
 
 /// Removes `name` in `parent` for repair: only a regular file, only the inode judged.
@@ -567,10 +572,7 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
             level_dirs.push(d);
             continue;
         }
-        let listed = ns
-            .parent(&d)
-            .and_then(|p| ns.read_dir_in(&p).map(|e| (p, e)));
-        let (parent, entries) = match listed {
+        let (parent, entries) = match ns.list(&d) {
             Ok(x) => x,
             Err(e) => {
                 wr.error(ns.full(&d), io_err(e));
@@ -591,16 +593,7 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
                         }
                     }
                     EntryName::Block(_) => {
-                        let rel = join(&d, name);
-                        if repair {
-                            if let Ok(st) = ns.stat_in(&parent, name) {
-                                if repair_remove(&ns, &parent, &rel, Some(Inode::of(&st)), &mut wr)
-                                {
-                                    wr.removed_bad += 1;
-                                }
-                            }
-                        }
-                        wr.misplaced.push(ns.full(&rel));
+                        misplaced(&ns, &parent, &join(&d, name), repair, &mut wr)
                     }
                     _ => wr.foreign += 1,
                 },
@@ -616,10 +609,7 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
         |d: String, (local, leaves): &mut (WorkerReport, Vec<u64>)| {
             let mut in_leaf = 0u64;
             let is_root_leaf = layout.depth == 0;
-            let listed = ns
-                .parent(&d)
-                .and_then(|p| ns.read_dir_in(&p).map(|e| (p, e)));
-            let (parent, entries) = match listed {
+            let (parent, entries) = match ns.list(&d) {
                 Ok(x) => x,
                 Err(e) => {
                     local.error(ns.full(&d), io_err(e));
@@ -642,14 +632,7 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
                 }
                 match Layout::classify(&name) {
                     EntryName::Block(h) if layout.rel_path(&h).dir() != d => {
-                        if repair {
-                            if let Ok(st) = ns.stat_in(&parent, &name) {
-                                if repair_remove(&ns, &parent, &rel, Some(Inode::of(&st)), local) {
-                                    local.removed_bad += 1;
-                                }
-                            }
-                        }
-                        local.misplaced.push(ns.full(&rel));
+                        misplaced(&ns, &parent, &rel, repair, local)
                     }
                     EntryName::Block(h) => {
                         in_leaf += 1;
