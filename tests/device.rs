@@ -200,6 +200,51 @@ fn device_reads_check_blocks_like_host_reads() {
     assert_eq!(store.stats().corrupt, 1);
 }
 
+/// A device engine whose reads into device memory come back one byte short, as a file that
+/// shrank between the store's checks and the transfer would.
+#[derive(Debug, Default)]
+struct ShortDeviceReads(HostAsDevice);
+
+impl IoEngine for ShortDeviceReads {
+    fn name(&self) -> &'static str {
+        "short-device-reads"
+    }
+
+    fn moves_device_memory(&self) -> bool {
+        true
+    }
+
+    fn submit(&self, batch: &mut [IoRequest<'_>]) -> Vec<io::Result<usize>> {
+        let device: Vec<bool> = batch
+            .iter()
+            .map(|r| matches!(r.kind, IoKind::ReadDevice(_)))
+            .collect();
+        self.0
+            .submit(batch)
+            .into_iter()
+            .zip(device)
+            .map(|(r, d)| if d { r.map(|n| n - 1) } else { r })
+            .collect()
+    }
+}
+
+#[test]
+fn a_short_device_read_is_a_corrupt_miss() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(
+        dir.path(),
+        Arc::new(ShortDeviceReads::default()),
+        StoreConfig::default(),
+    );
+    let k = store.key(hash(1));
+    store.put(&k, &payload(1, 0, 5000)).unwrap();
+    let mut buf = vec![0u8; 5000];
+    let got = store.get_many_device(std::slice::from_ref(&k), &[dev(&mut buf)]);
+    assert_eq!(got[0].as_ref().unwrap(), &Lookup::Miss);
+    assert_eq!(store.stats().corrupt, 1);
+    assert!(!store.path_of(&k.hash).exists(), "removed");
+}
+
 #[test]
 fn a_failed_device_write_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();

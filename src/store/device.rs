@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustix::io::Errno;
 
 use super::fdcache::OpenBlock;
-use super::read::{check_head, count_mismatch};
+use super::read::{Dest, ReadPlan, check_head, count_mismatch};
 use super::{Counters, Inner, Lookup, Store, VerifyMode, io_err};
 use crate::buf::DeviceMem;
 use crate::engine::IoRequest;
@@ -60,12 +60,6 @@ impl Store {
     }
 }
 
-/// A get into GPU memory, before the engine runs.
-enum DevicePlan {
-    Done(Result<Lookup>),
-    Ready(Arc<OpenBlock>),
-}
-
 impl Inner {
     fn device_unsupported(&self) -> Error {
         Error::Unsupported(format!(
@@ -84,87 +78,61 @@ impl Inner {
         if let Some(e) = count_mismatch("get_many_device", keys, bufs.len()) {
             return e;
         }
-        let (present, pinned) = self.pin_batch(keys);
-        let plans: Vec<DevicePlan> = keys
-            .iter()
-            .zip(present)
-            .zip(bufs)
-            .map(|((k, p), b)| match p {
-                Err(e) => DevicePlan::Done(Err(e)),
-                Ok(true) => self.plan_device_read(k, b.len()),
-                Ok(false) => DevicePlan::Done(Ok(Lookup::Miss)),
-            })
-            .collect();
+        let mut dests: Vec<Dest<'_>> = bufs.iter().map(|b| Dest::Device(*b)).collect();
+        self.read_pipeline(keys, &mut dests)
+    }
 
-        let mut owners = Vec::with_capacity(keys.len());
-        let io_results = {
-            let mut reqs = Vec::with_capacity(keys.len());
-            for (i, (plan, buf)) in plans.iter().zip(bufs).enumerate() {
-                if let DevicePlan::Ready(block) = plan {
-                    let len = block.header.payload_len as usize;
-                    reqs.push(
-                        IoRequest::read_device(block.fd.as_fd(), PAYLOAD_OFFSET, buf.prefix(len))
-                            .on_cached_file()
-                            .with_file_len(block.header.file_len()),
-                    );
-                    owners.push(i);
-                }
-            }
-            crate::engine::submit_checked(self.engine.as_ref(), &mut reqs)
+    /// Finishes a GPU read (the checks were made when it was planned): the engine moved the
+    /// whole payload, or the file is shorter than its header says and is corrupt.
+    pub(super) fn finish_device_read(
+        &self,
+        key: &BlockKey,
+        plan: ReadPlan,
+        io: std::io::Result<usize>,
+    ) -> Result<Lookup> {
+        let block = match plan {
+            ReadPlan::Cached { block, .. } => block,
+            ReadPlan::Done(r) => return r,
+            ReadPlan::Fresh { .. } => unreachable!("GPU reads are planned on open, checked files"),
         };
-
-        let mut results: Vec<Result<Lookup>> = Vec::with_capacity(keys.len());
-        let mut io = owners.into_iter().zip(io_results).peekable();
-        for (i, plan) in plans.into_iter().enumerate() {
-            results.push(match plan {
-                DevicePlan::Done(r) => r,
-                DevicePlan::Ready(block) => {
-                    let (_, r) = io
-                        .next_if(|(j, _)| *j == i)
-                        .expect("one engine result per ready plan");
-                    let len = block.header.payload_len as usize;
-                    // The path only for what goes wrong.
-                    let rel = || self.layout.rel_path(&keys[i].hash);
-                    match r {
-                        Ok(n) if n == len => Ok(Lookup::Hit(len)),
-                        Ok(n) => Ok(self.corrupt(
-                            &keys[i].hash,
-                            &rel(),
-                            &block.fd,
-                            Some(&block),
-                            crate::error::CorruptReason::Length {
-                                file: PAYLOAD_OFFSET + n as u64,
-                                header: block.header.file_len(),
-                            },
-                        )),
-                        Err(e) => Err(Error::from_io(self.path(rel().as_str()), e)),
-                    }
-                }
-            });
+        let len = block.header.payload_len as usize;
+        // The path only for what goes wrong.
+        let rel = || self.layout.rel_path(&key.hash);
+        match io {
+            Ok(n) if n == len => Ok(Lookup::Hit(len)),
+            Ok(n) => Ok(self.corrupt(
+                &key.hash,
+                &rel(),
+                &block.fd,
+                Some(&block),
+                crate::error::CorruptReason::Length {
+                    file: PAYLOAD_OFFSET + n as u64,
+                    header: block.header.file_len(),
+                },
+            )),
+            Err(e) => Err(Error::from_io(self.path(rel().as_str()), e)),
         }
-        self.end_batch(keys, &results, &pinned);
-        results
     }
 
     /// Finds the block's open, checked file (the open-file cache, else the tree) and verifies
     /// its payload through the host when the verify mode asks for it.
-    fn plan_device_read(&self, key: &BlockKey, buf_len: usize) -> DevicePlan {
+    pub(super) fn plan_device_read(&self, key: &BlockKey, buf_len: usize) -> ReadPlan {
         // The path only for what needs it (an open, an error), not for every cached hit.
         let rel = || self.layout.rel_path(&key.hash);
         let block = match self.cached_block(key) {
-            Err(miss) => return DevicePlan::Done(Ok(miss)),
+            Err(miss) => return ReadPlan::Done(Ok(miss)),
             Ok(Some(b)) => b,
             Ok(None) => {
                 Counters::add(&self.counters.fd_misses, 1);
                 match self.open_device_block(key, &rel()) {
                     Ok(b) => b,
-                    Err(done) => return done,
+                    Err(done) => return ReadPlan::Done(done),
                 }
             }
         };
         let need = block.header.payload_len as usize;
         if need > buf_len {
-            return DevicePlan::Done(Err(Error::BufferTooSmall {
+            return ReadPlan::Done(Err(Error::BufferTooSmall {
                 key: key.to_string(),
                 need,
                 have: buf_len,
@@ -187,7 +155,7 @@ impl Inner {
                     block.verified.store(true, Ordering::Relaxed);
                 }
                 Ok(_) => {
-                    return DevicePlan::Done(Ok(self.corrupt(
+                    return ReadPlan::Done(Ok(self.corrupt(
                         &key.hash,
                         &rel(),
                         &block.fd,
@@ -196,11 +164,14 @@ impl Inner {
                     )));
                 }
                 Err(e) => {
-                    return DevicePlan::Done(Err(Error::from_io(self.path(rel().as_str()), e)));
+                    return ReadPlan::Done(Err(Error::from_io(self.path(rel().as_str()), e)));
                 }
             }
         }
-        DevicePlan::Ready(block)
+        ReadPlan::Cached {
+            block,
+            bounce: None,
+        }
     }
 
     /// Opens a block file, checks its header and size, and caches the descriptor.
@@ -208,33 +179,31 @@ impl Inner {
         &self,
         key: &BlockKey,
         rel: &crate::layout::RelPath,
-    ) -> std::result::Result<Arc<OpenBlock>, DevicePlan> {
+    ) -> std::result::Result<Arc<OpenBlock>, Result<Lookup>> {
         let fd = match self.open_block(rel.as_str(), self.read_flags()) {
             Ok(crate::ns::Opened::File(fd, _)) => fd,
             Ok(crate::ns::Opened::NotRegular(kind)) => {
                 tracing::warn!(path = %self.path(rel.as_str()).display(), %kind, "not a regular file under a block's name: not read, left alone, counted as a miss");
                 Counters::add(&self.counters.foreign, 1);
                 self.index.forget(&key.hash);
-                return Err(DevicePlan::Done(Ok(Lookup::Miss)));
+                return Err(Ok(Lookup::Miss));
             }
             Err(Errno::NOENT | Errno::NOTDIR) => {
                 self.forget_if_missing(&key.hash, rel);
-                return Err(DevicePlan::Done(Ok(Lookup::Miss)));
+                return Err(Ok(Lookup::Miss));
             }
             Err(Errno::LOOP | Errno::XDEV) => {
                 tracing::warn!(path = %self.path(rel.as_str()).display(), "symlink in the tree: not followed, counted as a miss");
                 Counters::add(&self.counters.foreign, 1);
-                return Err(DevicePlan::Done(Ok(Lookup::Miss)));
+                return Err(Ok(Lookup::Miss));
             }
             Err(e) => {
-                return Err(DevicePlan::Done(Err(Error::from_io(
-                    self.path(rel.as_str()),
-                    io_err(e),
-                ))));
+                return Err(Err(Error::from_io(self.path(rel.as_str()), io_err(e))));
             }
         };
-        let io_error =
-            |e: std::io::Error| DevicePlan::Done(Err(Error::from_io(self.path(rel.as_str()), e)));
+        let io_error = |e: std::io::Error| -> Result<Lookup> {
+            Err(Error::from_io(self.path(rel.as_str()), e))
+        };
         // An aligned buffer, so that O_DIRECT descriptors work too.
         let mut head = self.bufs.take(PAYLOAD_OFFSET as usize);
         let n = self
@@ -247,9 +216,7 @@ impl Inner {
         let header = match check_head(key, &head[..n]) {
             Ok(h) => h,
             Err(reason) => {
-                return Err(DevicePlan::Done(Ok(
-                    self.corrupt(&key.hash, rel, &fd, None, reason)
-                )));
+                return Err(Ok(self.corrupt(&key.hash, rel, &fd, None, reason)));
             }
         };
         let size = rustix::fs::fstat(&fd)
@@ -260,9 +227,7 @@ impl Inner {
                 file: size,
                 header: header.file_len(),
             };
-            return Err(DevicePlan::Done(Ok(
-                self.corrupt(&key.hash, rel, &fd, None, reason)
-            )));
+            return Err(Ok(self.corrupt(&key.hash, rel, &fd, None, reason)));
         }
         let block = Arc::new(OpenBlock {
             engine: self.engine.clone(),

@@ -9,7 +9,7 @@ use rustix::io::Errno;
 
 use super::fdcache::OpenBlock;
 use super::{Counters, Inner, Lookup, VerifyMode, io_err};
-use crate::buf::{DIRECT_ALIGN, PooledBuf, align_up};
+use crate::buf::{DIRECT_ALIGN, DeviceMem, PooledBuf, align_up};
 use crate::engine::IoRequest;
 use crate::error::{CorruptReason, Error, Result};
 use crate::format::{HEADER_LEN, Header, PAYLOAD_OFFSET};
@@ -68,8 +68,25 @@ pub(super) fn count_mismatch(
     })
 }
 
+/// Where a get puts a block's payload: host memory, or GPU memory that the engine fills.
+pub(super) enum Dest<'a> {
+    /// A caller's host buffer.
+    Host(&'a mut [u8]),
+    /// A caller's GPU buffer.
+    Device(DeviceMem),
+}
+
+impl Dest<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Dest::Host(b) => b.len(),
+            Dest::Device(m) => m.len(),
+        }
+    }
+}
+
 impl Inner {
-    /// Reads a batch; see [`Store::get_many`](super::Store::get_many).
+    /// Reads a batch into host buffers; see [`Store::get_many`](super::Store::get_many).
     pub(super) fn get_batch<B: AsMut<[u8]>>(
         &self,
         keys: &[BlockKey],
@@ -78,24 +95,57 @@ impl Inner {
         if let Some(e) = count_mismatch("get_many", keys, bufs.len()) {
             return e;
         }
+        let mut dests: Vec<Dest<'_>> = bufs.iter_mut().map(|b| Dest::Host(b.as_mut())).collect();
+        self.read_pipeline(keys, &mut dests)
+    }
+
+    /// The one read pipeline of host and GPU gets: plan (index and pins, the open-file cache,
+    /// opens and checks), one engine batch, finish (lengths, checksums, corrupt files).
+    ///
+    /// For a GPU destination the store never reads the payload through GPU memory: a fresh
+    /// file is opened and its header checked through the host when planned, and the payload
+    /// checksum verified through a host read there when the verify mode asks for it; the engine
+    /// then moves only the payload. For a host destination a fresh file's header, payload and a
+    /// spare byte come in one vectored read, checked when the batch finishes.
+    pub(super) fn read_pipeline(
+        &self,
+        keys: &[BlockKey],
+        dests: &mut [Dest<'_>],
+    ) -> Vec<Result<Lookup>> {
         let (present, pinned) = self.pin_batch(keys);
         let mut plans: Vec<ReadPlan> = Vec::with_capacity(keys.len());
-        for ((k, p), b) in keys.iter().zip(present).zip(bufs.iter_mut()) {
-            plans.push(match p {
-                Err(e) => ReadPlan::Done(Err(e)),
-                Ok(true) => {
-                    let b = b.as_mut();
-                    self.plan_read(k, b.len(), b.as_ptr() as usize)
-                }
-                Ok(false) => ReadPlan::Done(Ok(Lookup::Miss)),
+        for ((k, p), d) in keys.iter().zip(present).zip(dests.iter()) {
+            plans.push(match (p, d) {
+                (Err(e), _) => ReadPlan::Done(Err(e)),
+                (Ok(false), _) => ReadPlan::Done(Ok(Lookup::Miss)),
+                (Ok(true), Dest::Host(b)) => self.plan_read(k, b.len(), b.as_ptr() as usize),
+                (Ok(true), Dest::Device(_)) => self.plan_device_read(k, d.len()),
             });
         }
 
         let mut owners = Vec::with_capacity(keys.len());
         let io_results = {
             let mut reqs = Vec::with_capacity(keys.len());
-            for (i, (plan, buf)) in plans.iter_mut().zip(bufs.iter_mut()).enumerate() {
-                let buf = buf.as_mut();
+            for (i, (plan, dest)) in plans.iter_mut().zip(dests.iter_mut()).enumerate() {
+                let buf = match dest {
+                    Dest::Host(b) => &mut **b,
+                    Dest::Device(mem) => {
+                        if let ReadPlan::Cached { block, .. } = plan {
+                            let len = block.header.payload_len as usize;
+                            reqs.push(
+                                IoRequest::read_device(
+                                    block.fd.as_fd(),
+                                    PAYLOAD_OFFSET,
+                                    mem.prefix(len),
+                                )
+                                .on_cached_file()
+                                .with_file_len(block.header.file_len()),
+                            );
+                            owners.push(i);
+                        }
+                        continue;
+                    }
+                };
                 let req = match plan {
                     ReadPlan::Done(_) => continue,
                     ReadPlan::Cached { block, bounce } => match bounce {
@@ -154,7 +204,10 @@ impl Inner {
             .collect();
         for (i, io) in owners.into_iter().zip(io_results) {
             let plan = std::mem::replace(&mut plans[i], ReadPlan::Done(Ok(Lookup::Miss)));
-            results[i] = Some(self.finish_read(&keys[i], plan, bufs[i].as_mut(), io));
+            results[i] = Some(match &mut dests[i] {
+                Dest::Host(buf) => self.finish_read(&keys[i], plan, buf, io),
+                Dest::Device(_) => self.finish_device_read(&keys[i], plan, io),
+            });
         }
         let results: Vec<Result<Lookup>> = results
             .into_iter()
