@@ -138,7 +138,7 @@ impl Inner {
                 have: buf_len,
             }));
         }
-        let check = match self.verify {
+        let check = match self.opts.verify {
             VerifyMode::Always => true,
             VerifyMode::Never => false,
             VerifyMode::OnOpen => !block.verified.load(Ordering::Relaxed),

@@ -134,29 +134,51 @@ impl Drop for OpenGuard {
 #[derive(Debug)]
 struct Inner {
     worker: WorkerId,
+    layout: Layout,
     /// Every file operation goes through it.
     ns: BlockDir,
-    /// True when this store holds the worker lock (not in read-only mode).
-    locked: bool,
-    read_only: bool,
-    layout: Layout,
+    /// Every data transfer goes through it.
+    engine: Arc<dyn IoEngine>,
+    /// Open descriptors of block files.
+    fds: FdCache,
+    /// What is stored, capacity, chains, the policy.
+    index: Index,
+    /// Orders a key's publication against its eviction and removal.
+    stripes: Box<[Mutex<()>]>,
+    /// Aligned bounce buffers for O_DIRECT, reused.
+    bufs: std::sync::Arc<crate::buf::BufPool>,
+    opts: IoOptions,
+    publish: Publisher,
+    threads: Background,
+    counters: Counters,
+}
+
+/// How the store reads and writes, fixed when it opens.
+#[derive(Clone, Copy, Debug)]
+struct IoOptions {
     verify: VerifyMode,
     direct: bool,
     sync_writes: bool,
     max_block: usize,
-    engine: Arc<dyn IoEngine>,
-    fds: FdCache,
-    /// Aligned bounce buffers for O_DIRECT, reused.
-    bufs: std::sync::Arc<crate::buf::BufPool>,
-    index: Index,
-    stripes: Box<[Mutex<()>]>,
-    evictor: Mutex<Option<Evictor>>,
-    stats_writer: Mutex<Option<StatsWriter>>,
-    stats_interval: std::time::Duration,
-    counters: Counters,
+    read_only: bool,
+    /// True when this store holds the worker lock (not in read-only mode).
+    locked: bool,
+}
+
+/// How puts publish: what the filesystem turned out to support, and the temp-name sequence.
+#[derive(Debug)]
+struct Publisher {
     tmpfile: AtomicBool,
     link_empty_path: AtomicBool,
     temp_seq: AtomicU64,
+}
+
+/// The store's background threads.
+#[derive(Debug)]
+struct Background {
+    evictor: Mutex<Option<Evictor>>,
+    stats_writer: Mutex<Option<StatsWriter>>,
+    stats_interval: std::time::Duration,
 }
 
 impl Inner {
@@ -164,12 +186,14 @@ impl Inner {
     /// counters and releases the worker lock.
     fn close(&self) {
         let evictor = self
+            .threads
             .evictor
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
         drop(evictor);
         let writer = self
+            .threads
             .stats_writer
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -177,9 +201,9 @@ impl Inner {
         if writer.is_some() {
             drop(writer);
             // The last snapshot, marked closed.
-            self.write_live_stats(false, self.stats_interval);
+            self.write_live_stats(false, self.threads.stats_interval);
         }
-        if self.locked {
+        if self.opts.locked {
             if let Err(e) = self.ns.unlock() {
                 tracing::warn!(error = %e, "could not release the worker lock");
             }
@@ -360,26 +384,32 @@ impl Store {
         let stats_interval = config.stats_interval.filter(|_| !read_only);
         let inner = Arc::new(Inner {
             worker,
-            ns,
-            locked: !read_only,
-            read_only,
             layout,
-            verify: config.verify,
-            direct: config.direct_io,
-            sync_writes: config.sync_writes,
-            max_block: config.max_block_size(),
+            ns,
             engine,
             fds: FdCache::new(fd_cap),
-            bufs: crate::buf::BufPool::new(64 << 20),
             index,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
-            stats_writer: Mutex::new(None),
-            stats_interval: stats_interval.unwrap_or_default(),
-            evictor: Mutex::new(None),
+            bufs: crate::buf::BufPool::new(64 << 20),
+            opts: IoOptions {
+                verify: config.verify,
+                direct: config.direct_io,
+                sync_writes: config.sync_writes,
+                max_block: config.max_block_size(),
+                read_only,
+                locked: !read_only,
+            },
+            publish: Publisher {
+                tmpfile: AtomicBool::new(config.publish == Publish::Tmpfile),
+                link_empty_path: AtomicBool::new(true),
+                temp_seq: AtomicU64::new(0),
+            },
+            threads: Background {
+                evictor: Mutex::new(None),
+                stats_writer: Mutex::new(None),
+                stats_interval: stats_interval.unwrap_or_default(),
+            },
             counters,
-            tmpfile: AtomicBool::new(config.publish == Publish::Tmpfile),
-            link_empty_path: AtomicBool::new(true),
-            temp_seq: AtomicU64::new(0),
         });
         // The background threads; a failure to start one fails the open (the lock is released
         // as `inner` drops).
@@ -389,11 +419,19 @@ impl Store {
         };
         if !read_only && limits.is_bounded() && limits.high < 1.0 {
             let ev = Evictor::spawn(Arc::downgrade(&inner)).map_err(thread_err)?;
-            *inner.evictor.lock().unwrap_or_else(|e| e.into_inner()) = Some(ev);
+            *inner
+                .threads
+                .evictor
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(ev);
         }
         if let Some(i) = stats_interval {
             let w = StatsWriter::spawn(Arc::downgrade(&inner), i).map_err(thread_err)?;
-            *inner.stats_writer.lock().unwrap_or_else(|e| e.into_inner()) = Some(w);
+            *inner
+                .threads
+                .stats_writer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(w);
         }
         // Enforce the capacity on what the tree already holds.
         if !read_only {
@@ -404,7 +442,7 @@ impl Store {
             }
         }
         if stats_interval.is_some() {
-            inner.write_live_stats(true, inner.stats_interval);
+            inner.write_live_stats(true, inner.threads.stats_interval);
         }
         Ok(Store {
             _open: Arc::new(OpenGuard(inner.clone())),
@@ -424,7 +462,7 @@ impl Store {
 
     /// True if the store was opened read-only.
     pub fn is_read_only(&self) -> bool {
-        self.inner.read_only
+        self.inner.opts.read_only
     }
 
     /// The layout in use.
@@ -698,7 +736,7 @@ impl Inner {
     }
 
     fn read_flags(&self) -> OFlags {
-        if self.direct {
+        if self.opts.direct {
             OFlags::RDONLY | OFlags::DIRECT
         } else {
             OFlags::RDONLY
@@ -713,7 +751,7 @@ impl Inner {
         replace: bool,
         after: Option<BlockHash>,
     ) -> Vec<Result<()>> {
-        if self.read_only {
+        if self.opts.read_only {
             return items
                 .iter()
                 .map(|_| {
@@ -768,7 +806,12 @@ impl Inner {
         }
         self.counters.put_latency.record(started.elapsed());
         if self.index.over_high() {
-            if let Some(ev) = &*self.evictor.lock().unwrap_or_else(|e| e.into_inner()) {
+            if let Some(ev) = &*self
+                .threads
+                .evictor
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+            {
                 ev.wake();
             }
         }
@@ -863,7 +906,7 @@ impl Inner {
     fn remove(&self, key: &BlockKey) -> Result<bool> {
         self.check_key(key)?;
         let rel = self.layout.rel_path(&key.hash);
-        if self.read_only {
+        if self.opts.read_only {
             return Err(Error::ReadOnly {
                 path: self.ns.path().to_path_buf(),
                 op: "remove",

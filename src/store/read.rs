@@ -160,7 +160,7 @@ impl Inner {
                             // O_DIRECT without a bounce reads whole aligned blocks (the
                             // kernel shortens the last one at the end of the file).
                             let len = block.header.payload_len as usize;
-                            let n = if self.direct { align_up(len) } else { len };
+                            let n = if self.opts.direct { align_up(len) } else { len };
                             IoRequest::read(
                                 block.fd.as_fd(),
                                 PAYLOAD_OFFSET,
@@ -320,7 +320,7 @@ impl Inner {
                 // O_DIRECT straight into the caller's buffer when it is aligned and holds the
                 // block rounded up to the alignment; else through a bounce buffer.
                 let fits = buf_addr % DIRECT_ALIGN == 0 && buf_len >= align_up(need);
-                let bounce = (self.direct && !fits).then(|| self.bufs.take(need));
+                let bounce = (self.opts.direct && !fits).then(|| self.bufs.take(need));
                 return ReadPlan::Cached { block, bounce };
             }
             Ok(None) => {}
@@ -336,7 +336,7 @@ impl Inner {
             }
             Ok(Opened::File(fd, st)) => {
                 let size = st.st_size as u64;
-                let (head, bounce) = if self.direct {
+                let (head, bounce) = if self.opts.direct {
                     (
                         Vec::new(),
                         Some(self.bufs.take(PAYLOAD_OFFSET as usize + buf_len + 1)),
@@ -396,7 +396,7 @@ impl Inner {
                 if let Some(b) = bounce {
                     buf[..len].copy_from_slice(&b[..len]);
                 }
-                let check = match self.verify {
+                let check = match self.opts.verify {
                     VerifyMode::Always => true,
                     VerifyMode::Never => false,
                     VerifyMode::OnOpen => !block.verified.load(Ordering::Relaxed),
@@ -472,7 +472,7 @@ impl Inner {
                 if let Some(b) = &bounce {
                     buf[..len].copy_from_slice(&b[PAYLOAD_OFFSET as usize..expect]);
                 }
-                let verified = self.verify != VerifyMode::Never;
+                let verified = self.opts.verify != VerifyMode::Never;
                 if verified && !header.verify(&buf[..len]) {
                     return Ok(self.corrupt(&key.hash, &rel, &fd, None, CorruptReason::Checksum));
                 }
@@ -510,7 +510,7 @@ impl Inner {
         // unlink; only the inode that was read is removed (a concurrent put may have
         // published a good block under the name).
         let _stripe = self.lock_stripe(self.stripe_of(hash));
-        if self.read_only {
+        if self.opts.read_only {
             self.index.forget(hash);
         } else if let Ok(judged) = rustix::fs::fstat(fd).map(|st| Inode::of(&st)) {
             match self.ns.unlink_file(rel.as_str(), Some(judged)) {

@@ -96,11 +96,11 @@ impl Inner {
             let (key, data) = (&items[i].0, &items[i].1);
             if let Err(e) = self.check_key(key) {
                 results[slot] = Some(Err(e));
-            } else if data.len() > self.max_block {
+            } else if data.len() > self.opts.max_block {
                 results[slot] = Some(Err(Error::TooLarge {
                     key: key.to_string(),
                     len: data.len(),
-                    max: self.max_block,
+                    max: self.opts.max_block,
                 }));
             } else {
                 valid.push(slot);
@@ -196,7 +196,7 @@ impl Inner {
                     over_victims.extend(self.index.commit(&plan.hash, bytes, offer));
                     Counters::add(&self.counters.puts, 1);
                     Counters::add(&self.counters.bytes_written, plan.len as u64);
-                    if self.sync_writes && !synced.contains(&plan.rel.dir()) {
+                    if self.opts.sync_writes && !synced.contains(&plan.rel.dir()) {
                         synced.push(plan.rel.dir());
                         self.sync_dir(plan);
                     }
@@ -267,7 +267,7 @@ impl Inner {
             rustix::fs::ftruncate(&plan.fd, total as u64)
                 .map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
         }
-        if self.sync_writes {
+        if self.opts.sync_writes {
             rustix::fs::fdatasync(&plan.fd).map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
         }
         let st = rustix::fs::fstat(&plan.fd).map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
@@ -307,20 +307,20 @@ impl Inner {
             None => [0; HEADER_LEN],
         };
         let rel = self.layout.rel_path(&key.hash);
-        let seq = self.temp_seq.fetch_add(1, Ordering::Relaxed);
+        let seq = self.publish.temp_seq.fetch_add(1, Ordering::Relaxed);
         let temp_name = format!(
             "{TEMP_PREFIX}{}.{}.{seq}",
             rel.file_name(),
             std::process::id()
         );
-        let direct = if self.direct {
+        let direct = if self.opts.direct {
             OFlags::DIRECT
         } else {
             OFlags::empty()
         };
         let mode = Mode::from_raw_mode(FILE_MODE);
         let (parent, fd, anonymous) = self.create_temp(&rel, &temp_name, direct, mode)?;
-        let bounce = data.host().filter(|_| self.direct).map(|data| {
+        let bounce = data.host().filter(|_| self.opts.direct).map(|data| {
             let total = PAYLOAD_OFFSET as usize + data.len();
             let mut b = self.bufs.take(total);
             b[..HEADER_LEN].copy_from_slice(&header);
@@ -368,7 +368,7 @@ impl Inner {
             Err(e) => return Err(dir_err(e)),
         };
         loop {
-            if self.tmpfile.load(Ordering::Relaxed) {
+            if self.publish.tmpfile.load(Ordering::Relaxed) {
                 match self.retry_emfile(|| self.ns.tmpfile_in(&parent, OFlags::RDWR | direct, mode))
                 {
                     Ok(fd) => return Ok((parent, fd, true)),
@@ -376,7 +376,7 @@ impl Inner {
                         tracing::info!(
                             "the filesystem has no O_TMPFILE: puts use named temp files"
                         );
-                        self.tmpfile.store(false, Ordering::Relaxed);
+                        self.publish.tmpfile.store(false, Ordering::Relaxed);
                         continue;
                     }
                     Err(e) => return Err(Error::from_io(self.path(rel.as_str()), io_err(e))),
@@ -401,14 +401,14 @@ impl Inner {
         parent: &Parent<'_>,
         name: &str,
     ) -> rustix::io::Result<()> {
-        if self.link_empty_path.load(Ordering::Relaxed) {
+        if self.publish.link_empty_path.load(Ordering::Relaxed) {
             match self.ns.link_in(fd.as_fd(), parent, name, false) {
                 // Without CAP_DAC_READ_SEARCH: link through /proc instead, from now on
                 // (unless that fails the same way: then the directory itself is missing).
                 Err(e @ (Errno::NOENT | Errno::PERM)) => {
                     let r = self.ns.link_in(fd.as_fd(), parent, name, true);
                     if !matches!(r, Err(Errno::NOENT | Errno::PERM)) {
-                        self.link_empty_path.store(false, Ordering::Relaxed);
+                        self.publish.link_empty_path.store(false, Ordering::Relaxed);
                         return r;
                     }
                     return Err(e);
