@@ -1132,3 +1132,48 @@ fn item20_error_hygiene() {
     let mut bufs = vec![vec![0u8; 1000]; 4];
     assert_eq!(store.get_many(&ks, &mut bufs).len(), 4);
 }
+
+#[test]
+fn ns_faults_surface_as_errors_that_name_their_path() {
+    let root = tempfile::tempdir().unwrap();
+    let faults = Arc::new(NsFaults::new());
+    let store = Store::open_with(
+        root.path(),
+        worker("0"),
+        quiet().with_fd_cache(0),
+        Parts::new().with_ns_faults(faults.clone()),
+    )
+    .unwrap();
+    let ks = fill(&store, 4, 1000);
+    let mut buf = vec![0u8; 1000];
+    // EMFILE on open: the open-file cache shrinks and the open is retried.
+    faults.fail(NsOp::Open, rustix::io::Errno::MFILE, 0, 2);
+    assert!(store.get(&ks[0], &mut buf).unwrap().is_hit());
+    // EIO on open: an error naming the block's path, the block kept.
+    faults.fail(NsOp::Open, rustix::io::Errno::IO, 0, 1);
+    match store.get(&ks[1], &mut buf) {
+        Err(Error::Io { path, .. }) => assert_eq!(path, store.path_of(&ks[1].hash)),
+        other => panic!("{other:?}"),
+    }
+    assert!(store.get(&ks[1], &mut buf).unwrap().is_hit());
+    // EACCES on unlink: remove_many fails naming the path; the block stays readable.
+    faults.fail(NsOp::Unlink, rustix::io::Errno::ACCESS, 0, 1);
+    match &store.remove_many(&ks[2..3])[0] {
+        Err(Error::Io { path, source }) => {
+            assert_eq!(path, &store.path_of(&ks[2].hash));
+            assert_eq!(source.raw_os_error(), Some(libc::EACCES));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(store.get(&ks[2], &mut buf).unwrap().is_hit());
+    // EIO on rename: the put fails, its temp file is gone, the old block is kept.
+    faults.fail(NsOp::Rename, rustix::io::Errno::IO, 0, 1);
+    assert!(matches!(
+        store.put(&ks[3], &payload(3, 9, 1000)),
+        Err(Error::Io { .. })
+    ));
+    assert!(temp_files_under(store.dir()).is_empty());
+    assert!(store.get(&ks[3], &mut buf).unwrap().is_hit());
+    assert_eq!(buf, payload(3, 0, 1000));
+    assert!(faults.injected() >= 5);
+}
