@@ -139,6 +139,14 @@ fn hits_survive_a_restart_and_recency_comes_back() {
 #[cfg(feature = "tools")]
 const BENCH: &str = env!("CARGO_BIN_EXE_tierkv-bench");
 
+/// The bench, checking every byte it reads back (`--verify-data`): every test runs it so.
+#[cfg(feature = "tools")]
+fn bench() -> std::process::Command {
+    let mut c = std::process::Command::new(BENCH);
+    c.arg("--verify-data");
+    c
+}
+
 #[cfg(feature = "tools")]
 #[test]
 fn several_processes_share_a_root_safely() {
@@ -161,7 +169,7 @@ fn several_processes_share_a_root_safely() {
         .iter()
         .zip(["lru", "arc", "admit2"])
         .map(|(w, policy)| {
-            std::process::Command::new(BENCH)
+            bench()
                 .args([
                     "--rw",
                     "replay",

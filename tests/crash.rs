@@ -3,13 +3,20 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
 use tierkv::{Lookup, Store, StoreConfig};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_tierkv-bench");
+
+/// The bench, checking every byte it reads back (`--verify-data`): every test runs it so.
+fn bench() -> std::process::Command {
+    let mut c = std::process::Command::new(BENCH);
+    c.arg("--verify-data");
+    c
+}
 
 #[test]
 fn sigkill_mid_put_never_exposes_a_torn_block_tmpfile() {
@@ -46,7 +53,7 @@ fn sigkill_loop(publish: &str) {
     let mut saw_temp = 0;
     for round in 0..10 {
         // Overwrite 40 blocks of 256 KiB in a loop until killed.
-        let child = Command::new(BENCH)
+        let child = bench()
             .args([
                 "--rw",
                 "write",
