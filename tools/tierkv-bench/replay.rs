@@ -20,6 +20,16 @@ pub(crate) struct ReplayRun {
     /// Hits whose bytes were not the block's (`--verify-data`).
     verify_errors: u64,
     elapsed: Duration,
+    /// When the replay started and ended, milliseconds since the epoch (so runs in several
+    /// processes can be shown to overlap).
+    started_unix_ms: u64,
+    ended_unix_ms: u64,
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The store key of a trace's hash id.
@@ -92,6 +102,8 @@ pub(crate) fn replay(
         errors: 0,
         verify_errors: 0,
         elapsed: Duration::ZERO,
+        started_unix_ms: unix_ms(),
+        ended_unix_ms: 0,
     };
     let start = Instant::now();
     let mut pos = 0usize;
@@ -157,6 +169,7 @@ pub(crate) fn replay(
         }
     }
     run.elapsed = start.elapsed();
+    run.ended_unix_ms = unix_ms();
     Ok(run)
 }
 
@@ -195,6 +208,8 @@ pub(crate) fn report_replay(
                 "evictions": s.evictions,
                 "not_admitted": s.not_admitted,
                 "elapsed_s": secs,
+                "started_unix_ms": r.started_unix_ms,
+                "ended_unix_ms": r.ended_unix_ms,
                 "requests_per_sec": r.requests as f64 / secs,
                 "blocks_per_sec": r.refs as f64 / secs,
                 "dir": root.display().to_string(),
