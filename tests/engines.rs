@@ -221,3 +221,105 @@ fn nixl_keeps_file_registrations_with_cached_descriptors() {
     drop(store);
     assert_eq!(engine.kept_file_registrations(), 0);
 }
+
+/// An engine that records the open flags of every request's descriptor (from
+/// `/proc/self/fdinfo`, as the kernel holds them) before passing the batch on.
+#[derive(Debug)]
+struct FlagSpy {
+    inner: Arc<dyn IoEngine>,
+    /// (is a write, the descriptor's flags) per request.
+    seen: std::sync::Mutex<Vec<(bool, u32)>>,
+}
+
+/// The `flags:` of `/proc/self/fdinfo/<fd>` (octal).
+fn fd_flags(fd: i32) -> u32 {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap();
+    let line = info.lines().find(|l| l.starts_with("flags:")).unwrap();
+    u32::from_str_radix(line.split_whitespace().nth(1).unwrap(), 8).unwrap()
+}
+
+impl IoEngine for FlagSpy {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn submit(&self, batch: &mut [tierkv::engine::IoRequest<'_>]) -> Vec<std::io::Result<usize>> {
+        use std::os::fd::AsRawFd;
+        let mut seen = self.seen.lock().unwrap();
+        for r in batch.iter() {
+            seen.push((r.is_write(), fd_flags(r.fd.as_raw_fd())));
+        }
+        drop(seen);
+        self.inner.submit(batch)
+    }
+    fn moves_device_memory(&self) -> bool {
+        self.inner.moves_device_memory()
+    }
+    fn forget_file(&self, fd: std::os::fd::BorrowedFd<'_>) {
+        self.inner.forget_file(fd)
+    }
+}
+
+/// `direct_io` puts `O_DIRECT` on the descriptor of every read and write each engine is
+/// given (and off without it); `sync_writes` `fdatasync`s each put (the store's `syncs`).
+#[test]
+fn direct_io_reaches_the_descriptor_and_sync_writes_sync_for_every_engine() {
+    let o_direct = libc::O_DIRECT as u32;
+    for (name, engine) in engines() {
+        for (direct, sync) in [(false, false), (true, true), (true, false), (false, true)] {
+            let spy = Arc::new(FlagSpy {
+                inner: engine.clone(),
+                seen: Default::default(),
+            });
+            // On the target directory's filesystem (tmpfs may refuse O_DIRECT).
+            let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+            for fd_cache in [0usize, 64] {
+                let store = store_with(
+                    dir.path(),
+                    spy.clone(),
+                    StoreConfig::new()
+                        .with_direct_io(direct)
+                        .with_sync_writes(sync)
+                        .with_fd_cache(fd_cache),
+                );
+                let ks = keys(&store, 3);
+                for (i, k) in ks.iter().enumerate() {
+                    store
+                        .put(k, &payload(i as u64, 1, 10_000 * (i + 1)))
+                        .unwrap();
+                }
+                let mut b = vec![0u8; 30_000];
+                for _ in 0..2 {
+                    for (i, k) in ks.iter().enumerate() {
+                        assert_eq!(
+                            store.get(k, &mut b).unwrap(),
+                            Lookup::Hit(10_000 * (i + 1)),
+                            "{name}"
+                        );
+                    }
+                }
+                assert_eq!(
+                    store.stats().syncs,
+                    if sync { 3 } else { 0 },
+                    "{name} direct={direct} sync={sync}"
+                );
+            }
+            let seen = spy.seen.lock().unwrap();
+            let (writes, reads) = (
+                seen.iter().filter(|s| s.0).count(),
+                seen.iter().filter(|s| !s.0).count(),
+            );
+            assert!(
+                writes >= 6 && reads >= 12,
+                "{name}: {writes} writes, {reads} reads"
+            );
+            for &(write, flags) in seen.iter() {
+                assert_eq!(
+                    flags & o_direct != 0,
+                    direct,
+                    "{name}: a {} descriptor with flags {flags:o}, direct={direct}",
+                    if write { "write" } else { "read" }
+                );
+            }
+        }
+    }
+}

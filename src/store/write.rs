@@ -264,7 +264,10 @@ impl Inner {
                 .map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
         }
         if self.sync_writes {
-            rustix::fs::fdatasync(&plan.fd).map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
+            // Counted by the call's own success: a put that did not sync cannot count one.
+            rustix::fs::fdatasync(&plan.fd)
+                .map(|()| Counters::add(&self.counters.syncs, 1))
+                .map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
         }
         let st = rustix::fs::fstat(&plan.fd).map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
         Ok(st.st_blocks as u64 * 512)
