@@ -178,7 +178,7 @@ fn every_engine_runs() {
                 variants.push(("nixl", vec!["--nixl-posix-queue", q]));
             }
         } else {
-            eprintln!("skipped the nixl engine: no NIXL library (tools/fetch-nixl.sh)");
+            common::skip("the nixl engine: no NIXL library (tools/fetch-nixl.sh)");
         }
     }
     for (engine, extra) in variants {

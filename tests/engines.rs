@@ -32,7 +32,7 @@ fn extra_engines() -> Vec<(String, Arc<dyn IoEngine>)> {
                 std::env::var_os("TIERKV_REQUIRE_NIXL").is_none(),
                 "NIXL required but unavailable: {e}"
             );
-            eprintln!("skipped the nixl engine: {e}");
+            skip(&format!("the nixl engine: {e}"));
             vec![]
         }
     }
@@ -184,7 +184,7 @@ fn nixl_keeps_file_registrations_with_cached_descriptors() {
                 std::env::var_os("TIERKV_REQUIRE_NIXL").is_none(),
                 "NIXL required: {e}"
             );
-            eprintln!("skipped: {e}");
+            skip(&e.to_string());
             return;
         }
     };

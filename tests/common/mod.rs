@@ -73,6 +73,30 @@ pub fn check_all_blocks(dir: &Path) -> usize {
     oracle::check_tree(dir)
 }
 
+/// Records that the running test skips (all or part of itself): prints `SKIPPED <test>
+/// (<binary>): <reason>` and appends that line to `target/test-skips.txt`, which
+/// tools/test.sh prints (and clears) so that no skip goes unseen.
+pub fn skip(reason: &str) {
+    use std::io::Write;
+    let thread = std::thread::current();
+    let line = format!(
+        "SKIPPED {} ({}): {reason}",
+        thread.name().unwrap_or("?"),
+        env!("CARGO_CRATE_NAME")
+    );
+    eprintln!("{line}");
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .unwrap()
+        .join("test-skips.txt");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap();
+    writeln!(f, "{line}").unwrap();
+}
+
 /// The process umask, read without changing it.
 pub fn umask() -> u32 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -104,12 +128,12 @@ impl Tmpfs {
         if ok {
             return Some(Tmpfs { dir });
         }
-        let msg = format!("skipped: cannot mount a tmpfs (needs root) for {why}");
+        let msg = format!("cannot mount a tmpfs (needs root) for {why}");
         assert!(
             std::env::var_os("TIERKV_REQUIRE_PRIVILEGED_TESTS").is_none(),
             "{msg}"
         );
-        eprintln!("{msg}");
+        skip(&msg);
         None
     }
 
@@ -142,12 +166,12 @@ pub fn privileged(why: &str) -> bool {
     if rustix::process::geteuid().is_root() {
         return true;
     }
-    let msg = format!("skipped: needs root for {why}");
+    let msg = format!("needs root for {why}");
     assert!(
         std::env::var_os("TIERKV_REQUIRE_PRIVILEGED_TESTS").is_none(),
         "{msg}"
     );
-    eprintln!("{msg}");
+    skip(&msg);
     false
 }
 
