@@ -291,6 +291,34 @@ mod tests {
     }
 
     #[test]
+    fn level_names_are_every_shard_directory_of_a_level() {
+        for (fanout, w) in [(16u32, 1usize), (256, 2), (4096, 3)] {
+            let l = Layout::new(1, fanout).unwrap();
+            let names: Vec<String> = l.level_names().collect();
+            assert_eq!(names.len(), fanout as usize);
+            assert_eq!(names[0], "0".repeat(w));
+            assert_eq!(names[fanout as usize - 1], "f".repeat(w));
+            assert!(names.iter().all(|n| l.is_shard_dir(n)), "{fanout}");
+            let unique: std::collections::HashSet<_> = names.iter().collect();
+            assert_eq!(unique.len(), names.len());
+        }
+    }
+
+    #[test]
+    fn shard_dir_names_are_w_lower_case_hex_characters() {
+        let l = Layout::new(2, 256).unwrap();
+        for ok in ["00", "ab", "f9"] {
+            assert!(l.is_shard_dir(ok), "{ok}");
+        }
+        for bad in ["", "a", "abc", "AB", "g0", "a/", ".."] {
+            assert!(!l.is_shard_dir(bad), "{bad:?}");
+        }
+        assert!(Layout::new(1, 16).unwrap().is_shard_dir("e"));
+        assert!(!Layout::new(1, 16).unwrap().is_shard_dir("ee"));
+        assert!(Layout::new(1, 4096).unwrap().is_shard_dir("e0f"));
+    }
+
+    #[test]
     fn classify_names() {
         let hex = "0123456789abcdef".repeat(4);
         assert!(matches!(Layout::classify(&hex), EntryName::Block(_)));
@@ -311,6 +339,9 @@ mod tests {
         );
         assert_eq!(Layout::classify(".tmp.LAYOUT.1.22"), EntryName::ControlTemp);
         assert_eq!(Layout::classify(".tmp.layout.77"), EntryName::ControlTemp);
+        assert_eq!(Layout::classify(".tmp.layout."), EntryName::Foreign);
+        assert_eq!(Layout::classify(".tmp.layout.7x"), EntryName::Foreign);
+        assert_eq!(Layout::classify(".STATS.json.tmp"), EntryName::ControlTemp);
         assert_eq!(Layout::classify(".tmp.LAYOUT.1."), EntryName::Foreign);
         assert_eq!(Layout::classify(".tmp.notes.1.2"), EntryName::Foreign);
     }
