@@ -319,6 +319,17 @@ mod tests {
     }
 
     #[test]
+    fn names_of_layouts_and_directories() {
+        assert_eq!(
+            Layout::new(2, 256).unwrap().to_string(),
+            "depth 2 fan-out 256"
+        );
+        let w = WorkerId::new("rank0").unwrap();
+        assert_eq!(version_dir(Path::new("/r")), Path::new("/r/v1"));
+        assert_eq!(worker_dir(Path::new("/r"), &w), Path::new("/r/v1/rank0"));
+    }
+
+    #[test]
     fn classify_names() {
         let hex = "0123456789abcdef".repeat(4);
         assert!(matches!(Layout::classify(&hex), EntryName::Block(_)));
