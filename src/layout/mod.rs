@@ -284,6 +284,7 @@ mod tests {
         assert_eq!(two.as_str(), format!("ab/c0/{}", h.to_hex()));
         assert_eq!(two.dir(), "ab/c0");
         assert_eq!(two.file_name(), h.to_hex());
+        assert_eq!(format!("{two:?}"), two.as_str());
         let wide = Layout::new(1, 4096).unwrap().rel_path(&h);
         assert_eq!(wide.as_str(), format!("abc/{}", h.to_hex()));
         let deep = Layout::new(4, 4096).unwrap().rel_path(&h);
