@@ -302,6 +302,12 @@ fn direct_io_reaches_the_descriptor_and_sync_writes_sync_for_every_engine() {
                     if sync { 3 } else { 0 },
                     "{name} direct={direct} sync={sync}"
                 );
+                // Each put published into a directory that was then synced.
+                assert_eq!(
+                    store.stats().dir_syncs,
+                    if sync { 3 } else { 0 },
+                    "{name} direct={direct} sync={sync}"
+                );
             }
             let seen = spy.seen.lock().unwrap();
             let (writes, reads) = (
@@ -321,5 +327,37 @@ fn direct_io_reaches_the_descriptor_and_sync_writes_sync_for_every_engine() {
                 );
             }
         }
+    }
+}
+
+/// A sync batch syncs each directory it published into once (here: one flat directory).
+#[test]
+fn a_sync_batch_syncs_each_directory_once() {
+    for sync in [false, true] {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let store = Store::open(
+            dir.path(),
+            worker("w"),
+            StoreConfig::new()
+                .with_layout(tierkv::Layout::new(0, 256).unwrap())
+                .with_sync_writes(sync),
+        )
+        .unwrap();
+        let ks = keys(&store, 5);
+        let datas: Vec<Vec<u8>> = (0..5).map(|i| payload(i, 0, 100)).collect();
+        let items: Vec<_> = ks
+            .iter()
+            .cloned()
+            .zip(datas.iter().map(Vec::as_slice))
+            .collect();
+        for r in store.put_many(&items) {
+            r.unwrap();
+        }
+        let s = store.stats();
+        assert_eq!(
+            (s.syncs, s.dir_syncs),
+            if sync { (5, 1) } else { (0, 0) },
+            "sync={sync}"
+        );
     }
 }

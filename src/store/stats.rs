@@ -35,6 +35,9 @@ pub struct StoreStats {
     pub temp_swept: u64,
     /// Block files `fdatasync`ed before being published (`sync_writes`).
     pub syncs: u64,
+    /// Directories `fsync`ed after publishing into them (`sync_writes`: once per directory
+    /// per batch).
+    pub dir_syncs: u64,
     /// Block files found when the store was opened.
     pub blocks_at_open: u64,
     /// Reads served through a cached descriptor.
@@ -183,6 +186,7 @@ pub(crate) struct Counters {
     pub foreign: AtomicU64,
     pub temp_swept: AtomicU64,
     pub syncs: AtomicU64,
+    pub dir_syncs: AtomicU64,
     pub blocks_at_open: AtomicU64,
     pub fd_hits: AtomicU64,
     pub fd_misses: AtomicU64,

@@ -440,7 +440,9 @@ impl Inner {
     }
 
     fn sync_dir(&self, plan: &WritePlan<'_>) {
-        if let Err(e) = rustix::fs::fsync(&plan.parent) {
+        if let Err(e) =
+            rustix::fs::fsync(&plan.parent).map(|()| Counters::add(&self.counters.dir_syncs, 1))
+        {
             tracing::warn!(dir = %self.path(plan.rel.dir()).display(), error = %e, "fsync of directory failed");
         }
     }
