@@ -305,3 +305,34 @@ fn a_second_process_opening_the_same_worker_is_refused() {
     Store::open(dir.path(), worker("other"), StoreConfig::default()).unwrap();
     drop(child);
 }
+
+/// A batch larger than a byte capacity writes only the prefix that fits: room is made from
+/// each block's estimated size before anything is written, so the blocks that do not fit are
+/// never written (not written, then evicted).
+#[test]
+fn a_batch_over_the_byte_capacity_writes_only_what_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    // Four block files of a 100-byte payload (4,196 bytes: two 4 KiB blocks each).
+    let store = Store::open(
+        dir.path(),
+        worker("w"),
+        StoreConfig::new()
+            .with_capacity_bytes(4 * 8192)
+            .with_watermarks(1.0, 1.0),
+    )
+    .unwrap();
+    let ks = keys(&store, 8);
+    let datas: Vec<Vec<u8>> = (0..8).map(|i| payload(i, 0, 100)).collect();
+    let items: Vec<_> = ks
+        .iter()
+        .cloned()
+        .zip(datas.iter().map(Vec::as_slice))
+        .collect();
+    for r in store.put_many(&items) {
+        r.unwrap();
+    }
+    let s = store.stats();
+    assert_eq!((s.puts, s.evictions), (4, 0), "{s:?}");
+    assert_eq!(store.contains_prefix(&ks).unwrap(), 4);
+    assert_eq!(check_all_blocks(store.dir()), 4);
+}
