@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use common::*;
 use tierkv::engine::{EngineKind, IoEngine};
-use tierkv::{Error, Lookup, Store, StoreConfig};
+use tierkv::{Error, Lookup, Publish, Store, StoreConfig};
 
 /// The engines this machine can run. io_uring is required here (the kernel of this project's
 /// machines allows it); CI fails rather than silently testing fewer engines.
@@ -227,8 +227,8 @@ fn nixl_keeps_file_registrations_with_cached_descriptors() {
 #[derive(Debug)]
 struct FlagSpy {
     inner: Arc<dyn IoEngine>,
-    /// (is a write, the descriptor's flags) per request.
-    seen: std::sync::Mutex<Vec<(bool, u32)>>,
+    /// (is a write, the descriptor's flags, what `/proc/self/fd/<fd>` names) per request.
+    seen: std::sync::Mutex<Vec<(bool, u32, String)>>,
 }
 
 /// The `flags:` of `/proc/self/fdinfo/<fd>` (octal).
@@ -246,7 +246,9 @@ impl IoEngine for FlagSpy {
         use std::os::fd::AsRawFd;
         let mut seen = self.seen.lock().unwrap();
         for r in batch.iter() {
-            seen.push((r.is_write(), fd_flags(r.fd.as_raw_fd())));
+            let fd = r.fd.as_raw_fd();
+            let target = std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap();
+            seen.push((r.is_write(), fd_flags(fd), target.display().to_string()));
         }
         drop(seen);
         self.inner.submit(batch)
@@ -260,12 +262,19 @@ impl IoEngine for FlagSpy {
 }
 
 /// `direct_io` puts `O_DIRECT` on the descriptor of every read and write each engine is
-/// given (and off without it); `sync_writes` `fdatasync`s each put (the store's `syncs`).
+/// given (and off without it); `sync_writes` `fdatasync`s each put (the store's `syncs`);
+/// each publish mode writes what it says (a named temp file, or an anonymous inode).
 #[test]
 fn direct_io_reaches_the_descriptor_and_sync_writes_sync_for_every_engine() {
     let o_direct = libc::O_DIRECT as u32;
+    let cases = [
+        (false, false, Publish::Rename),
+        (true, true, Publish::Rename),
+        (true, false, Publish::Tmpfile),
+        (false, true, Publish::Tmpfile),
+    ];
     for (name, engine) in engines() {
-        for (direct, sync) in [(false, false), (true, true), (true, false), (false, true)] {
+        for (direct, sync, publish) in cases {
             let spy = Arc::new(FlagSpy {
                 inner: engine.clone(),
                 seen: Default::default(),
@@ -279,6 +288,7 @@ fn direct_io_reaches_the_descriptor_and_sync_writes_sync_for_every_engine() {
                     StoreConfig::new()
                         .with_direct_io(direct)
                         .with_sync_writes(sync)
+                        .with_publish(publish)
                         .with_fd_cache(fd_cache),
                 );
                 let ks = keys(&store, 3);
@@ -310,6 +320,12 @@ fn direct_io_reaches_the_descriptor_and_sync_writes_sync_for_every_engine() {
                 );
             }
             let seen = spy.seen.lock().unwrap();
+            if publish == Publish::Tmpfile {
+                assert!(
+                    seen.iter().any(|s| s.0 && s.2.ends_with("(deleted)")),
+                    "{name}: no put wrote an O_TMPFILE inode: {seen:?}"
+                );
+            }
             let (writes, reads) = (
                 seen.iter().filter(|s| s.0).count(),
                 seen.iter().filter(|s| !s.0).count(),
@@ -318,7 +334,17 @@ fn direct_io_reaches_the_descriptor_and_sync_writes_sync_for_every_engine() {
                 writes >= 6 && reads >= 12,
                 "{name}: {writes} writes, {reads} reads"
             );
-            for &(write, flags) in seen.iter() {
+            for (write, flags, target) in seen.iter() {
+                let (write, flags) = (*write, *flags);
+                if write {
+                    // The first put of a block: an O_TMPFILE inode has no name yet.
+                    let anonymous = target.ends_with("(deleted)");
+                    let named = target.contains("/.tmp.");
+                    match publish {
+                        Publish::Tmpfile => assert!(anonymous || named, "{name}: {target}"),
+                        _ => assert!(named, "{name}: a rename put wrote {target}"),
+                    }
+                }
                 assert_eq!(
                     flags & o_direct != 0,
                     direct,
