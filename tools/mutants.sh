@@ -28,7 +28,8 @@ tests_for() {
     src/format/*) echo "--lib --test oracle" ;;
     src/key.rs) echo "--lib --test oracle" ;;
     src/layout/*) echo "--lib --test oracle --test semantics" ;;
-    src/store/write.rs | src/store/read.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test device --test capacity" ;;
+    src/store/write.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test device --test capacity" ;;
+    src/store/read.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test device" ;;
     src/store/sweep.rs) echo "--lib --test oracle --test semantics --test hostile" ;;
     *) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity" ;;
   esac
