@@ -666,3 +666,45 @@ fn stats_count_fd_cache_use() {
         (0, 2, 0)
     );
 }
+
+/// Keys and buffers that do not pair up fail every key of the batch (and read nothing).
+#[test]
+fn a_batch_with_more_keys_than_buffers_fails_every_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), "w");
+    let ks = keys(&store, 3);
+    for (i, k) in ks.iter().enumerate() {
+        store.put(k, &payload(i as u64, 0, 100)).unwrap();
+    }
+    let mut a = vec![0u8; 100];
+    let mut b = vec![0u8; 100];
+    let res = store.get_many(&ks, &mut [&mut a[..], &mut b[..]]);
+    assert_eq!(res.len(), 3);
+    for r in res {
+        assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
+    }
+    assert_eq!((a, b), (vec![0u8; 100], vec![0u8; 100]), "nothing was read");
+}
+
+/// A cached descriptor whose file changed length in place (not replaced: the same inode; here
+/// it grew, so the payload's bytes are still all there) is corrupt: a miss, and the file is
+/// removed.
+#[test]
+fn a_cached_file_resized_in_place_is_a_miss() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), "w");
+    let k = store.key(hash(1));
+    store.put(&k, &payload(1, 0, 10_000)).unwrap();
+    let mut b = vec![0u8; 10_000];
+    assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Hit(10_000));
+    let p = store.path_of(&k.hash);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(4096 + 10_000 + 100)
+        .unwrap();
+    assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Miss);
+    assert_eq!(store.stats().corrupt, 1);
+    assert!(!p.exists());
+}
