@@ -708,3 +708,25 @@ fn a_cached_file_resized_in_place_is_a_miss() {
     assert_eq!(store.stats().corrupt, 1);
     assert!(!p.exists());
 }
+
+/// With `verify: always`, reads through a cached descriptor hash the payload too, and a
+/// block that verifies is served every time.
+#[test]
+fn verify_always_serves_a_good_cached_block_every_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        worker("w"),
+        StoreConfig::new().with_verify(VerifyMode::Always),
+    )
+    .unwrap();
+    let k = store.key(hash(1));
+    store.put(&k, &payload(1, 0, 5000)).unwrap();
+    let mut b = vec![0u8; 5000];
+    for _ in 0..3 {
+        assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Hit(5000));
+        assert_eq!(b, payload(1, 0, 5000));
+    }
+    let s = store.stats();
+    assert_eq!((s.fd_cache_hits, s.corrupt), (2, 0));
+}
