@@ -231,6 +231,22 @@ mod tests {
     }
 
     #[test]
+    fn how_keys_print_and_parse() {
+        let w: WorkerId = "rank0".parse().unwrap();
+        assert_eq!(w, WorkerId::new("rank0").unwrap());
+        assert!("a/b".parse::<WorkerId>().is_err());
+        assert_eq!(w.to_string(), "rank0");
+        assert_eq!(format!("{w:?}"), "WorkerId(\"rank0\")");
+        let h = BlockHash::from([0xab; 32]);
+        assert_eq!(h.0, [0xab; 32]);
+        assert_eq!(h.to_string(), "ab".repeat(32));
+        assert_eq!(format!("{h:?}"), format!("BlockHash({})", "ab".repeat(32)));
+        let k = BlockKey::new(w.clone(), h);
+        assert_eq!((k.worker.clone(), k.hash), (w, h));
+        assert_eq!(k.to_string(), format!("rank0/{}", "ab".repeat(32)));
+    }
+
+    #[test]
     fn equal_prefixes_equal_keys() {
         let a: Vec<u32> = (0..64).collect();
         let mut b = a.clone();

@@ -1,8 +1,17 @@
 //! tierkv-bench: a short run of each mode, separate write and read processes, bad input.
 
+mod common;
+
 use std::process::Command;
 
 const BENCH: &str = env!("CARGO_BIN_EXE_tierkv-bench");
+
+/// The bench, checking every byte it reads back (`--verify-data`): every test runs it so.
+fn bench() -> std::process::Command {
+    let mut c = std::process::Command::new(BENCH);
+    c.arg("--verify-data");
+    c
+}
 
 /// The words of a command line (no quoting: arguments here hold no spaces).
 fn words(line: &str) -> Vec<String> {
@@ -10,7 +19,7 @@ fn words(line: &str) -> Vec<String> {
 }
 
 fn run_json<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> serde_json::Value {
-    let out = Command::new(BENCH)
+    let out = bench()
         .args(args)
         .args(["--output-format", "json"])
         .output()
@@ -80,7 +89,7 @@ fn keep_keeps_the_temporary_directory() {
 
 #[test]
 fn normal_output_reads_like_fio() {
-    let out = Command::new(BENCH)
+    let out = bench()
         .args(["--rw", "randread", "--bs", "4k", "--nblocks", "20"])
         .output()
         .unwrap();
@@ -100,13 +109,13 @@ fn bad_options_exit_2_with_a_message() {
         &["--verify", "sometimes"],
         &["--no-such-option"],
     ] {
-        let out = Command::new(BENCH).args(args).output().unwrap();
+        let out = bench().args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(!out.stderr.is_empty());
     }
     // A bad worker id is refused before anything is created.
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(BENCH)
+    let out = bench()
         .args(["--worker", "../escape", "--dir"])
         .arg(dir.path())
         .output()
@@ -141,7 +150,7 @@ fn numjobs_share_one_store() {
         (Some(202), Some(0))
     );
     // Replay is one stream.
-    let out = Command::new(BENCH)
+    let out = bench()
         .args(["--rw", "replay", "--trace", "x", "--numjobs", "2"])
         .output()
         .unwrap();
@@ -169,7 +178,7 @@ fn every_engine_runs() {
                 variants.push(("nixl", vec!["--nixl-posix-queue", q]));
             }
         } else {
-            eprintln!("skipped the nixl engine: no NIXL library (tools/fetch-nixl.sh)");
+            common::skip("the nixl engine: no NIXL library (tools/fetch-nixl.sh)");
         }
     }
     for (engine, extra) in variants {
@@ -263,7 +272,7 @@ fn fio_style_modes_and_limits() {
         &["--rwmixread", "101"],
         &["--runtime", "0s"],
     ] {
-        let out = Command::new(BENCH).args(args).output().unwrap();
+        let out = bench().args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
     }
 }
@@ -335,7 +344,7 @@ fn workers_are_tensor_parallel_ranks() {
         (Some(150), Some(0))
     );
     // --workers and --worker contradict each other.
-    let out = Command::new(BENCH)
+    let out = bench()
         .args(["--workers", "2", "--worker", "7"])
         .output()
         .unwrap();
@@ -399,7 +408,7 @@ fn metadata_mode_measures_each_depth() {
     )));
     assert_eq!(r["depths"].as_array().unwrap().len(), 3);
     assert_eq!(std::fs::read_dir(fresh.path()).unwrap().count(), 0);
-    let out = Command::new(BENCH)
+    let out = bench()
         .args([
             "--dir",
             d,
@@ -419,7 +428,7 @@ fn metadata_mode_measures_each_depth() {
         String::from_utf8_lossy(&out.stderr)
     );
     // --layout-depths belongs to the metadata mode.
-    let out = Command::new(BENCH)
+    let out = bench()
         .args(["--rw", "randread", "--layout-depths", "0,1"])
         .output()
         .unwrap();
@@ -431,7 +440,7 @@ fn run_json_within<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(
     args: &[S],
     secs: u64,
 ) -> serde_json::Value {
-    let mut child = Command::new(BENCH)
+    let mut child = bench()
         .args(args)
         .args(["--output-format", "json"])
         .stdout(std::process::Stdio::piped())
@@ -493,7 +502,7 @@ fn job_splits_hold_at_the_edges() {
 fn a_bounded_run_reports_evictions() {
     let run = |format: &str| {
         let dir = tempfile::tempdir().unwrap();
-        let out = Command::new(BENCH)
+        let out = bench()
             .args([
                 "--dir",
                 dir.path().to_str().unwrap(),
@@ -566,7 +575,7 @@ fn the_main_job_says_what_it_measured() {
     assert!((0.0..=1.0).contains(&resident));
     assert!(!std::path::Path::new(r["dir"].as_str().unwrap()).exists());
 
-    let out = Command::new(BENCH)
+    let out = bench()
         .args(words("--bs 4k --nblocks 64"))
         .output()
         .unwrap();
@@ -597,7 +606,7 @@ fn the_main_job_says_what_it_measured() {
         );
     }
     // The defaults: one 16-token block of an 8B Llama, 256 of them (512 MiB).
-    let help = Command::new(BENCH).arg("--help").output().unwrap();
+    let help = bench().arg("--help").output().unwrap();
     let help = String::from_utf8(help.stdout).unwrap();
     assert!(help.contains("[default: 2MiB]"), "{help}");
     assert!(help.contains("[default: 256]"), "{help}");
@@ -615,7 +624,7 @@ fn sigint_reports_cleans_up_and_exits_130() {
 
 fn interrupt_with(signal: rustix::process::Signal) {
     let tmp = tempfile::tempdir().unwrap();
-    let child = Command::new(BENCH)
+    let child = bench()
         .args(words("--bs 4k --nblocks 64 --runtime 60s --progress never"))
         .env("TMPDIR", tmp.path())
         .stdout(std::process::Stdio::piped())
@@ -706,7 +715,7 @@ fn fio_spellings_and_refusals() {
         "--dir {d} --rw randread --bs 4k --nblocks 10 --direct=0"
     )));
     assert_eq!(r["direct"], false);
-    let out = Command::new(BENCH)
+    let out = bench()
         .args(words(&format!(
             "--dir {d} --rw read --bs 4k --nblocks 10 --runtime 100ms"
         )))
@@ -718,7 +727,7 @@ fn fio_spellings_and_refusals() {
         "{text}"
     );
     // The tree holds 4 KiB blocks: a 64 KiB read of it is refused, naming both sizes.
-    let out = Command::new(BENCH)
+    let out = bench()
         .args(words(&format!(
             "--dir {d} --rw randread --bs 64k --nblocks 10"
         )))
@@ -731,7 +740,7 @@ fn fio_spellings_and_refusals() {
         "{err}"
     );
     // --layout-fanout without --layout-depth would be ignored: refused.
-    let out = Command::new(BENCH)
+    let out = bench()
         .args(words("--layout-fanout 16 --bs 4k --nblocks 4"))
         .output()
         .unwrap();
@@ -746,6 +755,7 @@ fn failed_operations_are_errors_not_iops() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new("bash")
         .args(["-c", "trap '' XFSZ; ulimit -f 1; exec \"$0\" \"$@\"", BENCH])
+        .arg("--verify-data")
         .args(["--dir", dir.path().to_str().unwrap()])
         .args(words(
             "--rw write --bs 4k --nblocks 64 --output-format json",
@@ -771,6 +781,7 @@ fn sizes_beyond_memory_are_usage_errors() {
     let run = |shell: &str, args: &str| {
         let out = Command::new("bash")
             .args(["-c", &format!("{shell} exec \"$0\" \"$@\""), BENCH])
+            .arg("--verify-data")
             .args(words(args))
             .output()
             .unwrap();
@@ -802,4 +813,95 @@ fn sizes_beyond_memory_are_usage_errors() {
     );
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("longest request, 100000 blocks"), "{err}");
+}
+
+/// The hash the bench gives block `index` of `worker` (tools/tierkv-bench: `block_hash`).
+fn bench_block_hex(worker: &str, index: u64) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(b"tierkv-bench.v1");
+    h.update(worker.as_bytes());
+    h.update(&[0]);
+    h.update(&index.to_le_bytes());
+    h.finalize().to_hex().to_string()
+}
+
+/// Replaces `path` atomically (as a store would) by `bytes`.
+fn replace_behind_the_store(path: &std::path::Path, bytes: &[u8]) {
+    let tmp = path.with_extension("planted");
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+#[test]
+fn verify_data_fails_a_run_that_reads_a_stale_or_swapped_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let write = format!("--dir {d} --rw write --bs 8k --nblocks 20");
+    let read = format!("--dir {d} --rw read --bs 8k --nblocks 20 --no-layout");
+    // Generation 1 of every block; keep block 7's file (a valid block: header, checksum).
+    let w = run_json(&words(&write));
+    assert_eq!(w["verify_errors"], 0);
+    let wdir = dir.path().join("v1/0");
+    let hex7 = bench_block_hex("0", 7);
+    let p7 = common::oracle::block_path(&wdir, &hex7, 2, 2);
+    let stale = std::fs::read(&p7).unwrap();
+    common::oracle::check_block_bytes(&stale, &hex7).unwrap();
+    // Generation 2, read back whole.
+    run_json(&words(&write));
+    let r = run_json(&words(&read));
+    assert_eq!(
+        (r["hits"].as_u64(), r["verify_errors"].as_u64()),
+        (Some(20), Some(0))
+    );
+
+    // Generation 1 put back behind the store: valid for the store, stale for the bench.
+    replace_behind_the_store(&p7, &stale);
+    let out = bench()
+        .args(words(&read))
+        .args(["--output-format", "json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (r["hits"].as_u64(), r["verify_errors"].as_u64()),
+        (Some(20), Some(1)),
+        "{err}"
+    );
+    assert_eq!(r["corrupt"], 0, "the store took the file as valid");
+    assert!(
+        err.contains(p7.to_str().unwrap()) && err.contains("stale"),
+        "{err}"
+    );
+
+    // Block 3's payload in a valid block file of block 7: another block's data.
+    let hex3 = bench_block_hex("0", 3);
+    let b3 = std::fs::read(common::oracle::block_path(&wdir, &hex3, 2, 2)).unwrap();
+    replace_behind_the_store(&p7, &common::oracle::encode_block(&hex7, &b3[4096..]));
+    let out = bench().args(words(&read)).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("holds block 3's data"), "{err}");
+
+    // One byte of the payload changed, in a valid block file (correct checksum).
+    let mut torn = b3[4096..].to_vec();
+    torn[5000] ^= 1;
+    let hex3_path = common::oracle::block_path(&wdir, &hex3, 2, 2);
+    replace_behind_the_store(&hex3_path, &common::oracle::encode_block(&hex3, &torn));
+    let out = bench().args(words(&read)).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("byte 5000 differs"), "{err}");
+
+    // Without --verify-data, the same run passes (only the store's checks apply).
+    let out = std::process::Command::new(BENCH)
+        .args(words(&read))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -139,6 +139,14 @@ fn hits_survive_a_restart_and_recency_comes_back() {
 #[cfg(feature = "tools")]
 const BENCH: &str = env!("CARGO_BIN_EXE_tierkv-bench");
 
+/// The bench, checking every byte it reads back (`--verify-data`): every test runs it so.
+#[cfg(feature = "tools")]
+fn bench() -> std::process::Command {
+    let mut c = std::process::Command::new(BENCH);
+    c.arg("--verify-data");
+    c
+}
+
 #[cfg(feature = "tools")]
 #[test]
 fn several_processes_share_a_root_safely() {
@@ -161,7 +169,7 @@ fn several_processes_share_a_root_safely() {
         .iter()
         .zip(["lru", "arc", "admit2"])
         .map(|(w, policy)| {
-            std::process::Command::new(BENCH)
+            bench()
                 .args([
                     "--rw",
                     "replay",
@@ -177,18 +185,31 @@ fn several_processes_share_a_root_safely() {
                 .arg(&trace)
                 .arg("--dir")
                 .arg(&root)
-                .output()
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
                 .unwrap()
         })
         .collect();
-    for (w, out) in ["rank0", "rank1", "rank2"].iter().zip(children) {
+    // Every child was started before any is waited for.
+    let outs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let mut spans = Vec::new();
+    for (w, out) in ["rank0", "rank1", "rank2"].iter().zip(outs) {
         assert!(
             out.status.success(),
             "{w}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        spans.push((
+            r["started_unix_ms"].as_u64().unwrap(),
+            r["ended_unix_ms"].as_u64().unwrap(),
+        ));
         assert_eq!(r["errors"], 0, "{w}");
+        assert_eq!(r["verify_errors"], 0, "{w}");
         assert_eq!(
             r["read_misses"], 0,
             "{w}: a block present by the index failed to read"
@@ -202,4 +223,116 @@ fn several_processes_share_a_root_safely() {
         assert!(check_all_blocks(&wdir) <= 300, "{w}: bound held");
         assert!(temp_files_under(&wdir).is_empty());
     }
+    // They ran at the same time: the last to start started before the first to end ended.
+    let last_start = spans.iter().map(|s| s.0).max().unwrap();
+    let first_end = spans.iter().map(|s| s.1).min().unwrap();
+    assert!(
+        last_start < first_end,
+        "the three replays did not overlap: {spans:?}"
+    );
+}
+
+#[cfg(feature = "tools")]
+#[test]
+fn a_second_process_opening_the_same_worker_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    // A writer that keeps the worker open until killed.
+    let child = bench()
+        .args([
+            "--rw",
+            "write",
+            "--bs",
+            "4k",
+            "--nblocks",
+            "8",
+            "--loops",
+            "100000000",
+        ])
+        .args(["--worker", "w"])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Kill(child);
+    let pid = child.0.id();
+    // Until its .lock names it.
+    let lock = dir.path().join("v1/w/.lock");
+    let t = std::time::Instant::now();
+    while std::fs::read_to_string(&lock).map_or(true, |s| !s.starts_with(&format!("pid={pid}\n"))) {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(60),
+            "the writer never locked"
+        );
+        assert!(child.0.try_wait().unwrap().is_none(), "the writer exited");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    match Store::open(dir.path(), worker("w"), StoreConfig::default()) {
+        Err(tierkv::Error::WorkerBusy { holder, .. }) => {
+            assert!(holder.contains(&pid.to_string()), "{holder}")
+        }
+        Ok(_) => panic!("a second opener of a held worker got a store"),
+        Err(e) => panic!("a second opener of a held worker: {e}"),
+    }
+    // A second process too.
+    let out = bench()
+        .args([
+            "--rw",
+            "read",
+            "--bs",
+            "4k",
+            "--nblocks",
+            "8",
+            "--worker",
+            "w",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&pid.to_string()), "{err}");
+    // Another worker of the same root opens while it is held.
+    Store::open(dir.path(), worker("other"), StoreConfig::default()).unwrap();
+    drop(child);
+}
+
+/// A batch larger than a byte capacity writes only the prefix that fits: room is made from
+/// each block's estimated size before anything is written, so the blocks that do not fit are
+/// never written (not written, then evicted).
+#[test]
+fn a_batch_over_the_byte_capacity_writes_only_what_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    // Four block files of a 100-byte payload (4,196 bytes: two 4 KiB blocks each).
+    let store = Store::open(
+        dir.path(),
+        worker("w"),
+        StoreConfig::new()
+            .with_capacity_bytes(4 * 8192)
+            .with_watermarks(1.0, 1.0),
+    )
+    .unwrap();
+    let ks = keys(&store, 8);
+    let datas: Vec<Vec<u8>> = (0..8).map(|i| payload(i, 0, 100)).collect();
+    let items: Vec<_> = ks
+        .iter()
+        .cloned()
+        .zip(datas.iter().map(Vec::as_slice))
+        .collect();
+    for r in store.put_many(&items) {
+        r.unwrap();
+    }
+    let s = store.stats();
+    assert_eq!((s.puts, s.evictions), (4, 0), "{s:?}");
+    assert_eq!(store.contains_prefix(&ks).unwrap(), 4);
+    assert_eq!(check_all_blocks(store.dir()), 4);
 }

@@ -343,13 +343,13 @@ fn host_engines_refuse_device_memory_and_touch_nothing() {
 #[test]
 fn nixl_without_a_gpu_fails_device_requests_clearly() {
     if std::path::Path::new("/dev/nvidia0").exists() {
-        eprintln!("skipped: this machine has a GPU (tools/gds-roundtrip.sh tests GDS there)");
+        skip("this machine has a GPU (tools/gds-roundtrip.sh tests GDS there)");
         return;
     }
     let engine = match EngineKind::Nixl.build() {
         Ok(e) => e,
         Err(e) if std::env::var_os("TIERKV_REQUIRE_NIXL").is_none() => {
-            eprintln!("skipped: {e}");
+            skip(&e.to_string());
             return;
         }
         Err(e) => panic!("TIERKV_REQUIRE_NIXL is set and NIXL is missing: {e}"),

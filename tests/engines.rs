@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use common::*;
 use tierkv::engine::{EngineKind, IoEngine};
-use tierkv::{Error, Lookup, Store, StoreConfig};
+use tierkv::{Error, Lookup, Publish, Store, StoreConfig};
 
 /// The engines this machine can run. io_uring is required here (the kernel of this project's
 /// machines allows it); CI fails rather than silently testing fewer engines.
@@ -32,7 +32,7 @@ fn extra_engines() -> Vec<(String, Arc<dyn IoEngine>)> {
                 std::env::var_os("TIERKV_REQUIRE_NIXL").is_none(),
                 "NIXL required but unavailable: {e}"
             );
-            eprintln!("skipped the nixl engine: {e}");
+            skip(&format!("the nixl engine: {e}"));
             vec![]
         }
     }
@@ -184,7 +184,7 @@ fn nixl_keeps_file_registrations_with_cached_descriptors() {
                 std::env::var_os("TIERKV_REQUIRE_NIXL").is_none(),
                 "NIXL required: {e}"
             );
-            eprintln!("skipped: {e}");
+            skip(&e.to_string());
             return;
         }
     };
@@ -220,4 +220,170 @@ fn nixl_keeps_file_registrations_with_cached_descriptors() {
     assert_eq!(engine.kept_file_registrations(), 5);
     drop(store);
     assert_eq!(engine.kept_file_registrations(), 0);
+}
+
+/// An engine that records the open flags of every request's descriptor (from
+/// `/proc/self/fdinfo`, as the kernel holds them) before passing the batch on.
+#[derive(Debug)]
+struct FlagSpy {
+    inner: Arc<dyn IoEngine>,
+    /// (is a write, the descriptor's flags, what `/proc/self/fd/<fd>` names) per request.
+    seen: std::sync::Mutex<Vec<(bool, u32, String)>>,
+}
+
+/// The `flags:` of `/proc/self/fdinfo/<fd>` (octal).
+fn fd_flags(fd: i32) -> u32 {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap();
+    let line = info.lines().find(|l| l.starts_with("flags:")).unwrap();
+    u32::from_str_radix(line.split_whitespace().nth(1).unwrap(), 8).unwrap()
+}
+
+impl IoEngine for FlagSpy {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn submit(&self, batch: &mut [tierkv::engine::IoRequest<'_>]) -> Vec<std::io::Result<usize>> {
+        use std::os::fd::AsRawFd;
+        let mut seen = self.seen.lock().unwrap();
+        for r in batch.iter() {
+            let fd = r.fd.as_raw_fd();
+            let target = std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap();
+            seen.push((r.is_write(), fd_flags(fd), target.display().to_string()));
+        }
+        drop(seen);
+        self.inner.submit(batch)
+    }
+    fn moves_device_memory(&self) -> bool {
+        self.inner.moves_device_memory()
+    }
+    fn forget_file(&self, fd: std::os::fd::BorrowedFd<'_>) {
+        self.inner.forget_file(fd)
+    }
+}
+
+/// `direct_io` puts `O_DIRECT` on the descriptor of every read and write each engine is
+/// given (and off without it); `sync_writes` `fdatasync`s each put (the store's `syncs`);
+/// each publish mode writes what it says (a named temp file, or an anonymous inode).
+#[test]
+fn direct_io_reaches_the_descriptor_and_sync_writes_sync_for_every_engine() {
+    let o_direct = libc::O_DIRECT as u32;
+    let cases = [
+        (false, false, Publish::Rename),
+        (true, true, Publish::Rename),
+        (true, false, Publish::Tmpfile),
+        (false, true, Publish::Tmpfile),
+    ];
+    for (name, engine) in engines() {
+        for (direct, sync, publish) in cases {
+            let spy = Arc::new(FlagSpy {
+                inner: engine.clone(),
+                seen: Default::default(),
+            });
+            // On the target directory's filesystem (tmpfs may refuse O_DIRECT).
+            let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+            for fd_cache in [0usize, 64] {
+                let store = store_with(
+                    dir.path(),
+                    spy.clone(),
+                    StoreConfig::new()
+                        .with_direct_io(direct)
+                        .with_sync_writes(sync)
+                        .with_publish(publish)
+                        .with_fd_cache(fd_cache),
+                );
+                let ks = keys(&store, 3);
+                for (i, k) in ks.iter().enumerate() {
+                    store
+                        .put(k, &payload(i as u64, 1, 10_000 * (i + 1)))
+                        .unwrap();
+                }
+                let mut b = vec![0u8; 30_000];
+                for _ in 0..2 {
+                    for (i, k) in ks.iter().enumerate() {
+                        assert_eq!(
+                            store.get(k, &mut b).unwrap(),
+                            Lookup::Hit(10_000 * (i + 1)),
+                            "{name}"
+                        );
+                    }
+                }
+                assert_eq!(
+                    store.stats().syncs,
+                    if sync { 3 } else { 0 },
+                    "{name} direct={direct} sync={sync}"
+                );
+                // Each put published into a directory that was then synced.
+                assert_eq!(
+                    store.stats().dir_syncs,
+                    if sync { 3 } else { 0 },
+                    "{name} direct={direct} sync={sync}"
+                );
+            }
+            let seen = spy.seen.lock().unwrap();
+            if publish == Publish::Tmpfile {
+                assert!(
+                    seen.iter().any(|s| s.0 && s.2.ends_with("(deleted)")),
+                    "{name}: no put wrote an O_TMPFILE inode: {seen:?}"
+                );
+            }
+            let (writes, reads) = (
+                seen.iter().filter(|s| s.0).count(),
+                seen.iter().filter(|s| !s.0).count(),
+            );
+            assert!(
+                writes >= 6 && reads >= 12,
+                "{name}: {writes} writes, {reads} reads"
+            );
+            for (write, flags, target) in seen.iter() {
+                let (write, flags) = (*write, *flags);
+                if write {
+                    // The first put of a block: an O_TMPFILE inode has no name yet.
+                    let anonymous = target.ends_with("(deleted)");
+                    let named = target.contains("/.tmp.");
+                    match publish {
+                        Publish::Tmpfile => assert!(anonymous || named, "{name}: {target}"),
+                        _ => assert!(named, "{name}: a rename put wrote {target}"),
+                    }
+                }
+                assert_eq!(
+                    flags & o_direct != 0,
+                    direct,
+                    "{name}: a {} descriptor with flags {flags:o}, direct={direct}",
+                    if write { "write" } else { "read" }
+                );
+            }
+        }
+    }
+}
+
+/// A sync batch syncs each directory it published into once (here: one flat directory).
+#[test]
+fn a_sync_batch_syncs_each_directory_once() {
+    for sync in [false, true] {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let store = Store::open(
+            dir.path(),
+            worker("w"),
+            StoreConfig::new()
+                .with_layout(tierkv::Layout::new(0, 256).unwrap())
+                .with_sync_writes(sync),
+        )
+        .unwrap();
+        let ks = keys(&store, 5);
+        let datas: Vec<Vec<u8>> = (0..5).map(|i| payload(i, 0, 100)).collect();
+        let items: Vec<_> = ks
+            .iter()
+            .cloned()
+            .zip(datas.iter().map(Vec::as_slice))
+            .collect();
+        for r in store.put_many(&items) {
+            r.unwrap();
+        }
+        let s = store.stats();
+        assert_eq!(
+            (s.syncs, s.dir_syncs),
+            if sync { (5, 1) } else { (0, 0) },
+            "sync={sync}"
+        );
+    }
 }

@@ -80,14 +80,25 @@ fn every_layout_round_trips_and_paths_follow_the_scheme() {
         for (i, k) in ks.iter().enumerate() {
             store.put(k, &payload(i as u64, 1, 1000)).unwrap();
         }
+        // docs/format.md: fan-out 16, 256, 4096 take 1, 2, 3 hex characters per level.
+        let w = match fanout {
+            16 => 1,
+            256 => 2,
+            _ => 3,
+        };
         for (i, k) in ks.iter().enumerate() {
             let hex = k.hash.to_hex();
-            let w = layout.chars_per_level();
-            let mut expect = dir.path().join("v1").join("w");
-            for l in 0..depth as usize {
-                expect = expect.join(&hex[l * w..(l + 1) * w]);
-            }
-            expect = expect.join(&hex);
+            let expect =
+                oracle::block_path(&dir.path().join("v1").join("w"), &hex, depth as usize, w);
+            assert_eq!(
+                expect
+                    .strip_prefix(dir.path())
+                    .unwrap()
+                    .components()
+                    .count(),
+                3 + depth as usize
+            );
+
             assert_eq!(store.path_of(&k.hash), expect);
             assert!(expect.is_file(), "{}", expect.display());
             let mut b = vec![0u8; 1000];
@@ -654,4 +665,68 @@ fn stats_count_fd_cache_use() {
         (s.fd_cache_hits, s.fd_cache_misses, s.fd_cache_len),
         (0, 2, 0)
     );
+}
+
+/// Keys and buffers that do not pair up fail every key of the batch (and read nothing).
+#[test]
+fn a_batch_with_more_keys_than_buffers_fails_every_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), "w");
+    let ks = keys(&store, 3);
+    for (i, k) in ks.iter().enumerate() {
+        store.put(k, &payload(i as u64, 0, 100)).unwrap();
+    }
+    let mut a = vec![0u8; 100];
+    let mut b = vec![0u8; 100];
+    let res = store.get_many(&ks, &mut [&mut a[..], &mut b[..]]);
+    assert_eq!(res.len(), 3);
+    for r in res {
+        assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
+    }
+    assert_eq!((a, b), (vec![0u8; 100], vec![0u8; 100]), "nothing was read");
+}
+
+/// A cached descriptor whose file changed length in place (not replaced: the same inode; here
+/// it grew, so the payload's bytes are still all there) is corrupt: a miss, and the file is
+/// removed.
+#[test]
+fn a_cached_file_resized_in_place_is_a_miss() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), "w");
+    let k = store.key(hash(1));
+    store.put(&k, &payload(1, 0, 10_000)).unwrap();
+    let mut b = vec![0u8; 10_000];
+    assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Hit(10_000));
+    let p = store.path_of(&k.hash);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(4096 + 10_000 + 100)
+        .unwrap();
+    assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Miss);
+    assert_eq!(store.stats().corrupt, 1);
+    assert!(!p.exists());
+}
+
+/// With `verify: always`, reads through a cached descriptor hash the payload too, and a
+/// block that verifies is served every time.
+#[test]
+fn verify_always_serves_a_good_cached_block_every_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        worker("w"),
+        StoreConfig::new().with_verify(VerifyMode::Always),
+    )
+    .unwrap();
+    let k = store.key(hash(1));
+    store.put(&k, &payload(1, 0, 5000)).unwrap();
+    let mut b = vec![0u8; 5000];
+    for _ in 0..3 {
+        assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Hit(5000));
+        assert_eq!(b, payload(1, 0, 5000));
+    }
+    let s = store.stats();
+    assert_eq!((s.fd_cache_hits, s.corrupt), (2, 0));
 }

@@ -39,4 +39,14 @@ RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps --all-features
 echo "== the README example (examples/readme.rs)"
 cargo run -q --example readme
 echo "== tests"
+# Skipped tests append a line here (tests/common's `skip`): printed below, never silent.
+SKIPS=target/test-skips.txt
+rm -f "$SKIPS"
 cargo test -q --all-features
+if [ -s "$SKIPS" ]; then
+  echo "== skipped: $(wc -l <"$SKIPS") tests or parts of tests"
+  cat "$SKIPS"
+  rm -f "$SKIPS"
+else
+  echo "== skipped: none"
+fi

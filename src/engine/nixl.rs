@@ -789,6 +789,25 @@ impl NixlEngine {
 mod tests {
     use super::*;
 
+    /// Records a skip as tests/common's `skip` does: a `SKIPPED` line on stderr and in
+    /// `target/test-skips.txt`, which tools/test.sh prints.
+    fn skip(reason: &str) {
+        use std::io::Write;
+        let line = format!(
+            "SKIPPED {} (unit tests): {reason}",
+            std::thread::current().name().unwrap_or("?")
+        );
+        eprintln!("{line}");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/target/test-skips.txt");
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+
     #[test]
     fn plans_pair_segments_and_clamp_reads_at_end_of_file() {
         let reqs = vec![
@@ -899,7 +918,7 @@ mod tests {
             Ok(e) => e,
             Err(e) => {
                 assert!(std::env::var_os("TIERKV_REQUIRE_NIXL").is_none(), "{e}");
-                eprintln!("skipped: {e}");
+                skip(&e.to_string());
                 return;
             }
         };
@@ -927,7 +946,7 @@ mod tests {
                     "NIXL required: {e}"
                 );
                 assert!(e.to_string().contains("fetch-nixl.sh"), "{e}");
-                eprintln!("skipped: {e}");
+                skip(&e.to_string());
             }
         }
     }

@@ -186,7 +186,165 @@ mod tests {
         );
     }
 
+    /// Header fields as raw values, any of them possibly wrong.
+    #[derive(Debug, Clone)]
+    struct RawHeader {
+        version: u16,
+        header_len: u16,
+        flags: u32,
+        payload_offset: u32,
+        reserved_a: [u8; 4],
+        payload_len: u64,
+        checksum: [u8; 32],
+        key: [u8; 32],
+        reserved_b: [u8; 24],
+        /// Store a wrong header check (the first byte flipped).
+        bad_check: bool,
+    }
+
+    impl RawHeader {
+        /// The 128 bytes, with a valid magic and (unless `bad_check`) a valid header check,
+        /// laid out as docs/format.md gives them.
+        fn bytes(&self) -> [u8; HEADER_LEN] {
+            let mut b = [0u8; HEADER_LEN];
+            b[0..8].copy_from_slice(b"TKVBLOCK");
+            b[8..10].copy_from_slice(&self.version.to_le_bytes());
+            b[10..12].copy_from_slice(&self.header_len.to_le_bytes());
+            b[12..16].copy_from_slice(&self.flags.to_le_bytes());
+            b[16..20].copy_from_slice(&self.payload_offset.to_le_bytes());
+            b[20..24].copy_from_slice(&self.reserved_a);
+            b[24..32].copy_from_slice(&self.payload_len.to_le_bytes());
+            b[32..64].copy_from_slice(&self.checksum);
+            b[64..96].copy_from_slice(&self.key);
+            b[96..120].copy_from_slice(&self.reserved_b);
+            let check = *blake3::hash(&b[..120]).as_bytes();
+            b[120..128].copy_from_slice(&check[..8]);
+            if self.bad_check {
+                b[120] ^= 1;
+            }
+            b
+        }
+
+        /// What decode must say, in the order docs/format.md gives: version, header check,
+        /// then each field.
+        fn expected(&self) -> Result<Header, HeaderError> {
+            if self.version != 1 {
+                return Err(HeaderError::Version(self.version));
+            }
+            if self.bad_check {
+                return Err(HeaderError::HeaderCheck);
+            }
+            if self.header_len != 128 {
+                return Err(HeaderError::Field("header_len"));
+            }
+            if self.flags != 1 {
+                return Err(HeaderError::Field("flags"));
+            }
+            if self.payload_offset != 4096 {
+                return Err(HeaderError::Field("payload_offset"));
+            }
+            if self.reserved_a != [0; 4] || self.reserved_b != [0; 24] {
+                return Err(HeaderError::Field("reserved"));
+            }
+            if self.payload_len > u64::MAX - 4096 {
+                return Err(HeaderError::Field("payload_len"));
+            }
+            Ok(Header {
+                flags: 1,
+                payload_len: self.payload_len,
+                checksum: self.checksum,
+                key: BlockHash(self.key),
+            })
+        }
+    }
+
+    /// Mostly the valid value, sometimes a near miss, sometimes anything.
+    fn field<T: Arbitrary + Copy + std::fmt::Debug + 'static>(
+        valid: T,
+        near: Vec<T>,
+    ) -> BoxedStrategy<T> {
+        prop_oneof![
+            6 => Just(valid),
+            2 => proptest::sample::select(near),
+            1 => any::<T>(),
+        ]
+        .boxed()
+    }
+
+    fn one_byte_set<const N: usize>() -> BoxedStrategy<[u8; N]> {
+        prop_oneof![
+            6 => Just([0u8; N]),
+            2 => (0..N, 1u8..).prop_map(|(i, v)| {
+                let mut a = [0u8; N];
+                a[i] = v;
+                a
+            }),
+            1 => any::<[u8; N]>(),
+        ]
+        .boxed()
+    }
+
+    fn raw_header() -> impl Strategy<Value = RawHeader> {
+        (
+            field(1u16, vec![0, 2, 256, u16::MAX]),
+            field(128u16, vec![0, 64, 127, 129, 256, 128 + 256]),
+            field(1u32, vec![0, 2, 3, 1 << 31, 1 | 1 << 31, u32::MAX]),
+            field(4096u32, vec![0, 128, 4095, 4097, 8192, 4096 + (1 << 24)]),
+            one_byte_set::<4>(),
+            field(
+                100u64,
+                vec![0, 1 << 40, u64::MAX - 4096, u64::MAX - 4095, u64::MAX],
+            ),
+            any::<[u8; 32]>(),
+            any::<[u8; 32]>(),
+            one_byte_set::<24>(),
+            proptest::bool::weighted(0.1),
+        )
+            .prop_map(|t| RawHeader {
+                version: t.0,
+                header_len: t.1,
+                flags: t.2,
+                payload_offset: t.3,
+                reserved_a: t.4,
+                payload_len: t.5,
+                checksum: t.6,
+                key: t.7,
+                reserved_b: t.8,
+                bad_check: t.9,
+            })
+    }
+
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Structured fuzzing: a valid magic and header check around random fields; decode
+        /// gives exactly the error the document's order of checks gives.
+        #[test]
+        fn decode_gives_the_exact_error_for_each_field(h in raw_header()) {
+            let b = h.bytes();
+            prop_assert_eq!(Header::decode(&b), h.expected());
+            // The same with trailing bytes (a read of the first 4 KiB).
+            let mut long = b.to_vec();
+            long.resize(4096, 0);
+            prop_assert_eq!(Header::decode(&long), h.expected());
+            // And what decodes encodes back to the same bytes.
+            if let Ok(d) = Header::decode(&b) {
+                prop_assert_eq!(d.encode(), b);
+            }
+        }
+
+        #[test]
+        fn decode_truncated_is_truncated(h in raw_header(), cut in 0usize..HEADER_LEN) {
+            prop_assert_eq!(Header::decode(&h.bytes()[..cut]), Err(HeaderError::Truncated(cut)));
+        }
+
+        #[test]
+        fn decode_bad_magic(h in raw_header(), i in 0usize..8, x in 1u8..) {
+            let mut b = h.bytes();
+            b[i] ^= x;
+            prop_assert_eq!(Header::decode(&b), Err(HeaderError::BadMagic));
+        }
+
         #[test]
         fn decode_random_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = Header::decode(&bytes);

@@ -284,10 +284,50 @@ mod tests {
         assert_eq!(two.as_str(), format!("ab/c0/{}", h.to_hex()));
         assert_eq!(two.dir(), "ab/c0");
         assert_eq!(two.file_name(), h.to_hex());
+        assert_eq!(format!("{two:?}"), two.as_str());
         let wide = Layout::new(1, 4096).unwrap().rel_path(&h);
         assert_eq!(wide.as_str(), format!("abc/{}", h.to_hex()));
         let deep = Layout::new(4, 4096).unwrap().rel_path(&h);
         assert_eq!(deep.dir(), "abc/000/000/000");
+    }
+
+    #[test]
+    fn level_names_are_every_shard_directory_of_a_level() {
+        for (fanout, w) in [(16u32, 1usize), (256, 2), (4096, 3)] {
+            let l = Layout::new(1, fanout).unwrap();
+            let names: Vec<String> = l.level_names().collect();
+            assert_eq!(names.len(), fanout as usize);
+            assert_eq!(names[0], "0".repeat(w));
+            assert_eq!(names[fanout as usize - 1], "f".repeat(w));
+            assert!(names.iter().all(|n| l.is_shard_dir(n)), "{fanout}");
+            let unique: std::collections::HashSet<_> = names.iter().collect();
+            assert_eq!(unique.len(), names.len());
+        }
+    }
+
+    #[test]
+    fn shard_dir_names_are_w_lower_case_hex_characters() {
+        let l = Layout::new(2, 256).unwrap();
+        for ok in ["00", "ab", "f9"] {
+            assert!(l.is_shard_dir(ok), "{ok}");
+        }
+        for bad in ["", "a", "abc", "AB", "g0", "a/", ".."] {
+            assert!(!l.is_shard_dir(bad), "{bad:?}");
+        }
+        assert!(Layout::new(1, 16).unwrap().is_shard_dir("e"));
+        assert!(!Layout::new(1, 16).unwrap().is_shard_dir("ee"));
+        assert!(Layout::new(1, 4096).unwrap().is_shard_dir("e0f"));
+    }
+
+    #[test]
+    fn names_of_layouts_and_directories() {
+        assert_eq!(
+            Layout::new(2, 256).unwrap().to_string(),
+            "depth 2 fan-out 256"
+        );
+        let w = WorkerId::new("rank0").unwrap();
+        assert_eq!(version_dir(Path::new("/r")), Path::new("/r/v1"));
+        assert_eq!(worker_dir(Path::new("/r"), &w), Path::new("/r/v1/rank0"));
     }
 
     #[test]
@@ -311,6 +351,9 @@ mod tests {
         );
         assert_eq!(Layout::classify(".tmp.LAYOUT.1.22"), EntryName::ControlTemp);
         assert_eq!(Layout::classify(".tmp.layout.77"), EntryName::ControlTemp);
+        assert_eq!(Layout::classify(".tmp.layout."), EntryName::Foreign);
+        assert_eq!(Layout::classify(".tmp.layout.7x"), EntryName::Foreign);
+        assert_eq!(Layout::classify(".STATS.json.tmp"), EntryName::ControlTemp);
         assert_eq!(Layout::classify(".tmp.LAYOUT.1."), EntryName::Foreign);
         assert_eq!(Layout::classify(".tmp.notes.1.2"), EntryName::Foreign);
     }

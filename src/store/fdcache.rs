@@ -281,17 +281,20 @@ mod tests {
         let c = FdCache::new(0);
         c.insert(h(1), block());
         assert!(c.get(&h(1)).is_none());
+        assert_eq!(c.len(), 0, "a disabled cache holds nothing");
         let c = FdCache::new(1000);
         for i in 0..200u8 {
             c.insert(h(i), block());
         }
-        let before = c.len();
-        assert!(c.shrink() > 0);
-        assert!(c.len() <= before * 3 / 4);
-        assert!(c.capacity() <= before * 3 / 4);
-        let b = c.get(&h(199));
+        assert_eq!(c.len(), 200);
+        // Shrinks to three quarters of what it holds, evicting the least recently used.
+        assert_eq!(c.shrink(), 50);
+        assert_eq!((c.len(), c.capacity()), (150, 150));
+        assert!(c.get(&h(0)).is_none(), "the oldest entry was evicted");
+        assert!(c.get(&h(199)).is_some(), "the newest entry stays cached");
         c.invalidate(&h(199));
-        assert!(b.is_none() || c.get(&h(199)).is_none());
+        assert!(c.get(&h(199)).is_none(), "invalidate drops it");
+        assert_eq!(c.len(), 149);
     }
 
     #[test]

@@ -836,6 +836,8 @@ impl Inner {
             corrupt: g(&c.corrupt),
             foreign: g(&c.foreign),
             temp_swept: g(&c.temp_swept),
+            syncs: g(&c.syncs),
+            dir_syncs: g(&c.dir_syncs),
             blocks_at_open: g(&c.blocks_at_open),
             fd_cache_hits: g(&c.fd_hits),
             fd_cache_misses: g(&c.fd_misses),

@@ -33,6 +33,11 @@ pub struct StoreStats {
     pub foreign: u64,
     /// Temp files removed when the store was opened.
     pub temp_swept: u64,
+    /// Block files `fdatasync`ed before being published (`sync_writes`).
+    pub syncs: u64,
+    /// Directories `fsync`ed after publishing into them (`sync_writes`: once per directory
+    /// per batch).
+    pub dir_syncs: u64,
     /// Block files found when the store was opened.
     pub blocks_at_open: u64,
     /// Reads served through a cached descriptor.
@@ -180,6 +185,8 @@ pub(crate) struct Counters {
     pub corrupt: AtomicU64,
     pub foreign: AtomicU64,
     pub temp_swept: AtomicU64,
+    pub syncs: AtomicU64,
+    pub dir_syncs: AtomicU64,
     pub blocks_at_open: AtomicU64,
     pub fd_hits: AtomicU64,
     pub fd_misses: AtomicU64,

@@ -268,7 +268,10 @@ impl Inner {
                 .map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
         }
         if self.opts.sync_writes {
-            rustix::fs::fdatasync(&plan.fd).map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
+            // Counted by the call's own success: a put that did not sync cannot count one.
+            rustix::fs::fdatasync(&plan.fd)
+                .map(|()| Counters::add(&self.counters.syncs, 1))
+                .map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
         }
         let st = rustix::fs::fstat(&plan.fd).map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
         Ok(st.st_blocks as u64 * 512)
@@ -441,7 +444,9 @@ impl Inner {
     }
 
     fn sync_dir(&self, plan: &WritePlan<'_>) {
-        if let Err(e) = rustix::fs::fsync(&plan.parent) {
+        if let Err(e) =
+            rustix::fs::fsync(&plan.parent).map(|()| Counters::add(&self.counters.dir_syncs, 1))
+        {
             tracing::warn!(dir = %self.path(plan.rel.dir()).display(), error = %e, "fsync of directory failed");
         }
     }

@@ -30,6 +30,7 @@ mod common;
 mod metadata;
 mod replay;
 mod report;
+mod verify;
 
 use common::{BoxError, UsageError, parse_duration, parse_size};
 use report::{RankResult, human_bytes, report};
@@ -183,6 +184,11 @@ struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Normal)]
     output_format: OutputFormat,
+    /// Compare every byte of every hit with the payload its key and write generation give
+    /// (fio's --verify): a torn, stale or swapped block is a verify error, logged with its
+    /// path, and fails the run. Off by default (it costs a comparison per byte read).
+    #[arg(long)]
+    verify_data: bool,
 }
 
 /// Blocks per store call unless `--batch` says otherwise: one request's worth of 16-token
@@ -334,11 +340,10 @@ fn block_hash(worker: &str, index: u64) -> BlockHash {
     BlockHash(*h.finalize().as_bytes())
 }
 
-/// The payload of block `index`: a pattern with the index stamped in front.
-fn fill_block(buf: &mut [u8], index: u64) {
-    let stamp = index.to_le_bytes();
-    let n = buf.len().min(8);
-    buf[..n].copy_from_slice(&stamp[..n]);
+/// The payload of block `index` (hash `hash`) at write generation `generation`: stamps on
+/// [`verify::FILL`] bytes (see the verify module).
+fn fill_block(buf: &mut [u8], hash: &BlockHash, index: u64, generation: u64) {
+    verify::fill(buf, hash, index, generation);
 }
 
 /// One direction's figures, like fio's read and write sections.
@@ -389,6 +394,8 @@ struct Run {
     write: Dir,
     hits: u64,
     misses: u64,
+    /// Hits whose bytes were not the block's (`--verify-data`).
+    verify_errors: u64,
     elapsed: Duration,
 }
 
@@ -400,6 +407,7 @@ impl Run {
             write: Dir::new(),
             hits: 0,
             misses: 0,
+            verify_errors: 0,
             elapsed: Duration::ZERO,
         }
     }
@@ -410,6 +418,7 @@ impl Run {
         self.write.merge(&o.write);
         self.hits += o.hits;
         self.misses += o.misses;
+        self.verify_errors += o.verify_errors;
         self.elapsed = self.elapsed.max(o.elapsed);
     }
 
@@ -426,6 +435,8 @@ impl Run {
 struct Rank {
     store: Store,
     keys: Vec<BlockKey>,
+    /// The write generation of each block.
+    gens: verify::Gens,
 }
 
 fn main() -> ExitCode {
@@ -596,7 +607,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
     if args.rw == Rw::Replay {
         let store = Store::open_with(&root, args.worker.clone(), config, parts)?;
         let trace = args.trace.as_ref().expect("checked above");
-        let r = replay::replay(&store, trace, bs, oracle.as_ref())?;
+        let r = replay::replay(&store, trace, bs, oracle.as_ref(), args.verify_data)?;
         return replay::report_replay(args, &store, &root, &r);
     }
 
@@ -618,7 +629,8 @@ fn run(args: &Args) -> Result<(), BoxError> {
         keys.try_reserve_exact(usize::try_from(nblocks)?)
             .map_err(|_| UsageError(format!("no memory for the keys of {nblocks} blocks")))?;
         keys.extend((0..nblocks).map(|i| store.key(block_hash(&namespace, i))));
-        ranks.push(Rank { store, keys });
+        let gens = verify::Gens::new(&root, id.as_str(), keys.len(), args.verify_data);
+        ranks.push(Rank { store, keys, gens });
     }
 
     let reads = matches!(args.rw, Rw::Read | Rw::Randread | Rw::Randrw);
@@ -627,7 +639,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
             check_block_size(&r.store, &r.keys, bs, args.dir.as_deref())?;
         }
         if reads && !args.no_layout {
-            lay_out(&r.store, &r.keys, bs)?;
+            lay_out(&r.store, &r.keys, &r.gens, bs)?;
         }
         if reads && args.invalidate {
             invalidate(&r.store, &r.keys)?;
@@ -706,6 +718,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
             filesystem: filesystem_name(&root),
             page_cache_resident: resident,
         };
+        keep_generations(args, &ranks)?;
         let engine = ranks[0].store.engine_name();
         let layout = ranks[0].store.layout();
         drop(ranks);
@@ -720,6 +733,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
         };
         let results = run_phase(&ranks, &ids, bs, args, spec, &budget);
         budget.progress.finish_and_clear();
+        keep_generations(args, &ranks)?;
         let engine = ranks[0].store.engine_name();
         let layout = ranks[0].store.layout();
         drop(ranks);
@@ -737,9 +751,10 @@ fn run(args: &Args) -> Result<(), BoxError> {
         return Ok(());
     }
     // Failed operations are errors, not IOPS: a run with any exits 1.
-    let (mut errors, mut ok) = (0, 0);
+    let (mut errors, mut ok, mut verify_errors) = (0, 0, 0);
     let mut first = None;
     for r in phases.iter().flat_map(|p| &p.ranks) {
+        verify_errors += r.run.verify_errors;
         errors += r.run.errors();
         ok += r.run.ops();
         for d in [&r.run.read, &r.run.write] {
@@ -748,6 +763,13 @@ fn run(args: &Args) -> Result<(), BoxError> {
             }
         }
     }
+    if verify_errors > 0 {
+        return Err(format!(
+            "--verify-data: {verify_errors} blocks read back with bytes that were not theirs \
+             (see the log for their paths)"
+        )
+        .into());
+    }
     if errors > 0 {
         return Err(format!(
             "{errors} of {} operations failed (first: {})",
@@ -755,6 +777,19 @@ fn run(args: &Args) -> Result<(), BoxError> {
             first.unwrap_or_default()
         )
         .into());
+    }
+    Ok(())
+}
+
+/// Saves the blocks' write generations for a later `--verify-data` run, or (a run that wrote
+/// without tracking them) forgets the saved ones.
+fn keep_generations(args: &Args, ranks: &[Rank]) -> Result<(), BoxError> {
+    for r in ranks {
+        if args.verify_data {
+            r.gens.save()?;
+        } else if r.store.stats().puts > 0 {
+            r.gens.forget()?;
+        }
     }
     Ok(())
 }
@@ -997,6 +1032,7 @@ fn run_phase(
         run_job(
             &rank.store,
             &rank.keys[a..b],
+            &rank.gens,
             a as u64,
             bs,
             args,
@@ -1026,7 +1062,12 @@ fn run_phase(
 }
 
 /// Writes the blocks that are missing (fio's "laying out IO file").
-fn lay_out(store: &Store, keys: &[BlockKey], bs: usize) -> Result<(), BoxError> {
+fn lay_out(
+    store: &Store,
+    keys: &[BlockKey],
+    gens: &verify::Gens,
+    bs: usize,
+) -> Result<(), BoxError> {
     let present = store.contains_many(keys);
     let missing: Vec<usize> = present
         .iter()
@@ -1047,8 +1088,10 @@ fn lay_out(store: &Store, keys: &[BlockKey], bs: usize) -> Result<(), BoxError> 
         if interrupted() {
             return Err("interrupted while laying out the blocks".into());
         }
-        fill_block(&mut data, i as u64);
+        let g = gens.next(i);
+        fill_block(&mut data, &keys[i].hash, i as u64, g);
         store.put(&keys[i], &data)?;
+        gens.commit(i, g);
     }
     Ok(())
 }
@@ -1102,6 +1145,7 @@ fn invalidate(store: &Store, keys: &[BlockKey]) -> Result<(), BoxError> {
 fn run_job(
     store: &Store,
     keys: &[BlockKey],
+    gens: &verify::Gens,
     first: u64,
     bs: usize,
     args: &Args,
@@ -1187,8 +1231,12 @@ fn run_job(
             let batch: Vec<BlockKey> = batch_idx.iter().map(|&i| keys[i].clone()).collect();
             let t = Instant::now();
             if write {
-                for (d, &i) in datas.iter_mut().zip(&batch_idx) {
-                    fill_block(d, first + i as u64);
+                let batch_gens: Vec<u64> = batch_idx
+                    .iter()
+                    .map(|&i| gens.next(first as usize + i))
+                    .collect();
+                for ((d, &i), &g) in datas.iter_mut().zip(&batch_idx).zip(&batch_gens) {
+                    fill_block(d, &keys[i].hash, first + i as u64, g);
                 }
                 let items: Vec<(BlockKey, &[u8])> = batch
                     .into_iter()
@@ -1197,9 +1245,10 @@ fn run_job(
                 let res = store.put_many(&items);
                 let w = &mut run.write;
                 w.lat.saturating_record(t.elapsed().as_nanos() as u64);
-                for r in res {
+                for ((r, &i), &g) in res.into_iter().zip(&batch_idx).zip(&batch_gens) {
                     match r {
                         Ok(()) => {
+                            gens.commit(first as usize + i, g);
                             w.ops += 1;
                             w.bytes += bs as u64;
                         }
@@ -1212,15 +1261,41 @@ fn run_job(
                     }
                 }
             } else {
+                let floors: Vec<u64> = if args.verify_data {
+                    batch_idx
+                        .iter()
+                        .map(|&i| gens.floor(first as usize + i))
+                        .collect()
+                } else {
+                    Vec::new()
+                };
                 let res = store.get_many(&batch, &mut bufs[..n]);
                 let rd = &mut run.read;
                 rd.lat.saturating_record(t.elapsed().as_nanos() as u64);
-                for r in res {
+                for (j, r) in res.into_iter().enumerate() {
                     match r {
                         Ok(Lookup::Hit(len)) => {
                             rd.ops += 1;
                             run.hits += 1;
                             rd.bytes += len as u64;
+                            if args.verify_data {
+                                let i = first as usize + batch_idx[j];
+                                let k = &keys[batch_idx[j]];
+                                let checked = if len == bs {
+                                    verify::check(&bufs[j][..len], &k.hash, i as u64)
+                                        .and_then(|g| gens.check(i, floors[j], g))
+                                } else {
+                                    Err(format!("{len} bytes, not {bs}"))
+                                };
+                                if let Err(why) = checked {
+                                    run.verify_errors += 1;
+                                    tracing::error!(
+                                        path = %store.path_of(&k.hash).display(),
+                                        block = i,
+                                        "verify-data: {why}"
+                                    );
+                                }
+                            }
                         }
                         Ok(Lookup::Miss) => {
                             rd.ops += 1;

@@ -142,7 +142,7 @@ fn one_depth(
             }
             let first = (a + c * args.batch) as u64;
             for (i, d) in datas.iter_mut().enumerate().take(chunk.len()) {
-                fill_block(d, first + i as u64);
+                fill_block(d, &chunk[i].hash, first + i as u64, 1);
             }
             let items: Vec<(BlockKey, &[u8])> = chunk
                 .iter()

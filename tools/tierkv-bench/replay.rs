@@ -17,7 +17,19 @@ pub(crate) struct ReplayRun {
     hits: u64,
     read_misses: u64,
     errors: u64,
+    /// Hits whose bytes were not the block's (`--verify-data`).
+    verify_errors: u64,
     elapsed: Duration,
+    /// When the replay started and ended, milliseconds since the epoch (so runs in several
+    /// processes can be shown to overlap).
+    started_unix_ms: u64,
+    ended_unix_ms: u64,
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The store key of a trace's hash id.
@@ -60,6 +72,7 @@ pub(crate) fn replay(
     trace: &std::path::Path,
     bs: usize,
     oracle: Option<&Arc<Mutex<Oracle>>>,
+    verify_data: bool,
 ) -> Result<ReplayRun, BoxError> {
     let reqs = load_trace(trace)?;
     // Next use of each reference position, for the Belady oracle.
@@ -87,7 +100,10 @@ pub(crate) fn replay(
         hits: 0,
         read_misses: 0,
         errors: 0,
+        verify_errors: 0,
         elapsed: Duration::ZERO,
+        started_unix_ms: unix_ms(),
+        ended_unix_ms: 0,
     };
     let start = Instant::now();
     let mut pos = 0usize;
@@ -107,8 +123,28 @@ pub(crate) fn replay(
         run.requests += 1;
         run.refs += r.len() as u64;
         run.hits += n as u64;
-        for res in store.get_many(&keys[..n], &mut bufs[..n]) {
+        for (j, res) in store
+            .get_many(&keys[..n], &mut bufs[..n])
+            .into_iter()
+            .enumerate()
+        {
             match res {
+                Ok(Lookup::Hit(len)) if verify_data => {
+                    // Written once per trace id (generation 1), or by an earlier replay.
+                    let checked = if len == bs {
+                        crate::verify::check(&bufs[j][..len], &keys[j].hash, r[j]).map(|_| ())
+                    } else {
+                        Err(format!("{len} bytes, not {bs}"))
+                    };
+                    if let Err(why) = checked {
+                        run.verify_errors += 1;
+                        tracing::error!(
+                            path = %store.path_of(&keys[j].hash).display(),
+                            block = r[j],
+                            "verify-data: {why}"
+                        );
+                    }
+                }
                 Ok(Lookup::Hit(_)) => {}
                 Ok(Lookup::Miss) => run.read_misses += 1,
                 Err(e) => {
@@ -121,7 +157,7 @@ pub(crate) fn replay(
             .iter()
             .zip(&r[n..])
             .map(|(k, id)| {
-                fill_block(&mut data, *id);
+                fill_block(&mut data, &k.hash, *id, 1);
                 (k.clone(), data.clone())
             })
             .collect();
@@ -133,6 +169,7 @@ pub(crate) fn replay(
         }
     }
     run.elapsed = start.elapsed();
+    run.ended_unix_ms = unix_ms();
     Ok(run)
 }
 
@@ -165,11 +202,14 @@ pub(crate) fn report_replay(
                 "hit_ratio": hit_ratio,
                 "read_misses": r.read_misses,
                 "errors": r.errors,
+                "verify_errors": r.verify_errors,
                 "bytes_written": s.bytes_written,
                 "bytes_read": s.bytes_read,
                 "evictions": s.evictions,
                 "not_admitted": s.not_admitted,
                 "elapsed_s": secs,
+                "started_unix_ms": r.started_unix_ms,
+                "ended_unix_ms": r.ended_unix_ms,
                 "requests_per_sec": r.requests as f64 / secs,
                 "blocks_per_sec": r.refs as f64 / secs,
                 "dir": root.display().to_string(),
@@ -201,8 +241,8 @@ pub(crate) fn report_replay(
             )?;
             writeln!(
                 out,
-                "  hit ratio={hit_ratio:.4} hits={} read-misses={} errors={}",
-                r.hits, r.read_misses, r.errors
+                "  hit ratio={hit_ratio:.4} hits={} read-misses={} errors={} verify-errors={}",
+                r.hits, r.read_misses, r.errors, r.verify_errors
             )?;
             writeln!(
                 out,
@@ -213,6 +253,14 @@ pub(crate) fn report_replay(
                 s.not_admitted
             )?;
         }
+    }
+    if r.verify_errors > 0 {
+        return Err(format!(
+            "--verify-data: {} blocks read back with bytes that were not theirs (see the log \
+             for their paths)",
+            r.verify_errors
+        )
+        .into());
     }
     Ok(())
 }

@@ -214,6 +214,8 @@ pub(crate) fn report(
                 "hits": run.hits,
                 "misses": run.misses,
                 "errors": errors,
+                "verify_data": args.verify_data,
+                "verify_errors": run.verify_errors,
                 "corrupt": corrupt,
                 "evictions": evictions,
                 "not_admitted": not_admitted,
@@ -258,8 +260,16 @@ pub(crate) fn report(
             if reads {
                 writeln!(
                     out,
-                    "  hits={} misses={} corrupt={corrupt} read-errors={} bytes-read={}",
-                    run.hits, run.misses, run.read.errors, run.read.bytes
+                    "  hits={} misses={} corrupt={corrupt} read-errors={} bytes-read={}{}",
+                    run.hits,
+                    run.misses,
+                    run.read.errors,
+                    run.read.bytes,
+                    if args.verify_data {
+                        format!(" verify-errors={}", run.verify_errors)
+                    } else {
+                        String::new()
+                    }
                 )?;
                 writeln!(
                     out,
@@ -459,6 +469,7 @@ pub(crate) fn report_main(
                         "write": dir_json(&r.write, secs),
                         "hits": r.hits,
                         "misses": r.misses,
+                        "verify_errors": r.verify_errors,
                         "fd_cache": {"hits": h, "misses": m},
                     }),
                 );
@@ -501,6 +512,8 @@ pub(crate) fn report_main(
                 "hits": all.hits,
                 "misses": all.misses,
                 "errors": all.errors(),
+                "verify_data": args.verify_data,
+                "verify_errors": all.verify_errors,
                 "corrupt": phases.iter().map(|p| delta(&p.ranks, |s| s.corrupt)).sum::<u64>(),
                 "fd_cache": {"hits": h, "misses": m},
                 "store": last.after,

@@ -1,0 +1,199 @@
+//! The store against the independent reader and writer of docs/format.md (tests/common/oracle.rs):
+//! files the document describes are read back byte for byte, each way the document calls a
+//! file corrupt is a miss (and the file is removed and counted), and the oracle itself rejects
+//! each of them (so it can fail).
+
+mod common;
+
+use common::*;
+use tierkv::{Layout, Lookup, Store, StoreConfig, VerifyMode};
+
+/// The fan-outs of the document and their hex characters per level.
+const WIDTHS: [(u32, usize); 3] = [(16, 1), (256, 2), (4096, 3)];
+
+fn config(depth: u8, fanout: u32) -> StoreConfig {
+    StoreConfig::new()
+        .with_layout(Layout::new(depth, fanout).unwrap())
+        .with_verify(VerifyMode::Always)
+        .with_fd_cache(0)
+        .with_stats_interval(None)
+}
+
+/// Writes a worker directory the way docs/format.md describes it: `LAYOUT`, then each block
+/// file at its path. Returns the paths.
+fn plant(
+    wdir: &std::path::Path,
+    depth: u8,
+    fanout: u32,
+    width: usize,
+    blocks: &[(String, Vec<u8>)],
+) -> Vec<std::path::PathBuf> {
+    std::fs::create_dir_all(wdir).unwrap();
+    std::fs::write(
+        wdir.join("LAYOUT"),
+        format!("depth={depth}\nfanout={fanout}\n"),
+    )
+    .unwrap();
+    blocks
+        .iter()
+        .map(|(hex, bytes)| {
+            let p = oracle::block_path(wdir, hex, depth as usize, width);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, bytes).unwrap();
+            p
+        })
+        .collect()
+}
+
+#[test]
+fn the_store_reads_blocks_the_document_describes() {
+    for (fanout, width) in WIDTHS {
+        for depth in [0u8, 1, 2, 4] {
+            let dir = tempfile::tempdir().unwrap();
+            let wdir = dir.path().join("v1/w");
+            let datas: Vec<Vec<u8>> = (0..8)
+                .map(|i| payload(i, 3, 100 + i as usize * 1000))
+                .collect();
+            let files: Vec<(String, Vec<u8>)> = (0..8u64)
+                .map(|i| {
+                    let hex = hash(i).to_hex();
+                    let bytes = oracle::encode_block(&hex, &datas[i as usize]);
+                    (hex, bytes)
+                })
+                .collect();
+            let paths = plant(&wdir, depth, fanout, width, &files);
+            // No layout configured: the store adopts the planted LAYOUT.
+            let cfg = StoreConfig::new()
+                .with_verify(VerifyMode::Always)
+                .with_stats_interval(None);
+            let store = Store::open(dir.path(), worker("w"), cfg).unwrap();
+            assert_eq!(store.layout(), Layout::new(depth, fanout).unwrap());
+            assert_eq!(store.stats().blocks_at_open, 8, "{depth}x{fanout}");
+            for i in 0..8u64 {
+                let data = &datas[i as usize];
+                let mut b = vec![0u8; data.len()];
+                assert_eq!(
+                    store.get(&store.key(hash(i)), &mut b).unwrap(),
+                    Lookup::Hit(data.len()),
+                    "depth {depth} fan-out {fanout}: {}",
+                    paths[i as usize].display()
+                );
+                assert_eq!(&b, data);
+            }
+            // And what the store writes, the oracle reads: in place, byte for byte.
+            for i in 8..16u64 {
+                store
+                    .put(&store.key(hash(i)), &payload(i, 1, 5000))
+                    .unwrap();
+            }
+            assert_eq!(check_all_blocks(dir.path()), 16, "{depth}x{fanout}");
+            for i in 8..16u64 {
+                let hex = hash(i).to_hex();
+                let p = oracle::block_path(&wdir, &hex, depth as usize, width);
+                let bytes = std::fs::read(&p).unwrap();
+                assert_eq!(
+                    bytes,
+                    oracle::encode_block(&hex, &payload(i, 1, 5000)),
+                    "{}",
+                    p.display()
+                );
+            }
+        }
+    }
+}
+
+/// Sets the header check of `b` for its (changed) fields.
+fn reseal(b: &mut [u8]) {
+    let c = *blake3::hash(&b[0..120]).as_bytes();
+    b[120..128].copy_from_slice(&c[..8]);
+}
+
+/// Every way docs/format.md calls a block file corrupt, each with a valid header check (so
+/// only the field itself can reject it).
+fn corruptions(hex: &str, data: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
+    let good = oracle::encode_block(hex, data);
+    let edit = |f: &dyn Fn(&mut Vec<u8>), seal: bool| {
+        let mut b = good.clone();
+        f(&mut b);
+        if seal {
+            reseal(&mut b);
+        }
+        b
+    };
+    let other = oracle::encode_block(&hash(999).to_hex(), data);
+    vec![
+        ("magic", edit(&|b| b[3] = b'x', true)),
+        ("version", edit(&|b| b[8] = 2, true)),
+        ("header length", edit(&|b| b[10] = 64, true)),
+        ("header length high byte", edit(&|b| b[11] = 1, true)),
+        ("flags without the checksum bit", edit(&|b| b[12] = 0, true)),
+        ("unknown flag", edit(&|b| b[12] = 3, true)),
+        ("unknown high flag", edit(&|b| b[15] = 0x80, true)),
+        ("payload offset", edit(&|b| b[17] = 0x20, true)),
+        ("payload offset high byte", edit(&|b| b[19] = 1, true)),
+        ("reserved 20..24", edit(&|b| b[22] = 1, true)),
+        ("reserved 96..120", edit(&|b| b[100] = 1, true)),
+        ("reserved 96..120, last byte", edit(&|b| b[119] = 1, true)),
+        ("header check", edit(&|b| b[120] ^= 1, false)),
+        ("payload length", edit(&|b| b[24] ^= 1, true)),
+        ("padding, first byte", edit(&|b| b[128] = 1, true)),
+        ("padding, last byte", edit(&|b| b[4095] = 0xff, true)),
+        (
+            "block hash of another block",
+            edit(&|b| b[64..96].copy_from_slice(&other[64..96]), true),
+        ),
+        ("payload checksum", edit(&|b| b[40] ^= 0x10, true)),
+        (
+            "payload and checksum fields swapped",
+            edit(
+                &|b| {
+                    let (sum, key) = (b[32..64].to_vec(), b[64..96].to_vec());
+                    b[32..64].copy_from_slice(&key);
+                    b[64..96].copy_from_slice(&sum);
+                },
+                true,
+            ),
+        ),
+        (
+            "payload byte",
+            edit(&|b| *b.last_mut().unwrap() ^= 1, false),
+        ),
+        ("truncated", edit(&|b| b.truncate(b.len() - 1), false)),
+        ("one byte longer", edit(&|b| b.push(0), false)),
+        ("header only", edit(&|b| b.truncate(4096), false)),
+    ]
+}
+
+#[test]
+fn the_oracle_rejects_every_corruption_of_the_document() {
+    let hex = hash(1).to_hex();
+    let data = payload(1, 0, 3000);
+    oracle::check_block_bytes(&oracle::encode_block(&hex, &data), &hex).unwrap();
+    for (what, bytes) in corruptions(&hex, &data) {
+        assert!(
+            oracle::check_block_bytes(&bytes, &hex).is_err(),
+            "the oracle took a file with a bad {what}"
+        );
+    }
+}
+
+#[test]
+fn the_store_treats_every_corruption_as_a_miss() {
+    let hex = hash(1).to_hex();
+    let data = payload(1, 0, 3000);
+    for (what, bytes) in corruptions(&hex, &data) {
+        let dir = tempfile::tempdir().unwrap();
+        let wdir = dir.path().join("v1/w");
+        let p = plant(&wdir, 1, 256, 2, &[(hex.clone(), bytes)]).remove(0);
+        let store = Store::open(dir.path(), worker("w"), config(1, 256)).unwrap();
+        let k = store.key(hash(1));
+        let mut b = vec![0u8; data.len() + 1];
+        assert_eq!(
+            store.get(&k, &mut b).unwrap(),
+            Lookup::Miss,
+            "a block file with a bad {what} was served"
+        );
+        assert!(!p.exists(), "the file with a bad {what} was not removed");
+        assert_eq!(store.stats().corrupt, 1, "{what}");
+    }
+}
