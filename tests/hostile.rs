@@ -795,6 +795,43 @@ fn item12_the_bound_is_never_exceeded() {
     assert!(prefix_closed(&store, std::slice::from_ref(&chain)));
     drop(store);
 
+    // The background evictor (default watermarks) beside two writers: blocks it evicted
+    // count until their files are gone, so the bound holds while it unlinks them too.
+    let store = Store::open(
+        fs.path(),
+        worker("2"),
+        quiet()
+            .with_layout(Layout::new(0, 256).unwrap())
+            .with_capacity_files(20),
+    )
+    .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sample = sampler(fs.path().to_path_buf(), stop.clone());
+    let writers: Vec<_> = (0..2u64)
+        .map(|t| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let data = vec![3u8; 16_384];
+                for i in 0..300 {
+                    store
+                        .put(&store.key(hash(10_000 * (t + 1) + i)), &data)
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (max_files, _) = sample.join().unwrap();
+    assert!(
+        max_files <= 20,
+        "{max_files} files at one instant, bound 20"
+    );
+    assert!(store.stats().evictions >= 580);
+    drop(store);
+
     // A byte bound, and every block replaced by one 16x its size.
     let cap = 4u64 << 20;
     let store = Store::open(fs.path(), worker("1"), flat.with_capacity_bytes(cap)).unwrap();

@@ -109,9 +109,19 @@ struct State {
     /// Temp files of replacements in flight: each counts as a file against the bound until
     /// it is renamed over the block it replaces.
     extra_files: u64,
+    /// Evicted blocks whose files are not unlinked yet (`drained` when they are): still on
+    /// disk, so they count against the bound for everyone but the caller that unlinks them
+    /// before creating its own files.
+    draining_bytes: u64,
+    draining_files: u64,
     /// Running mean of offered block sizes, to turn a byte capacity into the block count
     /// that policies size their ghost lists by.
     mean_bytes: f64,
+}
+
+/// The bytes and files of `victims`: what a caller that unlinks them itself may count as free.
+fn credit(victims: &[Victim]) -> (u64, u64) {
+    (victims.iter().map(|v| v.bytes).sum(), victims.len() as u64)
 }
 
 /// A block chosen for eviction: already gone from the index; the store unlinks its file.
@@ -152,6 +162,8 @@ impl Index {
                 evicted_bytes: 0,
                 not_admitted: 0,
                 extra_files: 0,
+                draining_bytes: 0,
+                draining_files: 0,
                 mean_bytes: 0.0,
             }),
             limits,
@@ -262,15 +274,18 @@ impl Index {
                     if let Some(e) = st.map.get_mut(&hash) {
                         e.pins += 1; // not its own victim
                     }
-                    if self.over(&st, est, 1) {
+                    if self.over_disk(&st, est, 1, credit(&victims)) {
                         st.policy.on_access(&acc);
                         acc.clear();
-                        victims.extend(self.evict_locked(&mut st, |ix, st| ix.over(st, est, 1)));
+                        let v = self.evict_locked(&mut st, credit(&victims), |ix, st, c| {
+                            ix.over_disk(st, est, 1, c)
+                        });
+                        victims.extend(v);
                     }
                     if let Some(e) = st.map.get_mut(&hash) {
                         e.pins -= 1;
                     }
-                    if self.over(&st, est, 1) {
+                    if self.over_disk(&st, est, 1, credit(&victims)) {
                         st.not_admitted += 1;
                         out.push(Offer::NotAdmitted);
                         declined = true;
@@ -313,11 +328,14 @@ impl Index {
                 declined = true;
                 continue;
             }
-            if self.over(&st, est, 1) {
+            if self.over_disk(&st, est, 1, credit(&victims)) {
                 st.policy.on_access(&acc);
                 acc.clear();
-                victims.extend(self.evict_locked(&mut st, |ix, st| ix.over(st, est, 1)));
-                if self.over(&st, est, 1) {
+                let v = self.evict_locked(&mut st, credit(&victims), |ix, st, c| {
+                    ix.over_disk(st, est, 1, c)
+                });
+                victims.extend(v);
+                if self.over_disk(&st, est, 1, credit(&victims)) {
                     // Everything left is pinned, being written, or a parent: no room.
                     st.policy.on_remove(&hash);
                     st.not_admitted += 1;
@@ -404,7 +422,7 @@ impl Index {
             if let Some(e) = st.map.get_mut(hash) {
                 e.pins += 1;
             }
-            let v = self.evict_locked(&mut st, |ix, st| ix.over(st, 0, 0));
+            let v = self.evict_locked(&mut st, (0, 0), |ix, st, c| ix.over_disk(st, 0, 0, c));
             if let Some(e) = st.map.get_mut(hash) {
                 e.pins -= 1;
             }
@@ -491,9 +509,30 @@ impl Index {
     }
 
     fn over(&self, st: &State, bytes: u64, files: u64) -> bool {
+        self.over_disk(st, bytes, files, (st.draining_bytes, st.draining_files))
+    }
+
+    /// True if `bytes` and `files` more would not fit on disk: what is held and reserved, plus
+    /// evicted files not yet unlinked, less `credit` (the victims the caller itself unlinks
+    /// before it creates any file).
+    fn over_disk(&self, st: &State, bytes: u64, files: u64, credit: (u64, u64)) -> bool {
         let (max_b, max_f) = self.limits.scaled(1.0);
-        st.bytes.saturating_add(bytes) > max_b
-            || (st.map.len() as u64 + st.extra_files).saturating_add(files) > max_f
+        let on_disk_b = (st.bytes + st.draining_bytes).saturating_sub(credit.0);
+        let on_disk_f =
+            (st.map.len() as u64 + st.extra_files + st.draining_files).saturating_sub(credit.1);
+        on_disk_b.saturating_add(bytes) > max_b || on_disk_f.saturating_add(files) > max_f
+    }
+
+    /// The files of `victims` are unlinked (or found gone): they no longer count.
+    pub fn drained(&self, victims: &[Victim]) {
+        if victims.is_empty() {
+            return;
+        }
+        let mut st = self.lock();
+        for v in victims {
+            st.draining_bytes = st.draining_bytes.saturating_sub(v.bytes);
+            st.draining_files = st.draining_files.saturating_sub(1);
+        }
     }
 
     /// Forgets a block that left behind the store's back (found missing, corrupt, or not a
@@ -535,6 +574,8 @@ impl Index {
             }
             if let Some(d) = st.map.remove(&c) {
                 st.bytes -= d.bytes;
+                st.draining_bytes += d.bytes;
+                st.draining_files += 1;
                 st.policy.on_remove(&c);
                 st.evictions += 1;
                 st.evicted_bytes += d.bytes;
@@ -569,17 +610,22 @@ impl Index {
         st.bytes > hb || st.map.len() as u64 > hf
     }
 
-    /// Evicts down to the low watermark.
-    pub fn evict_to_low(&self) -> Vec<Victim> {
+    /// Evicts toward the low watermark, at most `max` blocks (the evictor unlinks them and
+    /// comes back, so little is ever evicted but not yet unlinked).
+    pub fn evict_to_low(&self, max: usize) -> Vec<Victim> {
         let (lb, lf) = self.limits.scaled(self.limits.low);
         let mut st = self.lock();
-        self.evict_locked(&mut st, |_, st| st.bytes > lb || st.map.len() as u64 > lf)
+        let mut n = 0;
+        self.evict_locked(&mut st, (0, 0), |_, st, _| {
+            n += 1;
+            n <= max && (st.bytes > lb || st.map.len() as u64 > lf)
+        })
     }
 
     /// Evicts down to the bounds themselves.
     pub fn evict_to_bound(&self) -> Vec<Victim> {
         let mut st = self.lock();
-        self.evict_locked(&mut st, |ix, st| ix.over(st, 0, 0))
+        self.evict_locked(&mut st, (0, 0), |ix, st, c| ix.over_disk(st, 0, 0, c))
     }
 
     /// Evicts at least `bytes` (for ENOSPC below the configured capacity), never the blocks
@@ -594,7 +640,7 @@ impl Index {
                 pinned.push(*h);
             }
         }
-        let out = self.evict_locked(&mut st, |_, st| st.bytes > target);
+        let out = self.evict_locked(&mut st, (0, 0), |_, st, _| st.bytes > target);
         for h in pinned {
             if let Some(e) = st.map.get_mut(&h) {
                 e.pins -= 1;
@@ -603,13 +649,17 @@ impl Index {
         out
     }
 
+    /// Evicts while `over(index, state, credit)` says so, where `credit` is `base` plus what
+    /// this call evicted so far; evicted blocks count as draining until `drained`.
     fn evict_locked(
         &self,
         st: &mut State,
-        mut over: impl FnMut(&Self, &State) -> bool,
+        base: (u64, u64),
+        mut over: impl FnMut(&Self, &State, (u64, u64)) -> bool,
     ) -> Vec<Victim> {
-        let mut out = Vec::new();
-        while over(self, st) {
+        let mut out: Vec<Victim> = Vec::new();
+        let mut c = base;
+        while over(self, st, c) {
             let State { map, policy, .. } = &mut *st;
             // Only leaves of the chain tree go: a block with present children is their prefix.
             let Some(v) = policy.victim(&|h| {
@@ -621,6 +671,9 @@ impl Index {
             if let Some(e) = st.map.remove(&v) {
                 Self::unlink_parent(st, &v, e.parent);
                 st.bytes -= e.bytes;
+                st.draining_bytes += e.bytes;
+                st.draining_files += 1;
+                c = (c.0 + e.bytes, c.1 + 1);
                 st.evictions += 1;
                 st.evicted_bytes += e.bytes;
                 out.push(Victim {
@@ -670,6 +723,7 @@ mod tests {
 
     fn put(i: &Index, h: BlockHash, bytes: u64) -> Vec<Victim> {
         let (o, v) = i.offer(&[(h, bytes)], false, None);
+        i.drained(&v); // the store unlinks them before writing
         assert_eq!(o, vec![Offer::Reserved]);
         assert!(i.commit(&h, bytes, o[0]).is_empty());
         v
@@ -742,7 +796,10 @@ mod tests {
             i.load(h(k), 10);
         }
         assert!(i.over_high());
-        assert_eq!(i.evict_to_low().len(), 5);
+        let first = i.evict_to_low(3);
+        assert_eq!(first.len(), 3, "at most the step");
+        i.drained(&first);
+        assert_eq!(i.evict_to_low(100).len(), 2);
         assert!(!i.over_high());
         i.load(h(9), 30); // replaced: 10 -> 30 bytes
         assert_eq!(i.counts().bytes, 4 * 10 + 30);
@@ -761,7 +818,8 @@ mod tests {
     /// Offers a chain of `ids` (root first) after `after`, committing what was reserved.
     fn chain(i: &Index, ids: &[u64], after: Option<u64>) -> Vec<Offer> {
         let items: Vec<(BlockHash, u64)> = ids.iter().map(|&k| (h(k), 1)).collect();
-        let (o, _) = i.offer(&items, false, after.map(h));
+        let (o, v) = i.offer(&items, false, after.map(h));
+        i.drained(&v);
         for ((hh, _), o) in items.iter().zip(&o) {
             if matches!(o, Offer::Reserved) {
                 i.commit(hh, 1, *o);
@@ -835,6 +893,27 @@ mod tests {
         let v = i.commit(&h(2), 70, o[0]);
         assert_eq!(v.iter().map(|v| v.hash).collect::<Vec<_>>(), vec![h(1)]);
         assert!(i.counts().bytes <= 100);
+    }
+
+    #[test]
+    fn evicted_blocks_not_yet_unlinked_still_count() {
+        let i = idx(None, Some(2));
+        assert!(put(&i, h(1), 10).is_empty());
+        assert!(put(&i, h(2), 10).is_empty());
+        // The background evictor took h(1) and has not unlinked it yet.
+        let bg = i.evict_to_low(1);
+        assert_eq!(bg.iter().map(|v| v.hash).collect::<Vec<_>>(), vec![h(1)]);
+        // Its file is still on disk: a new block needs another victim to fit two files.
+        let (o, v) = i.offer(&[(h(3), 10)], false, None);
+        assert_eq!(o, vec![Offer::Reserved]);
+        assert_eq!(v.iter().map(|v| v.hash).collect::<Vec<_>>(), vec![h(2)]);
+        i.drained(&v);
+        i.commit(&h(3), 10, o[0]);
+        // Once it is unlinked, there is room again without evicting.
+        i.drained(&bg);
+        let (o, v) = i.offer(&[(h(4), 10)], false, None);
+        assert_eq!(o, vec![Offer::Reserved]);
+        assert!(v.is_empty());
     }
 
     #[test]

@@ -6,6 +6,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::Inner;
+
+/// Blocks the background evictor takes from the index before unlinking them.
+const EVICT_STEP: usize = 16;
 use crate::index::Victim;
 use crate::ns::Unlinked;
 
@@ -82,9 +85,18 @@ fn run(store: Weak<Inner>, signal: Arc<Signal>) {
         }
         let Some(inner) = store.upgrade() else { return };
         if inner.index.over_high() {
-            let victims = inner.index.evict_to_low();
-            tracing::debug!(count = victims.len(), "background eviction");
-            inner.unlink_victims(victims);
+            // A few victims at a time, unlinked before the next are chosen: evicted blocks
+            // still on disk count against the bound, so puts never see much of that.
+            let mut count = 0;
+            loop {
+                let victims = inner.index.evict_to_low(EVICT_STEP);
+                if victims.is_empty() {
+                    break;
+                }
+                count += victims.len();
+                inner.unlink_victims(victims);
+            }
+            tracing::debug!(count, "background eviction");
         }
     }
 }
@@ -92,10 +104,13 @@ fn run(store: Weak<Inner>, signal: Arc<Signal>) {
 impl Inner {
     /// Unlinks the files of blocks the index has given up. A key published again since it
     /// was chosen is left alone (checked under its stripe lock).
+    /// Each victim stops counting against the bound (`Index::drained`) once its file is gone.
     pub(super) fn unlink_victims(&self, victims: Vec<Victim>) {
         for v in victims {
             let _stripe = self.lock_stripe(self.stripe_of(&v.hash));
             if self.index.contains(&v.hash) {
+                // Published again: the file is the new block's; the old one was renamed over.
+                self.index.drained(&[v]);
                 continue;
             }
             self.fds.invalidate(&v.hash);
@@ -112,6 +127,7 @@ impl Inner {
                     "could not unlink an evicted block"
                 ),
             }
+            self.index.drained(&[v]);
         }
     }
 }

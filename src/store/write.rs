@@ -210,8 +210,11 @@ impl Inner {
                 }
             }
         }
-        drop(guards);
+        // The descriptors close before the stripe locks open: once a block can be evicted,
+        // no descriptor of ours keeps its file (and its space) alive after the unlink.
+        drop(synced);
         drop(written);
+        drop(guards);
         self.unlink_victims(over_victims);
         results
             .into_iter()

@@ -149,7 +149,8 @@ pub(crate) mod tests {
             index.record_hits(&r[..n].iter().map(|&i| h(i)).collect::<Vec<_>>());
             let rest: Vec<(BlockHash, u64)> = r[n..].iter().map(|&i| (h(i), 1)).collect();
             let after = n.checked_sub(1).map(|i| h(r[i]));
-            let (offers, _victims) = index.offer(&rest, false, after);
+            let (offers, victims) = index.offer(&rest, false, after);
+            index.drained(&victims); // the store unlinks them before writing
             for ((hh, _), o) in rest.iter().zip(offers) {
                 if o == Offer::Reserved {
                     index.commit(hh, 1, o);
