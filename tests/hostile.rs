@@ -23,10 +23,6 @@ use tierkv::{BlockKey, Error, Layout, Lookup, Parts, PolicyKind, Store, StoreCon
 
 const STAT: &str = env!("CARGO_BIN_EXE_tierkv-stat");
 
-fn quiet() -> StoreConfig {
-    StoreConfig::new().with_stats_interval(None)
-}
-
 fn wdir(root: &Path, w: &str) -> PathBuf {
     root.join("v1").join(w)
 }
@@ -74,15 +70,6 @@ fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
-}
-
-/// Stores `n` blocks of `len` bytes one put each (no chain between them).
-fn fill(store: &Store, n: u64, len: usize) -> Vec<BlockKey> {
-    let ks = keys(store, n);
-    for (i, k) in ks.iter().enumerate() {
-        store.put(k, &payload(i as u64, 0, len)).unwrap();
-    }
-    ks
 }
 
 /// A file outside every tree, with known contents.
@@ -605,29 +592,6 @@ fn item10_repair_on_a_read_only_mount_fails_loudly() {
 
 // ---- 11-13: the capacity bound and eviction order ----
 
-/// True if, per chain, the present blocks are a prefix of it.
-fn prefix_closed(store: &Store, chains: &[Vec<BlockKey>]) -> bool {
-    chains.iter().all(|c| {
-        let present: Vec<bool> = store
-            .contains_many(c)
-            .into_iter()
-            .map(|r| r.unwrap())
-            .collect();
-        let n = present.iter().take_while(|p| **p).count();
-        present[n..].iter().all(|p| !p)
-    })
-}
-
-fn chain_keys(store: &Store, seed: u32, n: usize) -> Vec<BlockKey> {
-    let tokens: Vec<u32> = (0..n as u32 * 4)
-        .map(|t| t.wrapping_mul(7) ^ seed)
-        .collect();
-    tierkv::BlockHash::chain_all(&tokens, 4)
-        .into_iter()
-        .map(|h| store.key(h))
-        .collect()
-}
-
 #[test]
 fn item11_chains_keep_their_roots() {
     for policy in [PolicyKind::Lru, PolicyKind::Admit2, PolicyKind::Arc] {
@@ -720,138 +684,6 @@ mod prefix_property {
             }
         }
     }
-}
-
-/// Samples the filesystem at `path` (statvfs: each sample is one instant) as fast as it can
-/// until `stop`, and returns the most inodes and bytes in use above the first sample.
-fn sampler(path: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(u64, u64)> {
-    let used = move |p: &Path| {
-        let v = rustix::fs::statvfs(p).unwrap();
-        (v.f_files - v.f_ffree, (v.f_blocks - v.f_bfree) * v.f_frsize)
-    };
-    let base = used(&path);
-    std::thread::spawn(move || {
-        let (mut files, mut bytes) = (0u64, 0u64);
-        while !stop.load(Ordering::Relaxed) {
-            let (f, b) = used(&path);
-            files = files.max(f.saturating_sub(base.0));
-            bytes = bytes.max(b.saturating_sub(base.1));
-        }
-        (files, bytes)
-    })
-}
-
-#[test]
-fn item12_the_bound_is_never_exceeded() {
-    // A capacity that holds no block is refused at open.
-    let root = tempfile::tempdir().unwrap();
-    for cfg in [
-        quiet().with_capacity_files(0),
-        quiet().with_capacity_bytes(4096),
-    ] {
-        match Store::open(root.path(), worker("1"), cfg) {
-            Err(Error::Config(msg)) => assert!(msg.contains("capacity"), "{msg}"),
-            other => panic!("{other:?}"),
-        }
-    }
-    // The bound at every instant: a tmpfs (statvfs counts its inodes and pages exactly, at
-    // one instant), a flat tree (no shard directories to count), no STATS.json.
-    let Some(fs) = Tmpfs::mount("256m", "counting files and bytes at one instant") else {
-        return;
-    };
-    let flat = quiet()
-        .with_layout(Layout::new(0, 256).unwrap())
-        .with_watermarks(1.0, 1.0);
-    // A file-count bound, one chain of 200 blocks, then unrelated single puts.
-    let store = Store::open(fs.path(), worker("0"), flat.clone().with_capacity_files(10)).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let sample = sampler(fs.path().to_path_buf(), stop.clone());
-    let chain = chain_keys(&store, 1, 200);
-    let data = vec![1u8; 65_536];
-    let items: Vec<_> = chain.iter().map(|k| (k.clone(), data.as_slice())).collect();
-    for r in store.offer_many(&items) {
-        r.unwrap();
-    }
-    assert_eq!(
-        store.stats().not_admitted,
-        190,
-        "the chain's tail was not admitted"
-    );
-    assert_eq!(
-        store.contains_prefix(&chain).unwrap(),
-        10,
-        "its first 10 were"
-    );
-    for i in 0..60 {
-        store.put(&store.key(hash(5000 + i)), &data).unwrap();
-    }
-    stop.store(true, Ordering::Relaxed);
-    let (max_files, _) = sample.join().unwrap();
-    assert!(
-        max_files <= 10,
-        "{max_files} files at one instant, bound 10"
-    );
-    assert!(store.stats().used_files <= 10);
-    assert!(prefix_closed(&store, std::slice::from_ref(&chain)));
-    drop(store);
-
-    // The background evictor (default watermarks) beside two writers: blocks it evicted
-    // count until their files are gone, so the bound holds while it unlinks them too.
-    let store = Store::open(
-        fs.path(),
-        worker("2"),
-        quiet()
-            .with_layout(Layout::new(0, 256).unwrap())
-            .with_capacity_files(20),
-    )
-    .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let sample = sampler(fs.path().to_path_buf(), stop.clone());
-    let writers: Vec<_> = (0..2u64)
-        .map(|t| {
-            let store = store.clone();
-            std::thread::spawn(move || {
-                let data = vec![3u8; 16_384];
-                for i in 0..300 {
-                    store
-                        .put(&store.key(hash(10_000 * (t + 1) + i)), &data)
-                        .unwrap();
-                }
-            })
-        })
-        .collect();
-    for w in writers {
-        w.join().unwrap();
-    }
-    stop.store(true, Ordering::Relaxed);
-    let (max_files, _) = sample.join().unwrap();
-    assert!(
-        max_files <= 20,
-        "{max_files} files at one instant, bound 20"
-    );
-    assert!(store.stats().evictions >= 580);
-    drop(store);
-
-    // A byte bound, and every block replaced by one 16x its size.
-    let cap = 4u64 << 20;
-    let store = Store::open(fs.path(), worker("1"), flat.with_capacity_bytes(cap)).unwrap();
-    let ks = fill(&store, 40, 65_536);
-    let stop = Arc::new(AtomicBool::new(false));
-    let sample = sampler(fs.path().to_path_buf(), stop.clone());
-    let big = vec![2u8; 1 << 20];
-    for k in &ks {
-        store.put(k, &big).unwrap();
-    }
-    stop.store(true, Ordering::Relaxed);
-    let (_, max_bytes) = sample.join().unwrap();
-    // The sampler's base already holds worker 0's 10 blocks and worker 1's 40 small ones.
-    let base_1 = 40 * (4096 + 65_536);
-    assert!(
-        max_bytes + base_1 <= cap,
-        "{} bytes of worker 1 at one instant, bound {cap}",
-        max_bytes + base_1
-    );
-    assert!(store.stats().used_bytes <= cap);
 }
 
 #[test]

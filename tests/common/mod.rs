@@ -182,3 +182,41 @@ impl Drop for Tmpfs {
             .status();
     }
 }
+
+/// A store config that writes no STATS.json.
+pub fn quiet() -> StoreConfig {
+    StoreConfig::new().with_stats_interval(None)
+}
+
+/// Stores `n` blocks of `len` bytes one put each (no chain between them).
+pub fn fill(store: &Store, n: u64, len: usize) -> Vec<BlockKey> {
+    let ks = keys(store, n);
+    for (i, k) in ks.iter().enumerate() {
+        store.put(k, &payload(i as u64, 0, len)).unwrap();
+    }
+    ks
+}
+
+/// True if, per chain, the present blocks are a prefix of it.
+pub fn prefix_closed(store: &Store, chains: &[Vec<BlockKey>]) -> bool {
+    chains.iter().all(|c| {
+        let present: Vec<bool> = store
+            .contains_many(c)
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        let n = present.iter().take_while(|p| **p).count();
+        present[n..].iter().all(|p| !p)
+    })
+}
+
+/// The keys of a chain of `n` blocks over tokens derived from `seed`.
+pub fn chain_keys(store: &Store, seed: u32, n: usize) -> Vec<BlockKey> {
+    let tokens: Vec<u32> = (0..n as u32 * 4)
+        .map(|t| t.wrapping_mul(7) ^ seed)
+        .collect();
+    tierkv::BlockHash::chain_all(&tokens, 4)
+        .into_iter()
+        .map(|h| store.key(h))
+        .collect()
+}
