@@ -72,6 +72,16 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// Worker "0" of `root` with `faults` injected into its namespace layer.
+fn open_faulty(root: &Path, cfg: StoreConfig, faults: &Arc<NsFaults>) -> tierkv::Result<Store> {
+    Store::open_with(
+        root,
+        worker("0"),
+        cfg,
+        Parts::new().with_ns_faults(faults.clone()),
+    )
+}
+
 /// A file outside every tree, with known contents.
 fn outside(dir: &Path, name: &str, body: &[u8]) -> PathBuf {
     let p = dir.join(name);
@@ -723,13 +733,7 @@ fn item14_mkdir_and_inode_exhaustion_are_nospace() {
     let root = tempfile::tempdir().unwrap();
     let faults = Arc::new(NsFaults::new());
     faults.fail(NsOp::Mkdir, rustix::io::Errno::NOSPC, 0, 1000);
-    let store = Store::open_with(
-        root.path(),
-        worker("0"),
-        quiet(),
-        Parts::new().with_ns_faults(faults.clone()),
-    )
-    .unwrap();
+    let store = open_faulty(root.path(), quiet(), &faults).unwrap();
     match store.put(&store.key(hash(1)), b"x") {
         Err(Error::NoSpace { path, .. }) => assert!(path.starts_with(store.dir())),
         other => panic!("{other:?}"),
@@ -787,12 +791,7 @@ fn item17_first_open_failures_missing_layout_and_misplaced_blocks() {
     let root = tempfile::tempdir().unwrap();
     let faults = Arc::new(NsFaults::new());
     faults.fail(NsOp::Rename, rustix::io::Errno::NOSPC, 0, 1000);
-    let r = Store::open_with(
-        root.path(),
-        worker("0"),
-        quiet(),
-        Parts::new().with_ns_faults(faults),
-    );
+    let r = open_faulty(root.path(), quiet(), &faults);
     assert!(matches!(r, Err(Error::NoSpace { .. })), "{r:?}");
     let left: Vec<_> = std::fs::read_dir(wdir(root.path(), "0"))
         .unwrap()
@@ -968,13 +967,7 @@ fn item20_error_hygiene() {
     // NoSpace keeps its source.
     let root = tempfile::tempdir().unwrap();
     let faults = Arc::new(NsFaults::new());
-    let store = Store::open_with(
-        root.path(),
-        worker("0"),
-        quiet(),
-        Parts::new().with_ns_faults(faults.clone()),
-    )
-    .unwrap();
+    let store = open_faulty(root.path(), quiet(), &faults).unwrap();
     faults.fail(NsOp::Create, rustix::io::Errno::NOSPC, 0, 1);
     let e = store.put(&store.key(hash(1)), b"x").unwrap_err();
     assert!(matches!(e, Error::NoSpace { .. }), "{e}");
@@ -1009,13 +1002,7 @@ fn item20_error_hygiene() {
 fn ns_faults_surface_as_errors_that_name_their_path() {
     let root = tempfile::tempdir().unwrap();
     let faults = Arc::new(NsFaults::new());
-    let store = Store::open_with(
-        root.path(),
-        worker("0"),
-        quiet().with_fd_cache(0),
-        Parts::new().with_ns_faults(faults.clone()),
-    )
-    .unwrap();
+    let store = open_faulty(root.path(), quiet().with_fd_cache(0), &faults).unwrap();
     let ks = fill(&store, 4, 1000);
     let mut buf = vec![0u8; 1000];
     // EMFILE on open: the open-file cache shrinks and the open is retried.

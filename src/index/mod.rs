@@ -274,18 +274,11 @@ impl Index {
                     if let Some(e) = st.map.get_mut(&hash) {
                         e.pins += 1; // not its own victim
                     }
-                    if self.over_disk(&st, est, 1, credit(&victims)) {
-                        st.policy.on_access(&acc);
-                        acc.clear();
-                        let v = self.evict_locked(&mut st, credit(&victims), |ix, st, c| {
-                            ix.over_disk(st, est, 1, c)
-                        });
-                        victims.extend(v);
-                    }
+                    let fits = self.make_room(&mut st, &mut acc, &mut victims, est);
                     if let Some(e) = st.map.get_mut(&hash) {
                         e.pins -= 1;
                     }
-                    if self.over_disk(&st, est, 1, credit(&victims)) {
+                    if !fits {
                         st.not_admitted += 1;
                         out.push(Offer::NotAdmitted);
                         declined = true;
@@ -328,21 +321,13 @@ impl Index {
                 declined = true;
                 continue;
             }
-            if self.over_disk(&st, est, 1, credit(&victims)) {
-                st.policy.on_access(&acc);
-                acc.clear();
-                let v = self.evict_locked(&mut st, credit(&victims), |ix, st, c| {
-                    ix.over_disk(st, est, 1, c)
-                });
-                victims.extend(v);
-                if self.over_disk(&st, est, 1, credit(&victims)) {
-                    // Everything left is pinned, being written, or a parent: no room.
-                    st.policy.on_remove(&hash);
-                    st.not_admitted += 1;
-                    out.push(Offer::NotAdmitted);
-                    declined = true;
-                    continue;
-                }
+            if !self.make_room(&mut st, &mut acc, &mut victims, est) {
+                // Everything left is pinned, being written, or a parent: no room.
+                st.policy.on_remove(&hash);
+                st.not_admitted += 1;
+                out.push(Offer::NotAdmitted);
+                declined = true;
+                continue;
             }
             let parent_known = prev.filter(|p| st.map.contains_key(p));
             st.map.insert(hash, Entry::new(est, true, parent_known));
@@ -365,6 +350,26 @@ impl Index {
             }
         }
         (out, victims)
+    }
+
+    /// Makes room on disk for one more file of `est` bytes: hands the policy the batch's
+    /// accesses so far, then evicts (the victims join `victims`, which the caller unlinks
+    /// before it creates any file). True if it fits now.
+    fn make_room(
+        &self,
+        st: &mut State,
+        acc: &mut Vec<Access>,
+        victims: &mut Vec<Victim>,
+        est: u64,
+    ) -> bool {
+        if !self.over_disk(st, est, 1, credit(victims)) {
+            return true;
+        }
+        st.policy.on_access(acc);
+        acc.clear();
+        let v = self.evict_locked(st, credit(victims), |ix, st, c| ix.over_disk(st, est, 1, c));
+        victims.extend(v);
+        !self.over_disk(st, est, 1, credit(victims))
     }
 
     /// Records that `parent` (when present) is the chain parent of the present `child`, if
