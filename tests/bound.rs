@@ -45,6 +45,27 @@ fn the_bound_is_never_exceeded() {
             other => panic!("{other:?}"),
         }
     }
+    // A block larger than the capacity is not stored (and not an error).
+    let store = Store::open(
+        root.path(),
+        worker("2"),
+        quiet().with_capacity_bytes(64 << 10),
+    )
+    .unwrap();
+    let k = store.key(hash(1));
+    store.put(&k, &vec![1u8; 1 << 20]).unwrap();
+    assert!(
+        !store.contains_many(std::slice::from_ref(&k))[0]
+            .as_ref()
+            .unwrap()
+    );
+    assert_eq!(store.stats().not_admitted, 1);
+    assert!(
+        files_under(store.dir())
+            .iter()
+            .all(|p| p.file_name().unwrap().len() != 64)
+    );
+    drop(store);
     // The bound at every instant: a tmpfs (statvfs counts its inodes and pages exactly, at
     // one instant), a flat tree (no shard directories to count), no STATS.json.
     let Some(fs) = Tmpfs::mount("256m", "counting files and bytes at one instant") else {

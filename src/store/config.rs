@@ -314,7 +314,7 @@ impl StoreConfig {
         if let Some(b) = self.capacity_bytes {
             if b < MIN_BLOCK_FILE_BYTES {
                 return Err(Error::Config(format!(
-                    "capacity of {b} bytes is smaller than one block file ({MIN_BLOCK_FILE_BYTES} \
+                    "capacity of {b} bytes is smaller than the smallest block file ({MIN_BLOCK_FILE_BYTES} \
                      bytes: a 4 KiB header and one 4 KiB page of payload)"
                 )));
             }
