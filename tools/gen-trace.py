@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Generates prefix-chain workload traces in the format of tests/data/mooncake_synthetic_trace.jsonl:
+one JSON object per request, {"timestamp": ms, "input_length": tokens, "output_length": tokens,
+"hash_ids": [...]}, one hash id per 512-token block, equal ids meaning equal blocks (a chain's
+prefix). Deterministic for a given shape and seed.
+
+usage: tools/gen-trace.py SHAPE [--seed N] [--requests N] > trace.jsonl
+shapes (docs/eviction.md says why each is plausible):
+  conversation  multi-turn chats: each turn extends the previous request of its conversation;
+                most conversations end after a few turns, a heavy tail runs long
+  agent         tool/agent calls: a handful of long system prompts (Zipf), each followed by a
+                long one-off suffix
+  documents     a Zipf mix of shared document prefixes, each followed by a short question
+  scan          a hot working set of chains, with long scans of fresh blocks mixed in
+"""
+import argparse
+import json
+import random
+import sys
+
+BLOCK_TOKENS = 512
+
+
+class Ids:
+    """Fresh block ids."""
+
+    def __init__(self):
+        self.next = 0
+
+    def take(self, n):
+        out = list(range(self.next, self.next + n))
+        self.next += n
+        return out
+
+
+def zipf_index(rng, n, s):
+    """An index in 0..n drawn with probability proportional to 1/(i+1)^s."""
+    # Inverse transform over the (small) table, cached per (n, s).
+    key = (n, s)
+    table = zipf_index.tables.get(key)
+    if table is None:
+        weights = [1.0 / (i + 1) ** s for i in range(n)]
+        total = sum(weights)
+        acc, table = 0.0, []
+        for w in weights:
+            acc += w / total
+            table.append(acc)
+        zipf_index.tables[key] = table
+    u = rng.random()
+    lo, hi = 0, n - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if table[mid] < u:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+zipf_index.tables = {}
+
+
+def conversation(rng, ids, requests):
+    """Up to 64 conversations in flight; a finished one is replaced by a new one."""
+    live = []
+    out = []
+    while len(out) < requests:
+        while len(live) < 64:
+            # Turns: geometric (mean about 3) for most, a Pareto tail for one in ten.
+            if rng.random() < 0.1:
+                turns = min(200, int(rng.paretovariate(1.2) * 8))
+            else:
+                turns = 1 + int(rng.expovariate(1 / 2.0))
+            system = ids.take(rng.randint(1, 4))
+            live.append({"ids": system, "left": max(1, turns)})
+        c = live[rng.randrange(len(live))]
+        # The user's message and the previous answer: 1-6 new blocks.
+        c["ids"] = c["ids"] + ids.take(rng.randint(1, 6))
+        out.append(list(c["ids"]))
+        c["left"] -= 1
+        if c["left"] == 0:
+            live.remove(c)
+    return out
+
+
+def agent(rng, ids, requests):
+    """Eight system prompts of 20-60 blocks, chosen by Zipf(1.1); a fresh suffix of 10-80."""
+    prompts = [ids.take(rng.randint(20, 60)) for _ in range(8)]
+    out = []
+    for _ in range(requests):
+        p = prompts[zipf_index(rng, len(prompts), 1.1)]
+        out.append(p + ids.take(rng.randint(10, 80)))
+    return out
+
+
+def documents(rng, ids, requests):
+    """5,000 documents of 5-120 blocks with Zipf(0.9) popularity; a question of 1-3 blocks."""
+    docs = [ids.take(rng.randint(5, 120)) for _ in range(5000)]
+    out = []
+    for _ in range(requests):
+        d = docs[zipf_index(rng, len(docs), 0.9)]
+        out.append(d + ids.take(rng.randint(1, 3)))
+    return out
+
+
+def scan(rng, ids, requests):
+    """300 hot chains of 4-20 blocks (uniform); one request in 25 is a scan of 300-1,500
+    fresh blocks."""
+    hot = [ids.take(rng.randint(4, 20)) for _ in range(300)]
+    out = []
+    for _ in range(requests):
+        if rng.random() < 0.04:
+            out.append(ids.take(rng.randint(300, 1500)))
+        else:
+            out.append(list(hot[rng.randrange(len(hot))]))
+    return out
+
+
+SHAPES = {
+    "conversation": conversation,
+    "agent": agent,
+    "documents": documents,
+    "scan": scan,
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("shape", choices=sorted(SHAPES))
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--requests", type=int, default=4000)
+    a = ap.parse_args()
+    rng = random.Random(f"{a.shape}:{a.seed}")
+    reqs = SHAPES[a.shape](rng, Ids(), a.requests)
+    t = 0
+    w = sys.stdout
+    for r in reqs:
+        t += int(rng.expovariate(1 / 50.0))
+        w.write(
+            json.dumps(
+                {
+                    "timestamp": t,
+                    "input_length": len(r) * BLOCK_TOKENS,
+                    "output_length": rng.randint(16, 512),
+                    "hash_ids": r,
+                }
+            )
+            + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
