@@ -323,11 +323,7 @@ fn a_batch_over_the_byte_capacity_writes_only_what_fits() {
     .unwrap();
     let ks = keys(&store, 8);
     let datas: Vec<Vec<u8>> = (0..8).map(|i| payload(i, 0, 100)).collect();
-    let items: Vec<_> = ks
-        .iter()
-        .cloned()
-        .zip(datas.iter().map(Vec::as_slice))
-        .collect();
+    let items = items(&ks, &datas);
     for r in store.put_many(&items) {
         r.unwrap();
     }

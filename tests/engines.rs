@@ -68,11 +68,7 @@ fn round_trips_misses_and_corruption() {
                 .enumerate()
                 .map(|(i, &n)| payload(i as u64, 9, n))
                 .collect();
-            let items: Vec<_> = ks
-                .iter()
-                .cloned()
-                .zip(datas.iter().map(Vec::as_slice))
-                .collect();
+            let items = items(&ks, &datas);
             assert!(store.put_many(&items).iter().all(Result::is_ok), "{name}");
             for _pass in 0..2 {
                 let mut bufs = vec![vec![0u8; 300_001]; sizes.len()];
@@ -371,11 +367,7 @@ fn a_sync_batch_syncs_each_directory_once() {
         .unwrap();
         let ks = keys(&store, 5);
         let datas: Vec<Vec<u8>> = (0..5).map(|i| payload(i, 0, 100)).collect();
-        let items: Vec<_> = ks
-            .iter()
-            .cloned()
-            .zip(datas.iter().map(Vec::as_slice))
-            .collect();
+        let items = items(&ks, &datas);
         for r in store.put_many(&items) {
             r.unwrap();
         }

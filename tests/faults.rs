@@ -29,11 +29,7 @@ fn a_write_failing_half_way_leaves_nothing_behind() {
     store.put(&other, &payload(999, 0, 100_000)).unwrap();
     let ks = keys(&store, 3);
     let datas: Vec<Vec<u8>> = (0..3).map(|i| payload(i, 0, 100_000)).collect();
-    let items: Vec<_> = ks
-        .iter()
-        .cloned()
-        .zip(datas.iter().map(Vec::as_slice))
-        .collect();
+    let items = items(&ks, &datas);
     let res = store.put_many(&items);
     // ENOSPC below the capacity: the store evicted what it could (the other chain's block;
     // never the failed blocks' own prefix) and retried the two failed writes once; they

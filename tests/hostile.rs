@@ -474,11 +474,7 @@ fn item07_08_repair_never_races_a_running_store() {
             while !stop.load(Ordering::Relaxed) {
                 let datas: Vec<Vec<u8>> =
                     (0..ks.len()).map(|i| payload(i as u64, v, 2000)).collect();
-                let items: Vec<_> = ks
-                    .iter()
-                    .cloned()
-                    .zip(datas.iter().map(Vec::as_slice))
-                    .collect();
+                let items = items(&ks, &datas);
                 for r in store.put_many(&items) {
                     if r.is_err() {
                         errors.fetch_add(1, Ordering::Relaxed);
@@ -538,11 +534,7 @@ fn item07_08_repair_never_races_a_running_store() {
             .map(|i| store.key(hash(1000 + round * 20 + i)))
             .collect();
         let datas: Vec<Vec<u8>> = (0..20).map(|i| payload(i, 0, 5000)).collect();
-        let items: Vec<_> = more
-            .iter()
-            .cloned()
-            .zip(datas.iter().map(Vec::as_slice))
-            .collect();
+        let items = items(&more, &datas);
         for r in store.put_many(&items) {
             r.unwrap();
         }
@@ -984,11 +976,7 @@ fn item20_error_hygiene() {
     .unwrap();
     let ks = keys(&store, 4);
     let datas: Vec<Vec<u8>> = (0..4).map(|i| payload(i, 0, 1000)).collect();
-    let items: Vec<_> = ks
-        .iter()
-        .cloned()
-        .zip(datas.iter().map(Vec::as_slice))
-        .collect();
+    let items = items(&ks, &datas);
     let res = store.put_many(&items);
     assert_eq!(res.len(), 4);
     assert!(res.iter().all(|r| r.is_err()), "{res:?}");

@@ -20,11 +20,7 @@ fn round_trip_batches_and_prefix() {
         .enumerate()
         .map(|(i, &n)| payload(i as u64, 0, n))
         .collect();
-    let items: Vec<_> = ks
-        .iter()
-        .cloned()
-        .zip(datas.iter().map(Vec::as_slice))
-        .collect();
+    let items = items(&ks, &datas);
     for r in store.put_many(&items) {
         r.unwrap();
     }

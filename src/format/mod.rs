@@ -56,6 +56,21 @@ pub enum HeaderError {
     HeaderCheck,
 }
 
+/// Checks the first [`PAYLOAD_OFFSET`] bytes of a block file named `name` (fewer if the file
+/// is shorter): a valid header naming that block, and zero padding. The error is why the file
+/// is corrupt. The store's reads and `tierkv-stat` both judge files with it.
+pub fn check_head(name: &BlockHash, head: &[u8]) -> Result<Header, crate::error::CorruptReason> {
+    use crate::error::CorruptReason;
+    let header = Header::decode(head)?;
+    if head.len() < PAYLOAD_OFFSET as usize || head[HEADER_LEN..].iter().any(|&b| b != 0) {
+        return Err(CorruptReason::Padding);
+    }
+    if &header.key != name {
+        return Err(CorruptReason::OtherBlock(header.key.to_string()));
+    }
+    Ok(header)
+}
+
 impl Header {
     /// The header for `payload` stored under `key`.
     pub fn for_payload(key: BlockHash, payload: &[u8]) -> Header {

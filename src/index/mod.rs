@@ -271,14 +271,14 @@ impl Index {
                 // Present (or reserved by another put of the same key: this one replaces it).
                 let pending = st.map.get(&hash).is_some_and(|e| e.pending);
                 if replace || pending {
+                    // Pinned: not its own victim, and kept for the replacement.
                     if let Some(e) = st.map.get_mut(&hash) {
-                        e.pins += 1; // not its own victim
+                        e.pins += 1;
                     }
-                    let fits = self.make_room(&mut st, &mut acc, &mut victims, est);
-                    if let Some(e) = st.map.get_mut(&hash) {
-                        e.pins -= 1;
-                    }
-                    if !fits {
+                    if !self.make_room(&mut st, &mut acc, &mut victims, est) {
+                        if let Some(e) = st.map.get_mut(&hash) {
+                            e.pins -= 1;
+                        }
                         st.not_admitted += 1;
                         out.push(Offer::NotAdmitted);
                         declined = true;
@@ -286,9 +286,6 @@ impl Index {
                     }
                     st.bytes += est;
                     st.extra_files += 1;
-                    if let Some(e) = st.map.get_mut(&hash) {
-                        e.pins += 1;
-                    }
                     out.push(Offer::Replace { reserved: est });
                 } else {
                     if let Some(e) = st.map.get_mut(&hash) {
@@ -329,13 +326,8 @@ impl Index {
                 declined = true;
                 continue;
             }
-            let parent_known = prev.filter(|p| st.map.contains_key(p));
-            st.map.insert(hash, Entry::new(est, true, parent_known));
-            if let Some(p) = parent_known {
-                if let Some(pe) = st.map.get_mut(&p) {
-                    pe.children.push(hash);
-                }
-            }
+            st.map.insert(hash, Entry::new(est, true, None));
+            Self::link(&mut st, prev, hash);
             st.bytes += est;
             acc.push(Access {
                 hash,

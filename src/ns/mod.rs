@@ -38,7 +38,7 @@ pub use fault::{NsFaults, NsOp};
 
 use crate::error::{Error, Result};
 use crate::format::FORMAT_VERSION;
-use crate::layout::TEMP_PREFIX;
+use crate::layout::{LOCK_FILE, TEMP_PREFIX};
 
 /// Mode of directories the layer creates, as passed to `mkdir` (the umask applies).
 pub const DIR_MODE: u32 = 0o755;
@@ -547,6 +547,21 @@ impl BlockDir {
         }
     }
 
+    /// Records this process as the lock's holder in `.lock` (`pid=` and `host=` lines), for
+    /// the next opener's `WorkerBusy` and for tierkv-stat.
+    pub fn record_holder(&self) -> Result<()> {
+        let who = format!("pid={}\nhost={}\n", std::process::id(), host_name());
+        self.write_control(LOCK_FILE, who.as_bytes())
+    }
+
+    /// Who holds the worker lock, as `.lock` says: `pid N on HOST`, or `holder unknown`.
+    pub fn holder(&self) -> String {
+        self.read_control(LOCK_FILE).ok().flatten().map_or_else(
+            || "holder unknown".into(),
+            |t| lock_holder(&String::from_utf8_lossy(&t)),
+        )
+    }
+
     /// Releases the worker lock.
     pub fn unlock(&self) -> rustix::io::Result<()> {
         rustix::fs::flock(&self.fd, FlockOperation::Unlock)
@@ -677,6 +692,33 @@ fn regular_only(fd: OwnedFd, flags: OFlags) -> rustix::io::Result<Opened> {
         rustix::fs::fcntl_setfl(&fd, fl - OFlags::NONBLOCK)?;
     }
     Ok(Opened::File(fd, Box::new(st)))
+}
+
+/// Who holds a worker lock, from the `.lock` file's text (`pid=N` and `host=H` lines).
+fn lock_holder(text: &str) -> String {
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
+            .map(str::trim)
+            .filter(|v| !v.is_empty() && v.len() <= 256)
+    };
+    match (field("pid"), field("host")) {
+        (Some(p), Some(h)) => format!("pid {p} on {h}"),
+        (Some(p), None) => format!("pid {p}"),
+        _ => "holder unknown".into(),
+    }
+}
+
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is valid for `buf.len()` bytes; gethostname writes at most that many and
+    // we read only up to the first NUL within the buffer.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 /// Lists the directory open at `fd`.

@@ -19,12 +19,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustix::io::Errno;
 
 use super::fdcache::OpenBlock;
-use super::read::{Dest, ReadPlan, check_head, count_mismatch};
+use super::read::{Dest, ReadPlan, count_mismatch};
 use super::{Counters, Inner, Lookup, Store, VerifyMode, io_err};
 use crate::buf::DeviceMem;
 use crate::engine::IoRequest;
 use crate::error::{Error, Result};
 use crate::format::PAYLOAD_OFFSET;
+use crate::format::check_head;
 use crate::key::BlockKey;
 
 impl Store {
@@ -213,7 +214,7 @@ impl Inner {
                 vec![IoSliceMut::new(&mut head)],
             ))
             .map_err(io_error)?;
-        let header = match check_head(key, &head[..n]) {
+        let header = match check_head(&key.hash, &head[..n]) {
             Ok(h) => h,
             Err(reason) => {
                 return Err(Ok(self.corrupt(&key.hash, rel, &fd, None, reason)));

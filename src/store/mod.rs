@@ -16,7 +16,7 @@ use crate::format::PAYLOAD_OFFSET;
 use crate::index::Index;
 use crate::index::policy::Policy;
 use crate::key::{BlockHash, BlockKey, WorkerId};
-use crate::layout::{self, EntryName, LAYOUT_FILE, LOCK_FILE, Layout};
+use crate::layout::{self, EntryName, LAYOUT_FILE, Layout};
 use crate::ns::{BlockDir, FileKind, NsFaults, Opened, Unlinked};
 
 mod async_api;
@@ -160,9 +160,8 @@ struct IoOptions {
     direct: bool,
     sync_writes: bool,
     max_block: usize,
+    /// Read-only: no worker lock is held, nothing is written.
     read_only: bool,
-    /// True when this store holds the worker lock (not in read-only mode).
-    locked: bool,
 }
 
 /// How puts publish: what the filesystem turned out to support, and the temp-name sequence.
@@ -203,7 +202,7 @@ impl Inner {
             // The last snapshot, marked closed.
             self.write_live_stats(false, self.threads.stats_interval);
         }
-        if self.opts.locked {
+        if !self.opts.read_only {
             if let Err(e) = self.ns.unlock() {
                 tracing::warn!(error = %e, "could not release the worker lock");
             }
@@ -212,21 +211,6 @@ impl Inner {
 }
 
 use crate::ns::io_err;
-
-/// Who holds a worker lock, from the `.lock` file's text (`pid=N` and `host=H` lines).
-pub fn lock_holder(text: &str) -> String {
-    let field = |k: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
-            .map(str::trim)
-            .filter(|v| !v.is_empty() && v.len() <= 256)
-    };
-    match (field("pid"), field("host")) {
-        (Some(p), Some(h)) => format!("pid {p} on {h}"),
-        (Some(p), None) => format!("pid {p}"),
-        _ => "holder unknown".into(),
-    }
-}
 
 /// A read-only filesystem met while opening for writing: say how to open it for reading.
 fn read_only_hint(e: Error) -> Error {
@@ -240,18 +224,6 @@ fn read_only_hint(e: Error) -> Error {
         }
         e => e,
     }
-}
-
-fn host_name() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: `buf` is valid for `buf.len()` bytes; gethostname writes at most that many and
-    // we read only up to the first NUL within the buffer.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "unknown".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 impl Store {
@@ -294,27 +266,23 @@ impl Store {
             BlockDir::open_with_faults(root.as_ref(), worker.as_str(), !read_only, parts.ns_faults)
                 .map_err(read_only_hint)?;
         let dir = ns.path().to_path_buf();
-        let locked = !read_only;
-        if locked {
+        if !read_only {
             match ns.try_lock() {
                 Ok(true) => {}
                 Ok(false) => {
-                    let holder = ns.read_control(LOCK_FILE).ok().flatten().map_or_else(
-                        || "holder unknown".into(),
-                        |t| lock_holder(&String::from_utf8_lossy(&t)),
-                    );
-                    return Err(Error::WorkerBusy { path: dir, holder });
+                    return Err(Error::WorkerBusy {
+                        path: dir,
+                        holder: ns.holder(),
+                    });
                 }
                 Err(e) => return Err(Error::from_io(&dir, io_err(e))),
             }
-            // Who holds the lock, for the next opener's WorkerBusy and for tierkv-stat.
-            let who = format!("pid={}\nhost={}\n", std::process::id(), host_name());
-            if let Err(e) = ns.write_control(LOCK_FILE, who.as_bytes()) {
+            if let Err(e) = ns.record_holder() {
                 let _ = ns.unlock();
                 return Err(read_only_hint(e));
             }
         }
-        Self::open_locked(ns, worker, &config, engine, policy, read_only)
+        Self::open_locked(ns, worker, &config, engine, policy)
     }
 
     fn open_locked(
@@ -323,8 +291,8 @@ impl Store {
         config: &StoreConfig,
         engine: Arc<dyn IoEngine>,
         policy: Box<dyn Policy>,
-        read_only: bool,
     ) -> Result<Store> {
+        let read_only = config.read_only;
         let unlock = |ns: &BlockDir| {
             if !read_only {
                 let _ = ns.unlock();
@@ -397,7 +365,6 @@ impl Store {
                 sync_writes: config.sync_writes,
                 max_block: config.max_block_size(),
                 read_only,
-                locked: !read_only,
             },
             publish: Publisher {
                 tmpfile: AtomicBool::new(config.publish == Publish::Tmpfile),
@@ -778,22 +745,22 @@ impl Inner {
                 .map(|&i| write::disk_estimate(write::Source::len(&items[i].1)))
                 .sum();
             let floor = self.index.counts().bytes / 100;
+            // The retried blocks continue the chain of the item before the first one.
+            let anchor = retry[0].checked_sub(1).map(|i| items[i].0.hash).or(after);
             // Never the blocks the room is for, nor the chain prefix they hang from.
             let keep: Vec<BlockHash> = retry
                 .iter()
                 .map(|&i| items[i].0.hash)
-                .chain(retry[0].checked_sub(1).map(|i| items[i].0.hash))
+                .chain(anchor)
                 .chain(after)
                 .collect();
             let victims = self.index.evict_bytes(need.max(floor), &keep);
             if !victims.is_empty() {
                 Counters::add(&self.counters.nospace_retries, 1);
                 self.unlink_victims(victims);
-                // The retried blocks continue the chain of the item before the first one.
-                let after = retry[0].checked_sub(1).map(|i| items[i].0.hash).or(after);
                 for (i, r) in retry
                     .iter()
-                    .zip(self.put_batch(items, &retry, replace, after))
+                    .zip(self.put_batch(items, &retry, replace, anchor))
                 {
                     results[*i] = r;
                 }

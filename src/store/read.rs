@@ -12,7 +12,7 @@ use super::{Counters, Inner, Lookup, VerifyMode, io_err};
 use crate::buf::{DIRECT_ALIGN, DeviceMem, PooledBuf, align_up};
 use crate::engine::IoRequest;
 use crate::error::{CorruptReason, Error, Result};
-use crate::format::{HEADER_LEN, Header, PAYLOAD_OFFSET};
+use crate::format::{PAYLOAD_OFFSET, check_head};
 use crate::key::{BlockHash, BlockKey};
 use crate::layout::RelPath;
 use crate::ns::{Inode, Opened};
@@ -32,22 +32,6 @@ pub(super) enum ReadPlan {
         tail: [u8; 1],
         bounce: Option<PooledBuf>,
     },
-}
-
-/// Checks the first [`PAYLOAD_OFFSET`] bytes of a block file read for `key`: a valid header
-/// naming that key, zero padding. The error is the reason the file is corrupt.
-pub(super) fn check_head(
-    key: &BlockKey,
-    head: &[u8],
-) -> std::result::Result<Header, CorruptReason> {
-    let header = Header::decode(head)?;
-    if head.len() < PAYLOAD_OFFSET as usize || head[HEADER_LEN..].iter().any(|&b| b != 0) {
-        return Err(CorruptReason::Padding);
-    }
-    if header.key != key.hash {
-        return Err(CorruptReason::OtherBlock(header.key.to_string()));
-    }
-    Ok(header)
 }
 
 /// The error of every key of a batch whose keys and buffers do not pair up, if they don't.
@@ -428,7 +412,7 @@ impl Inner {
                     Some(b) => &b[..n.min(PAYLOAD_OFFSET as usize)],
                     None => &head[..n.min(PAYLOAD_OFFSET as usize)],
                 };
-                let header = match check_head(key, head_bytes) {
+                let header = match check_head(&key.hash, head_bytes) {
                     Ok(h) => h,
                     Err(reason) => return Ok(self.corrupt(&key.hash, &rel, &fd, None, reason)),
                 };

@@ -30,6 +30,15 @@ pub fn payload(i: u64, version: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Pairs keys with their payloads, as `put_many` and `offer_many` take them.
+pub fn items<'a>(keys: &[BlockKey], datas: &'a [Vec<u8>]) -> Vec<(BlockKey, &'a [u8])> {
+    assert_eq!(keys.len(), datas.len(), "a payload per key");
+    keys.iter()
+        .cloned()
+        .zip(datas.iter().map(Vec::as_slice))
+        .collect()
+}
+
 pub fn open(root: &Path, w: &str) -> Store {
     Store::open(root, worker(w), StoreConfig::default()).unwrap()
 }

@@ -20,8 +20,8 @@ use rustix::fs::OFlags;
 use rustix::io::Errno;
 use serde::Serialize;
 use tierkv::CorruptReason;
-use tierkv::format::{HEADER_LEN, Header, PAYLOAD_OFFSET};
-use tierkv::layout::{self, EntryName, LAYOUT_FILE, LOCK_FILE, Layout, STATS_FILE};
+use tierkv::format::PAYLOAD_OFFSET;
+use tierkv::layout::{self, EntryName, LAYOUT_FILE, Layout, STATS_FILE};
 use tierkv::ns::{BlockDir, FileKind, Inode, Opened, Parent, Unlinked, io_err, join};
 use tierkv::store::LiveStats;
 use tierkv::store::sweep::in_parallel;
@@ -343,19 +343,10 @@ fn check_block(
     let inode = Inode::of(&st);
     let mut head = vec![0u8; PAYLOAD_OFFSET as usize];
     let n = pread_full(&fd, &mut head, 0)?;
-    let header = match Header::decode(&head[..n]) {
+    let header = match tierkv::format::check_head(name_hash, &head[..n]) {
         Ok(h) => h,
-        Err(e) => return Ok(Judged::Bad(CorruptReason::Header(e), inode)),
+        Err(reason) => return Ok(Judged::Bad(reason, inode)),
     };
-    if &header.key != name_hash {
-        return Ok(Judged::Bad(
-            CorruptReason::OtherBlock(header.key.to_string()),
-            inode,
-        ));
-    }
-    if n < PAYLOAD_OFFSET as usize || head[HEADER_LEN..].iter().any(|&b| b != 0) {
-        return Ok(Judged::Bad(CorruptReason::Padding, inode));
-    }
     let size = st.st_size as u64;
     if size != header.file_len() {
         return Ok(Judged::Bad(
@@ -513,10 +504,7 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
         match ns.try_lock() {
             Ok(true) => true,
             Ok(false) => {
-                let holder = ns.read_control(LOCK_FILE).ok().flatten().map_or_else(
-                    || "holder unknown".into(),
-                    |t| tierkv::store::lock_holder(&String::from_utf8_lossy(&t)),
-                );
+                let holder = ns.holder();
                 wr.error(
                     ns.path().to_path_buf(),
                     format!("in use by a running store ({holder}): not repaired"),
