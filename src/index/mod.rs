@@ -433,12 +433,8 @@ impl Index {
         let mut st = self.lock();
         let reserved = offer == Offer::Reserved && st.map.get(hash).is_some_and(|e| e.pending);
         if reserved {
-            if let Some(e) = st.map.remove(hash) {
-                st.bytes -= e.bytes;
-                st.policy.on_remove(hash);
-                Self::unlink_parent(&mut st, hash, e.parent);
-                // A child reserved after it in the same batch is aborted by its own put.
-            }
+            // A child reserved after it in the same batch is aborted by its own put.
+            Self::take(&mut st, hash);
         } else {
             if let Offer::Replace { reserved } = offer {
                 st.bytes = st.bytes.saturating_sub(reserved);
@@ -448,6 +444,16 @@ impl Index {
                 e.pins = e.pins.saturating_sub(1);
             }
         }
+    }
+
+    /// Takes a block out of the index, its policy and its parent's children; returns its
+    /// entry (with its children, which the caller deals with).
+    fn take(st: &mut State, h: &BlockHash) -> Option<Entry> {
+        let e = st.map.remove(h)?;
+        st.bytes -= e.bytes;
+        st.policy.on_remove(h);
+        Self::unlink_parent(st, h, e.parent);
+        Some(e)
     }
 
     fn unlink_parent(st: &mut State, hash: &BlockHash, parent: Option<BlockHash>) {
@@ -538,12 +544,9 @@ impl Index {
     /// offered through them links them again. True if it was known.
     pub fn forget(&self, h: &BlockHash) -> bool {
         let mut st = self.lock();
-        let Some(e) = st.map.remove(h) else {
+        let Some(e) = Self::take(&mut st, h) else {
             return false;
         };
-        st.bytes -= e.bytes;
-        st.policy.on_remove(h);
-        Self::unlink_parent(&mut st, h, e.parent);
         for c in e.children {
             if let Some(ce) = st.map.get_mut(&c) {
                 ce.parent = None;
@@ -556,12 +559,9 @@ impl Index {
     /// its descendants: returned as victims whose files the caller unlinks.
     pub fn remove(&self, h: &BlockHash) -> Vec<Victim> {
         let mut st = self.lock();
-        let Some(e) = st.map.remove(h) else {
+        let Some(e) = Self::take(&mut st, h) else {
             return Vec::new();
         };
-        st.bytes -= e.bytes;
-        st.policy.on_remove(h);
-        Self::unlink_parent(&mut st, h, e.parent);
         let mut out = Vec::new();
         let mut stack = e.children;
         while let Some(c) = stack.pop() {

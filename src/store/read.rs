@@ -60,15 +60,6 @@ pub(super) enum Dest<'a> {
     Device(DeviceMem),
 }
 
-impl Dest<'_> {
-    fn len(&self) -> usize {
-        match self {
-            Dest::Host(b) => b.len(),
-            Dest::Device(m) => m.len(),
-        }
-    }
-}
-
 impl Inner {
     /// Reads a batch into host buffers; see [`Store::get_many`](super::Store::get_many).
     pub(super) fn get_batch<B: AsMut<[u8]>>(
@@ -103,7 +94,7 @@ impl Inner {
                 (Err(e), _) => ReadPlan::Done(Err(e)),
                 (Ok(false), _) => ReadPlan::Done(Ok(Lookup::Miss)),
                 (Ok(true), Dest::Host(b)) => self.plan_read(k, b.len(), b.as_ptr() as usize),
-                (Ok(true), Dest::Device(_)) => self.plan_device_read(k, d.len()),
+                (Ok(true), Dest::Device(m)) => self.plan_device_read(k, m.len()),
             });
         }
 

@@ -449,6 +449,14 @@ impl WorkerReport {
     }
 }
 
+/// A temp file (of a block or a control file): counted, and removed by repair.
+fn temp_file(ns: &BlockDir, parent: &Parent<'_>, rel: &str, repair: bool, wr: &mut WorkerReport) {
+    wr.temp += 1;
+    if repair {
+        repair_remove(ns, parent, rel, None, wr);
+    }
+}
+
 /// A block outside the directory its layout puts it in: counted, and removed by repair (if
 /// it is still the regular file just listed).
 fn misplaced(ns: &BlockDir, parent: &Parent<'_>, rel: &str, repair: bool, wr: &mut WorkerReport) {
@@ -575,10 +583,7 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
                 FileKind::File => match Layout::classify(name) {
                     EntryName::Meta if lvl == 0 => {}
                     EntryName::ControlTemp if lvl == 0 => {
-                        wr.temp += 1;
-                        if repair {
-                            repair_remove(&ns, &parent, name, None, &mut wr);
-                        }
+                        temp_file(&ns, &parent, name, repair, &mut wr)
                     }
                     EntryName::Block(_) => {
                         misplaced(&ns, &parent, &join(&d, name), repair, &mut wr)
@@ -657,17 +662,9 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
                             Err(err) => local.error(ns.full(&rel), io_err(err)),
                         }
                     }
-                    EntryName::Temp => {
-                        local.temp += 1;
-                        if repair {
-                            repair_remove(&ns, &parent, &rel, None, local);
-                        }
-                    }
+                    EntryName::Temp => temp_file(&ns, &parent, &rel, repair, local),
                     EntryName::ControlTemp if is_root_leaf => {
-                        local.temp += 1;
-                        if repair {
-                            repair_remove(&ns, &parent, &rel, None, local);
-                        }
+                        temp_file(&ns, &parent, &rel, repair, local)
                     }
                     EntryName::Meta if is_root_leaf => {}
                     _ => local.foreign += 1,
