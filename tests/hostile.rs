@@ -589,6 +589,11 @@ fn item10_repair_on_a_read_only_mount_fails_loudly() {
         "names the file it could not remove: {}",
         text(&o)
     );
+    assert!(
+        text(&o).contains("could not remove"),
+        "says it could not: {}",
+        text(&o)
+    );
     assert!(p.exists());
 }
 
