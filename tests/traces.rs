@@ -17,28 +17,26 @@ fn generate(shape: &str, seed: u32) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// The `hash_ids` of each request, checking that `input_length` is 512 tokens a block.
+fn parse(trace: &str) -> Vec<Vec<u64>> {
+    trace
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let ids = v["hash_ids"].as_array().unwrap();
+            assert_eq!(v["input_length"].as_u64().unwrap(), 512 * ids.len() as u64);
+            ids.iter().map(|x| x.as_u64().unwrap()).collect()
+        })
+        .collect()
+}
+
 #[test]
 fn generated_traces_are_valid_and_reproducible() {
     for shape in ["conversation", "agent", "documents", "scan"] {
         let a = generate(shape, 1);
         assert_eq!(a, generate(shape, 1), "{shape}: not reproducible");
         assert_ne!(a, generate(shape, 2), "{shape}: the seed changes nothing");
-        let reqs: Vec<Vec<u64>> = a
-            .lines()
-            .map(|l| {
-                let v: serde_json::Value = serde_json::from_str(l).unwrap();
-                assert_eq!(
-                    v["input_length"].as_u64().unwrap(),
-                    512 * v["hash_ids"].as_array().unwrap().len() as u64
-                );
-                v["hash_ids"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_u64().unwrap())
-                    .collect()
-            })
-            .collect();
+        let reqs = parse(&a);
         assert_eq!(reqs.len(), 300, "{shape}");
         // Equal ids are equal blocks of a chain: an id is always preceded by the same id.
         let mut parent = std::collections::HashMap::new();
@@ -57,18 +55,7 @@ fn generated_traces_are_valid_and_reproducible() {
 
 #[test]
 fn conversations_extend_their_previous_turn() {
-    let reqs: Vec<Vec<u64>> = generate("conversation", 1)
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            v["hash_ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap())
-                .collect()
-        })
-        .collect();
+    let reqs = parse(&generate("conversation", 1));
     // Some request is a strict extension of an earlier one (a later turn).
     let extended = reqs.iter().enumerate().filter(|(i, r)| {
         reqs[..*i]
