@@ -22,7 +22,12 @@ fn du_blocks(dir: &std::path::Path) -> u64 {
 fn the_tree_stays_under_the_capacity() {
     let dir = tempfile::tempdir().unwrap();
     const CAP: u64 = 1 << 20;
-    for policy in [PolicyKind::Lru, PolicyKind::Admit2, PolicyKind::Arc] {
+    for policy in [
+        PolicyKind::Lru,
+        PolicyKind::Admit2,
+        PolicyKind::Arc,
+        PolicyKind::Adaptive,
+    ] {
         let w = format!("w-{policy}");
         let cfg = StoreConfig::new()
             .with_capacity_bytes(CAP)

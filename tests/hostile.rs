@@ -601,7 +601,12 @@ fn item10_repair_on_a_read_only_mount_fails_loudly() {
 
 #[test]
 fn item11_chains_keep_their_roots() {
-    for policy in [PolicyKind::Lru, PolicyKind::Admit2, PolicyKind::Arc] {
+    for policy in [
+        PolicyKind::Lru,
+        PolicyKind::Admit2,
+        PolicyKind::Arc,
+        PolicyKind::Adaptive,
+    ] {
         let root = tempfile::tempdir().unwrap();
         let cfg = quiet()
             .with_capacity_bytes(50 * (4096 + 65_536))
@@ -659,8 +664,8 @@ mod prefix_property {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
         #[test]
-        fn item11_present_set_is_prefix_closed(ops in proptest::collection::vec(op(), 1..40), p in 0..3usize) {
-            let policy = [PolicyKind::Lru, PolicyKind::Admit2, PolicyKind::Arc][p];
+        fn item11_present_set_is_prefix_closed(ops in proptest::collection::vec(op(), 1..40), p in 0..4usize) {
+            let policy = [PolicyKind::Lru, PolicyKind::Admit2, PolicyKind::Arc, PolicyKind::Adaptive][p];
             let root = tempfile::tempdir().unwrap();
             let cfg = quiet().with_capacity_files(20).with_watermarks(1.0, 1.0).with_policy(policy);
             let store = Store::open(root.path(), worker("0"), cfg).unwrap();

@@ -32,7 +32,7 @@ fn parse(trace: &str) -> Vec<Vec<u64>> {
 
 #[test]
 fn generated_traces_are_valid_and_reproducible() {
-    for shape in ["conversation", "agent", "documents", "scan"] {
+    for shape in ["conversation", "agent", "documents", "scan", "chat"] {
         let a = generate(shape, 1);
         assert_eq!(a, generate(shape, 1), "{shape}: not reproducible");
         assert_ne!(a, generate(shape, 2), "{shape}: the seed changes nothing");

@@ -5,9 +5,12 @@ one JSON object per request, {"timestamp": ms, "input_length": tokens, "output_l
 prefix). Deterministic for a given shape and seed.
 
 usage: tools/gen-trace.py SHAPE [--seed N] [--requests N] > trace.jsonl
+       tools/gen-trace.py --list   (the shapes, one a line)
 shapes (docs/eviction.md says why each is plausible):
   conversation  multi-turn chats: each turn extends the previous request of its conversation;
                 most conversations end after a few turns, a heavy tail runs long
+  chat          chat serving at scale: many conversations in flight, most of them short, each
+                turn adding a long new part, so most blocks are seen once
   agent         tool/agent calls: a handful of long system prompts (Zipf), each followed by a
                 long one-off suffix
   documents     a Zipf mix of shared document prefixes, each followed by a short question
@@ -83,6 +86,33 @@ def conversation(rng, ids, requests):
     return out
 
 
+def chat(rng, ids, requests):
+    """Chat serving at scale: 400 conversations in flight behind 3 shared system prompts; half
+    end after their first turn, the rest after a geometric number (mean 4) of turns, one in
+    ten Pareto-long; each turn adds 2-24 new blocks (a pasted document, the previous answer),
+    so most blocks are seen once and the reused ones are the prefixes of live chats."""
+    systems = [ids.take(rng.randint(2, 6)) for _ in range(3)]
+    live = []
+    out = []
+    while len(out) < requests:
+        while len(live) < 400:
+            u = rng.random()
+            if u < 0.5:
+                turns = 1
+            elif u < 0.9:
+                turns = 1 + int(rng.expovariate(1 / 4.0))
+            else:
+                turns = min(300, int(rng.paretovariate(1.1) * 10))
+            live.append({"ids": list(systems[rng.randrange(3)]), "left": max(1, turns)})
+        c = live[rng.randrange(len(live))]
+        c["ids"] = c["ids"] + ids.take(rng.randint(2, 24))
+        out.append(list(c["ids"]))
+        c["left"] -= 1
+        if c["left"] == 0:
+            live.remove(c)
+    return out
+
+
 def agent(rng, ids, requests):
     """Eight system prompts of 20-60 blocks, chosen by Zipf(1.1); a fresh suffix of 10-80."""
     prompts = [ids.take(rng.randint(20, 60)) for _ in range(8)]
@@ -119,6 +149,7 @@ def scan(rng, ids, requests):
 SHAPES = {
     "conversation": conversation,
     "agent": agent,
+    "chat": chat,
     "documents": documents,
     "scan": scan,
 }
@@ -126,6 +157,9 @@ SHAPES = {
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if sys.argv[1:] == ["--list"]:
+        print("\n".join(sorted(SHAPES)))
+        return
     ap.add_argument("shape", choices=sorted(SHAPES))
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--requests", type=int, default=4000)

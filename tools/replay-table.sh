@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Hit ratios of every policy on a trace at several capacities, each a full replay through a
 # real store (real files of BS bytes). Prints a markdown table.
-# usage: tools/replay-table.sh [TRACE] [DIR] [BS] [CAPACITIES...]
+# usage: tools/replay-table.sh [TRACE|all] [DIR] [BS] [CAPACITIES...]
 #   defaults: tests/data/mooncake_synthetic_trace.jsonl, a temp dir, 4k, 1000 4000 16000
+#   all: the shared trace and every shape of tools/gen-trace.py (seed 1, 4,000 requests), a
+#   row per shape and capacity
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TRACE=${1:-tests/data/mooncake_synthetic_trace.jsonl}
@@ -13,22 +15,36 @@ CAPS=("$@"); [ ${#CAPS[@]} -gt 0 ] || CAPS=(1000 4000 16000)
 . tools/bench-common.sh
 build_bin tierkv-bench
 BENCH=$B
-echo "trace: $TRACE; bs=$BS; dir on $(df -T "$BASE" | awk 'NR==2 {print $2}')"
-echo
-echo "| capacity (blocks) | lru | admit2 | arc (default) | belady | arc vs best simple | gap to belady |"
-echo "|---:|---:|---:|---:|---:|---:|---:|"
-for cap in "${CAPS[@]}"; do
-  declare -A hr=()
-  for p in lru admit2 arc belady; do
-    d="$BASE/$p-$cap"
-    hr[$p]=$($BENCH --dir "$d" --rw replay --trace "$TRACE" --capacity-blocks "$cap" --policy $p --bs "$BS" --output-format json \
-      | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["errors"]==0 and d["read_misses"]==0, d; print("%.4f" % d["hit_ratio"])')
-    rm -rf "$d"
+declare -A TRACES=()
+if [ "$TRACE" = all ]; then
+  mkdir -p "$BASE/traces"
+  TRACES[mooncake]=tests/data/mooncake_synthetic_trace.jsonl
+  for s in $(python3 tools/gen-trace.py --list); do
+    python3 tools/gen-trace.py "$s" --seed 1 --requests 4000 >"$BASE/traces/$s.jsonl"
+    TRACES[$s]=$BASE/traces/$s.jsonl
   done
-  python3 - "$cap" "${hr[lru]}" "${hr[admit2]}" "${hr[arc]}" "${hr[belady]}" <<'PY'
+else
+  TRACES[$(basename "$TRACE" .jsonl)]=$TRACE
+fi
+echo "bs=$BS; dir on $(df -T "$BASE" | awk 'NR==2 {print $2}'); $(uname -r); $(nproc) CPUs"
+echo
+echo "| trace | capacity (blocks) | lru | admit2 | arc | adaptive (default) | belady | default vs best simple | gap to belady |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+for name in $(printf '%s\n' "${!TRACES[@]}" | sort); do
+  for cap in "${CAPS[@]}"; do
+    declare -A hr=()
+    for p in lru admit2 arc adaptive belady; do
+      d="$BASE/$p-$cap"
+      hr[$p]=$($BENCH --dir "$d" --rw replay --trace "${TRACES[$name]}" --capacity-blocks "$cap" --policy $p --bs "$BS" --output-format json \
+        | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["errors"]==0 and d["read_misses"]==0, d; print("%.4f" % d["hit_ratio"])')
+      rm -rf "$d"
+    done
+    python3 - "$name" "$cap" "${hr[lru]}" "${hr[admit2]}" "${hr[arc]}" "${hr[adaptive]}" "${hr[belady]}" <<'PY'
 import sys
-cap, lru, adm, arc, bel = sys.argv[1], *map(float, sys.argv[2:])
+name, cap = sys.argv[1], sys.argv[2]
+lru, adm, arc, ad, bel = map(float, sys.argv[3:])
 best = max(lru, adm)
-print(f"| {int(cap):,} | {lru:.4f} | {adm:.4f} | {arc:.4f} | {bel:.4f} | {arc - best:+.4f} | {bel - arc:.4f} |")
+print(f"| {name} | {int(cap):,} | {lru:.4f} | {adm:.4f} | {arc:.4f} | {ad:.4f} | {bel:.4f} | {ad - best:+.4f} | {bel - ad:.4f} |")
 PY
+  done
 done

@@ -43,6 +43,8 @@ echo "== tests"
 SKIPS=target/test-skips.txt
 rm -f "$SKIPS"
 cargo test -q --all-features
+echo "== whole-trace policy replays (optimised: src/index/policy)"
+cargo test -q --release --lib index::policy
 if [ -s "$SKIPS" ]; then
   echo "== skipped: $(wc -l <"$SKIPS") tests or parts of tests"
   cat "$SKIPS"

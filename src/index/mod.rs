@@ -223,6 +223,7 @@ impl Index {
                 inserted: false,
             })
             .collect();
+        st.policy.on_chain(None);
         st.policy.on_access(&batch);
     }
 
@@ -265,6 +266,7 @@ impl Index {
         }
         // Pinned for the batch: what it touched stays while the rest is placed.
         let mut touched: Vec<BlockHash> = Vec::new();
+        st.policy.on_chain(after.as_ref());
         for &(hash, est) in items {
             let prev = parent.replace(hash);
             if st.map.contains_key(&hash) && !declined {
@@ -305,6 +307,7 @@ impl Index {
                 // Its parent was declined: it could never be reached. The policy still sees
                 // it offered (admission counts sightings), then forgets it.
                 if !st.map.contains_key(&hash) {
+                    Self::touches_first(&mut st, &mut acc);
                     let _ = st.policy.admit(&hash);
                     st.policy.on_remove(&hash);
                 }
@@ -312,6 +315,7 @@ impl Index {
                 out.push(Offer::NotAdmitted);
                 continue;
             }
+            Self::touches_first(&mut st, &mut acc);
             if !st.policy.admit(&hash) {
                 st.not_admitted += 1;
                 out.push(Offer::NotAdmitted);
@@ -342,6 +346,16 @@ impl Index {
             }
         }
         (out, victims)
+    }
+
+    /// Before an admission, hands the policy the batch's accesses so far if any is a touch, so
+    /// the policy sees touches and admissions in chain order. (Insertions alone stay batched:
+    /// their admission was already seen, and ARC orders a batch deepest first.)
+    fn touches_first(st: &mut State, acc: &mut Vec<Access>) {
+        if acc.iter().any(|a| !a.inserted) {
+            st.policy.on_access(acc);
+            acc.clear();
+        }
     }
 
     /// Makes room on disk for one more file of `est` bytes: hands the policy the batch's
@@ -827,7 +841,12 @@ mod tests {
 
     #[test]
     fn chains_are_cut_from_the_tail() {
-        for kind in [PolicyKind::Lru, PolicyKind::Admit2, PolicyKind::Arc] {
+        for kind in [
+            PolicyKind::Lru,
+            PolicyKind::Admit2,
+            PolicyKind::Arc,
+            PolicyKind::Adaptive,
+        ] {
             let i = Index::new(
                 Limits {
                     max_bytes: None,

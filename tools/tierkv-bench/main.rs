@@ -172,8 +172,9 @@ struct Args {
     /// Capacity in block files.
     #[arg(long)]
     capacity_blocks: Option<u64>,
-    /// Eviction policy: lru, admit2, arc (default); belady (replay only: knows the trace).
-    #[arg(long, default_value = "arc")]
+    /// Eviction policy: adaptive (default), lru, admit2, arc; belady (replay only: knows the
+    /// trace).
+    #[arg(long, default_value = "adaptive")]
     policy: String,
     /// The trace to replay (JSON lines with `hash_ids`).
     #[arg(long)]

@@ -86,6 +86,20 @@ impl Arc {
     }
 }
 
+impl Arc {
+    /// `h` was evicted by another order (the [`Adaptive`](super::Adaptive) policy following
+    /// LRU): it leaves as ARC's own victims do, into the ghost list of where it was.
+    pub(crate) fn evicted(&mut self, h: &BlockHash) {
+        if self.t1.pop(h).is_some() {
+            self.b1.put(*h, ());
+        } else if self.t2.pop(h).is_some() {
+            self.b2.put(*h, ());
+        }
+        self.pending.remove(h);
+        self.trim_ghosts();
+    }
+}
+
 impl Default for Arc {
     fn default() -> Self {
         Self::new()

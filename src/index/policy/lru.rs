@@ -20,6 +20,18 @@ impl Lru {
     }
 }
 
+impl Lru {
+    /// How many blocks it orders.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Whether it orders none.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+}
+
 impl Default for Lru {
     fn default() -> Self {
         Self::new()

@@ -1,0 +1,575 @@
+//! The default policy: ARC or LRU, with or without admission on second sight, whichever small
+//! shadow caches of the four show to be winning on the workload at hand (set dueling).
+
+use std::collections::{HashMap, HashSet};
+
+use super::door::{Doorkeeper, mix};
+use super::{Access, ArcPolicy, Lru, Policy};
+use crate::key::BlockHash;
+
+/// Shadow caches simulate at most this many blocks each; above it they see a hash-sampled
+/// subset of the blocks (1 in `2^k`) at capacity / `2^k`, which estimates the hit ratio of the
+/// full-size cache (spatial sampling, Waldspurger et al., "SHARDS", FAST'15). 4,096 blocks per
+/// shadow keep the estimate's noise well under the differences the duel decides on (checked
+/// against unsampled shadows up to 16k blocks, docs/eviction.md) while the shadows' memory stays
+/// a constant, not a share of the cache.
+pub const SHADOW_BLOCKS: usize = 16384;
+
+/// The doorkeeper remembers a first offer for between 4 and 8 capacities' worth of other
+/// offers: at least as long as the ghost list of admit-on-second-sight (4x the capacity), so it
+/// never turns a block away for want of memory where that rule would admit it.
+pub const DOOR_WINDOW_CAPACITIES: usize = 4;
+
+/// Shadow hit counts are halved every this many capacities' worth of references, so the duel
+/// follows a workload that changes, and a candidate must lead for a while to be followed.
+pub const HALF_LIFE_CAPACITIES: usize = 4;
+
+/// What a candidate (and the real cache, following the leader) does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Arc,
+    ArcDoor,
+    Lru,
+    LruDoor,
+}
+
+const MODES: [Mode; 4] = [Mode::Arc, Mode::ArcDoor, Mode::Lru, Mode::LruDoor];
+
+impl Mode {
+    fn arc(self) -> bool {
+        matches!(self, Mode::Arc | Mode::ArcDoor)
+    }
+    fn door(self) -> bool {
+        matches!(self, Mode::ArcDoor | Mode::LruDoor)
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Arc => "arc",
+            Mode::ArcDoor => "arc+door",
+            Mode::Lru => "lru",
+            Mode::LruDoor => "lru+door",
+        }
+    }
+}
+
+/// A cache of metadata only, simulating one candidate on the sampled chains as the index
+/// keeps a store: prefix-closed (only blocks without present children are evicted, never one
+/// of the chain being placed; a block that does not fit is not admitted, nor the rest of its
+/// chain), with prefix hits counted.
+#[derive(Debug)]
+struct Shadow {
+    mode: Mode,
+    evict: Box<dyn Policy>,
+    door: Doorkeeper,
+    /// Present blocks: their chain parent and how many present children they have.
+    present: HashMap<BlockHash, (Option<BlockHash>, u32)>,
+    cap: usize,
+    /// Prefix hits, halved every half-life.
+    hits: f64,
+    /// Every block of the current chain so far was a hit.
+    run: bool,
+    /// A block of the current chain was not admitted.
+    declined: bool,
+    /// The current chain's blocks (not evicted while it is placed), and its last block.
+    chain: HashSet<BlockHash>,
+    prev: Option<BlockHash>,
+}
+
+impl Shadow {
+    fn new(mode: Mode, cap: usize, door_window: usize) -> Self {
+        let mut evict: Box<dyn Policy> = if mode.arc() {
+            Box::new(ArcPolicy::new())
+        } else {
+            Box::new(Lru::new())
+        };
+        evict.set_capacity_hint(cap);
+        Shadow {
+            mode,
+            evict,
+            door: Doorkeeper::new(door_window * cap),
+            present: HashMap::new(),
+            cap,
+            hits: 0.0,
+            run: false,
+            declined: false,
+            chain: HashSet::new(),
+            prev: None,
+        }
+    }
+
+    /// A chain starts at its root (`true`), or continues one this shadow did not follow.
+    fn start_chain(&mut self, at_root: bool) {
+        self.run = at_root;
+        self.declined = false;
+        self.chain.clear();
+        self.prev = None;
+    }
+
+    /// The engine asked for `h`, the next block of the current chain: a hit if it is present
+    /// and so is the whole chain before it (a prefix hit), else a miss that may be stored.
+    fn reference(&mut self, h: BlockHash) {
+        let prev = self.prev.replace(h);
+        if self.present.contains_key(&h) && !self.declined {
+            if self.run {
+                self.hits += 1.0;
+            }
+            self.evict.on_access(&[Access {
+                hash: h,
+                inserted: false,
+            }]);
+            self.chain.insert(h);
+            self.link(prev, h);
+            return;
+        }
+        self.run = false;
+        // Every offer is a sighting, also one after a block that was not admitted.
+        let second = self.door.sight(&h) || !self.mode.door() || self.present.len() < self.cap;
+        if self.declined || !second || !self.insert(h, prev) {
+            self.declined = true;
+        }
+    }
+
+    fn link(&mut self, parent: Option<BlockHash>, child: BlockHash) {
+        let Some(p) = parent.filter(|p| *p != child && self.present.contains_key(p)) else {
+            return;
+        };
+        match self.present.get_mut(&child) {
+            Some(c) if c.0.is_none() => c.0 = Some(p),
+            _ => return,
+        }
+        if let Some(pe) = self.present.get_mut(&p) {
+            pe.1 += 1;
+        }
+    }
+
+    /// Stores `h` after `parent` (a miss admitted, or a block found on disk at open), making
+    /// room first; false if there is none.
+    fn insert(&mut self, h: BlockHash, parent: Option<BlockHash>) -> bool {
+        if self.present.contains_key(&h) || !self.evict.admit(&h) {
+            return false;
+        }
+        while self.present.len() >= self.cap {
+            let (present, chain) = (&self.present, &self.chain);
+            let pinned =
+                |x: &BlockHash| chain.contains(x) || present.get(x).is_some_and(|e| e.1 > 0);
+            let Some(v) = self.evict.victim(&pinned) else {
+                self.evict.on_remove(&h);
+                return false;
+            };
+            if let Some((Some(p), _)) = self.present.remove(&v) {
+                if let Some(pe) = self.present.get_mut(&p) {
+                    pe.1 -= 1;
+                }
+            }
+        }
+        self.present.insert(h, (None, 0));
+        self.link(parent, h);
+        self.chain.insert(h);
+        self.evict.on_access(&[Access {
+            hash: h,
+            inserted: true,
+        }]);
+        true
+    }
+}
+
+/// The default policy. The real cache keeps both an ARC and an LRU order over its blocks, and a
+/// [`Doorkeeper`] of recent offers; four shadow caches (metadata only, on a hash-sampled subset
+/// of the blocks when the cache is larger than [`SHADOW_BLOCKS`]) replay the same accesses as
+/// ARC, ARC with admission on second sight, LRU, and LRU with admission on second sight, and
+/// count their hits with a half-life of [`HALF_LIFE_CAPACITIES`] capacities. The real cache
+/// evicts and admits as the shadow with the most recent hits does: set dueling (Qureshi et al.,
+/// ISCA'07), as adaptive insertion policies in CPU caches decide. No constant is fitted to a
+/// trace; each is fixed with its reason beside it, and docs/eviction.md shows their sensitivity.
+///
+/// Chain order is the index's: eviction takes only blocks without present children, whichever
+/// order chooses among them.
+#[derive(Debug)]
+pub struct Adaptive {
+    lru: Lru,
+    arc: ArcPolicy,
+    door: Doorkeeper,
+    /// Admitted by `admit`, not yet reported inserted: their reference is already counted.
+    admitted: HashSet<BlockHash>,
+    shadows: Vec<Shadow>,
+    /// Shadows see the blocks whose `mix` is 0 modulo `sample` (a power of two).
+    sample: u64,
+    shadow_blocks: usize,
+    half_life: usize,
+    door_window: usize,
+    cap_hint: usize,
+    /// References seen by the shadows since the last halving.
+    refs: usize,
+    /// The last block referenced, and whether its chain is one the shadows follow.
+    last_ref: Option<BlockHash>,
+    chain_sampled: bool,
+    /// A chain started at its root: its first block decides whether it is sampled.
+    at_root: bool,
+    leader: Mode,
+    switches: u64,
+    fixed: bool,
+}
+
+impl Default for Adaptive {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Adaptive {
+    /// The default policy with its documented constants.
+    pub fn new() -> Self {
+        Self::with_constants(SHADOW_BLOCKS, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES)
+    }
+
+    /// With other constants (for the sensitivity tables of docs/eviction.md).
+    pub fn with_constants(
+        shadow_blocks: usize,
+        half_life_capacities: usize,
+        door_window_capacities: usize,
+    ) -> Self {
+        Adaptive {
+            lru: Lru::new(),
+            arc: ArcPolicy::new(),
+            door: Doorkeeper::new(1),
+            admitted: HashSet::new(),
+            shadows: Vec::new(),
+            sample: 1,
+            shadow_blocks: shadow_blocks.max(1),
+            half_life: half_life_capacities.max(1),
+            door_window: door_window_capacities.max(1),
+            cap_hint: 0,
+            refs: 0,
+            last_ref: None,
+            chain_sampled: false,
+            at_root: false,
+            leader: Mode::Arc,
+            switches: 0,
+            fixed: false,
+        }
+    }
+
+    /// Follows one candidate whatever the shadows say (`lru`, `lru+door`, `arc`, `arc+door`):
+    /// for the design tables only.
+    #[doc(hidden)]
+    pub fn fixed(mode: &str, door_window_capacities: usize) -> Self {
+        let mut a =
+            Self::with_constants(SHADOW_BLOCKS, HALF_LIFE_CAPACITIES, door_window_capacities);
+        a.leader = *MODES.iter().find(|m| m.name() == mode).expect("mode");
+        a.fixed = true;
+        a
+    }
+
+    /// The candidate the real cache follows now.
+    pub fn leader(&self) -> &'static str {
+        self.leader.name()
+    }
+
+    /// How many times the leader changed.
+    pub fn switches(&self) -> u64 {
+        self.switches
+    }
+
+    fn sampled(&self, h: &BlockHash) -> bool {
+        self.sample == 1 || mix(h).rotate_left(17) % self.sample == 0
+    }
+
+    fn reference(&mut self, h: BlockHash) {
+        if self.at_root {
+            // Chains are sampled whole, by their root, so a shadow sees every block of the
+            // chains it follows and can tell prefix hits.
+            self.at_root = false;
+            self.chain_sampled = self.sampled(&h);
+        }
+        self.last_ref = Some(h);
+        if self.shadows.is_empty() || !self.chain_sampled {
+            return;
+        }
+        for s in &mut self.shadows {
+            s.reference(h);
+        }
+        self.refs += 1;
+        let shadow_cap = self.shadows[0].cap;
+        if self.refs >= self.half_life * shadow_cap {
+            self.refs = 0;
+            for s in &mut self.shadows {
+                s.hits *= 0.5;
+            }
+        }
+        if self.fixed {
+            return;
+        }
+        // Follow the leader; on a tie keep the current one.
+        let cur = self
+            .shadows
+            .iter()
+            .find(|s| s.mode == self.leader)
+            .map_or(0.0, |s| s.hits);
+        // Switch only on a difference the hit counts' noise does not explain: counts of
+        // independent events vary by about their square root, so two standard deviations of
+        // the difference.
+        if let Some(best) = self
+            .shadows
+            .iter()
+            .filter(|s| s.hits - cur > 2.0 * (s.hits + cur).sqrt())
+            .max_by(|a, b| a.hits.total_cmp(&b.hits))
+        {
+            self.leader = best.mode;
+            self.switches += 1;
+        }
+    }
+
+    fn rebuild_shadows(&mut self) {
+        let cap = self.cap_hint.max(1);
+        let mut sample = 1u64;
+        while cap as u64 / sample > self.shadow_blocks as u64 {
+            sample *= 2;
+        }
+        if !self.shadows.is_empty() && sample == self.sample && self.shadows[0].cap == cap {
+            return;
+        }
+        let shadow_cap = (cap as u64 / sample).max(1) as usize;
+        let same_sample = sample == self.sample;
+        self.sample = sample;
+        if !self.shadows.is_empty() && same_sample {
+            // Same sampling, another size: keep what the shadows learned.
+            for s in &mut self.shadows {
+                s.cap = shadow_cap;
+                s.evict.set_capacity_hint(shadow_cap);
+                s.door.set_window(self.door_window * shadow_cap);
+            }
+            return;
+        }
+        let w = self.door_window;
+        self.shadows = MODES
+            .iter()
+            .map(|&m| Shadow::new(m, shadow_cap, w))
+            .collect();
+        self.refs = 0;
+    }
+}
+
+impl Policy for Adaptive {
+    fn name(&self) -> &'static str {
+        "adaptive"
+    }
+
+    fn on_chain(&mut self, parent: Option<&BlockHash>) {
+        match parent {
+            None => {
+                self.at_root = true;
+                for s in &mut self.shadows {
+                    s.start_chain(true);
+                }
+            }
+            Some(p) if self.last_ref.as_ref() == Some(p) => {} // the same chain goes on
+            Some(_) => {
+                // A chain the shadows did not see from its root: followed only unsampled, and
+                // not as hits.
+                self.at_root = false;
+                self.chain_sampled = self.sample == 1;
+                for s in &mut self.shadows {
+                    s.start_chain(false);
+                }
+            }
+        }
+    }
+
+    fn on_access(&mut self, batch: &[Access]) {
+        self.lru.on_access(batch);
+        self.arc.on_access(batch);
+        for a in batch {
+            if a.inserted {
+                if !self.admitted.remove(&a.hash) && self.sampled(&a.hash) {
+                    // Found on disk at open, or published after a removal: stored, not asked for.
+                    for s in &mut self.shadows {
+                        s.insert(a.hash, None);
+                    }
+                }
+            } else {
+                self.reference(a.hash);
+            }
+        }
+    }
+
+    fn admit(&mut self, hash: &BlockHash) -> bool {
+        self.reference(*hash);
+        let second = self.door.sight(hash);
+        let arc = self.arc.admit(hash);
+        // A doorkeeper only spares room: while there is free room, everything is admitted.
+        let full = self.cap_hint > 0 && self.lru.len() >= self.cap_hint;
+        if self.leader.door() && !second && full {
+            // Not stored: ARC forgets the ghost hit it noted for the insertion.
+            self.arc.on_remove(hash);
+            return false;
+        }
+        if arc {
+            self.admitted.insert(*hash);
+        }
+        arc
+    }
+
+    fn victim(&mut self, pinned: &dyn Fn(&BlockHash) -> bool) -> Option<BlockHash> {
+        let v = if self.leader.arc() {
+            let v = self.arc.victim(pinned)?;
+            self.lru.on_remove(&v);
+            v
+        } else {
+            let v = self.lru.victim(pinned)?;
+            self.arc.evicted(&v);
+            v
+        };
+        Some(v)
+    }
+
+    fn on_remove(&mut self, hash: &BlockHash) {
+        self.lru.on_remove(hash);
+        self.arc.on_remove(hash);
+        self.admitted.remove(hash);
+    }
+
+    fn set_capacity_hint(&mut self, blocks: usize) {
+        self.cap_hint = blocks.max(1);
+        self.arc.set_capacity_hint(self.cap_hint);
+        self.door.set_window(self.door_window * self.cap_hint);
+        self.rebuild_shadows();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{h, replay};
+    use super::super::{Admit2, Lru};
+    use super::*;
+
+    /// A hot set of chains that fits, and long one-off scans that would flush it.
+    fn hot_and_scans() -> Vec<Vec<u64>> {
+        let mut reqs = Vec::new();
+        let mut fresh = 1_000_000;
+        for i in 0..3000u64 {
+            if i % 6 == 5 {
+                reqs.push((fresh..fresh + 100).collect());
+                fresh += 100;
+            } else {
+                let c = (i * 7) % 25; // 25 chains of 6 blocks: 150 blocks
+                reqs.push((c * 100..c * 100 + 6).collect());
+            }
+        }
+        reqs
+    }
+
+    /// Chats in flight whose every turn extends the previous one with blocks seen once.
+    fn conversations() -> Vec<Vec<u64>> {
+        let mut chats: Vec<Vec<u64>> = (0..10).map(|c| vec![c * 1_000_000]).collect();
+        let mut reqs = Vec::new();
+        let mut next = 1;
+        for i in 0..4000usize {
+            let c = (i * 13 + i / 7) % chats.len();
+            if chats[c].len() > 20 {
+                chats[c] = vec![c as u64 * 1_000_000 + next];
+                next += 1;
+            }
+            for _ in 0..2 {
+                chats[c].push(c as u64 * 1_000_000 + next);
+                next += 1;
+            }
+            reqs.push(chats[c].clone());
+        }
+        reqs
+    }
+
+    #[test]
+    fn admits_on_second_sight_where_that_wins() {
+        let reqs = hot_and_scans();
+        let lru = replay(Box::new(Lru::new()), 200, &reqs);
+        let admit = replay(Box::new(Admit2::new(4)), 200, &reqs);
+        let ad = replay(Box::new(Adaptive::new()), 200, &reqs);
+        eprintln!("lru {lru:.4} admit2 {admit:.4} adaptive {ad:.4}");
+        assert!(
+            admit > 2.0 * lru,
+            "the workload favours admission: {admit} vs {lru}"
+        );
+        assert!(ad >= admit - 0.01, "adaptive {ad} < admit2 {admit}");
+    }
+
+    #[test]
+    fn admits_everything_where_recency_wins() {
+        let reqs = conversations();
+        let lru = replay(Box::new(Lru::new()), 300, &reqs);
+        let admit = replay(Box::new(Admit2::new(4)), 300, &reqs);
+        let ad = replay(Box::new(Adaptive::new()), 300, &reqs);
+        eprintln!("lru {lru:.4} admit2 {admit:.4} adaptive {ad:.4}");
+        assert!(
+            lru > admit + 0.05,
+            "the workload favours recency: {lru} vs {admit}"
+        );
+        assert!(ad >= lru - 0.01, "adaptive {ad} < lru {lru}");
+    }
+
+    #[test]
+    fn shadows_count_prefix_hits_and_keep_chains_whole() {
+        let mut s = Shadow::new(Mode::Lru, 4, 4);
+        s.start_chain(true);
+        for i in 1..=3 {
+            s.reference(h(i));
+        }
+        assert_eq!(s.hits, 0.0);
+        s.start_chain(true);
+        for i in 1..=3 {
+            s.reference(h(i));
+        }
+        assert_eq!(s.hits, 3.0, "a whole prefix is three hits");
+        // A chain of 3 more: room is made from leaves only (3, then 2), so the root stays.
+        s.start_chain(true);
+        for i in 10..=12 {
+            s.reference(h(i));
+        }
+        let has = |s: &Shadow, i| s.present.contains_key(&h(i));
+        assert!(
+            has(&s, 1) && !has(&s, 2) && !has(&s, 3),
+            "cut from the tail"
+        );
+        assert!((10..=12).all(|i| has(&s, i)));
+        // A chain longer than the cache: its own blocks are never evicted for it, so its tail
+        // is declined.
+        s.start_chain(true);
+        for i in 20..=24 {
+            s.reference(h(i));
+        }
+        assert!((20..=23).all(|i| has(&s, i)) && !has(&s, 24));
+        // A present block after a missing one is no hit.
+        s.start_chain(true);
+        s.reference(h(99));
+        s.reference(h(20));
+        assert_eq!(s.hits, 3.0);
+    }
+
+    #[test]
+    fn large_caches_sample_whole_chains() {
+        let mut a = Adaptive::with_constants(64, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
+        a.set_capacity_hint(1024);
+        assert_eq!(a.sample, 16);
+        assert_eq!(a.shadows[0].cap, 64);
+        for c in 0..400u64 {
+            a.on_chain(None);
+            for i in 0..5 {
+                a.admit(&h(c * 10 + i));
+            }
+        }
+        let present = &a.shadows[0].present;
+        assert!(!present.is_empty());
+        let sampled = (0..400u64).filter(|c| a.sampled(&h(c * 10))).count();
+        assert!(
+            (10..50).contains(&sampled),
+            "{sampled} of 400 chains sampled at 1 in 16"
+        );
+        for c in 0..400u64 {
+            if (0..5).any(|i| present.contains_key(&h(c * 10 + i))) {
+                assert!(
+                    a.sampled(&h(c * 10)),
+                    "chain {c} followed but its root is not sampled"
+                );
+            }
+        }
+    }
+}
