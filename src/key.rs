@@ -277,7 +277,10 @@ mod tests {
         // The chain is the documented composition.
         assert_eq!(ha[1], BlockHash::chain(Some(&ha[0]), &a[16..32]));
         // A continuation from a parent is the rest of the chain.
-        assert_eq!(BlockHash::chain_all_from(Some(&ha[1]), &a[32..], 16), ha[2..]);
+        assert_eq!(
+            BlockHash::chain_all_from(Some(&ha[1]), &a[32..], 16),
+            ha[2..]
+        );
         assert_eq!(BlockHash::chain_all_from(None, &a, 16), ha);
         assert_ne!(
             BlockHash::chain_all_from(Some(&ha[0]), &a[32..], 16),

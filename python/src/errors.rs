@@ -105,7 +105,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TooLargeError", py.get_type::<TooLargeError>())?;
     m.add("BufferTooSmallError", py.get_type::<BufferTooSmallError>())?;
     m.add("NoSpaceError", py.get_type::<NoSpaceError>())?;
-    m.add("TooManyOpenFilesError", py.get_type::<TooManyOpenFilesError>())?;
+    m.add(
+        "TooManyOpenFilesError",
+        py.get_type::<TooManyOpenFilesError>(),
+    )?;
     m.add("CorruptError", py.get_type::<CorruptError>())?;
     m.add("ReadOnlyError", py.get_type::<ReadOnlyError>())?;
     m.add("LayoutMismatchError", py.get_type::<LayoutMismatchError>())?;

@@ -212,11 +212,7 @@ impl PyStore {
     /// running in another thread finishes first (the store closes when it ends). Closing
     /// twice is fine; any other call on a closed store raises `tierkv.ClosedError`.
     fn close(&self, py: Python<'_>) {
-        let store = self
-            .store
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let store = self.store.write().unwrap_or_else(|e| e.into_inner()).take();
         // Dropping the last handle joins the store's threads: without the GIL.
         py.detach(move || drop(store));
     }
@@ -343,8 +339,10 @@ impl PyStore {
         let results = py.detach(move || {
             // SAFETY: the views stay alive (held by this frame, with the GIL) until after
             // `detach` returns; the spans are writable and pairwise disjoint (checked above).
-            let mut bufs: Vec<&mut [u8]> =
-                spans.into_iter().map(|s| unsafe { s.as_mut_slice() }).collect();
+            let mut bufs: Vec<&mut [u8]> = spans
+                .into_iter()
+                .map(|s| unsafe { s.as_mut_slice() })
+                .collect();
             store.get_many(&keys, &mut bufs)
         });
         drop(views);
