@@ -6,7 +6,13 @@
 //! interop write ROOT WORKER N   store N chained blocks (tokens 0..16N, 16 per block)
 //! interop read ROOT WORKER N    read and check them; exit 1 on a miss or a wrong byte
 //! interop hash                  per stdin line "BLOCK_TOKENS PARENT|- TOKEN...", the hashes
+//! interop bench ROOT WORKER N ITERS BATCH ENGINE
+//!                               times ITERS get_many calls of BATCH of the N blocks (a
+//!                               read-only store, hot, page-aligned buffers), prints
+//!                               "median_ns mean_ns"
 //! ```
+//!
+//! `bench` is the Rust side of python/examples/bench.py (docs/python.md).
 //!
 //! `write` and `read` print the block hashes, one per line. Block `i` holds
 //! `interop_len(i)` bytes, byte `j` being `(i * 131 + j * 7) % 256` (python/tests/conftest.py
@@ -69,6 +75,44 @@ fn main() -> Result<ExitCode, Box<dyn std::error::Error>> {
             } else {
                 ExitCode::FAILURE
             })
+        }
+        ["bench", root, worker, n, iters, batch, engine] => {
+            let (n, iters, batch): (usize, usize, usize) =
+                (n.parse()?, iters.parse()?, batch.parse()?);
+            let config = StoreConfig::new()
+                .with_read_only(true)
+                .with_engine(engine.parse()?);
+            let store = Store::open(root, WorkerId::new(worker)?, config)?;
+            let tokens: Vec<u32> = (0..(n * BLOCK_TOKENS) as u32).collect();
+            let keys: Vec<_> = BlockHash::chain_all(&tokens, BLOCK_TOKENS)
+                .into_iter()
+                .map(|h| store.key(h))
+                .collect();
+            // Page-aligned, as an engine's page pool (and bench.py's arrays) are: the kernel
+            // copies into a buffer off a 64-byte line several times slower (docs/python.md).
+            let mut bufs: Vec<_> = (0..batch)
+                .map(|_| tierkv::buf::AlignedBuf::zeroed(2 << 20))
+                .collect();
+            let mut times = Vec::with_capacity(iters);
+            for i in 0..n.div_ceil(batch) + iters {
+                let at = (i * batch) % (n - batch + 1);
+                let t = std::time::Instant::now();
+                let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+                let r = store.get_many(&keys[at..at + batch], &mut dsts);
+                let dt = t.elapsed().as_nanos() as u64;
+                for x in r {
+                    if !x?.is_hit() {
+                        return Err("bench: a miss".into());
+                    }
+                }
+                if i >= n.div_ceil(batch) {
+                    times.push(dt); // after one warm-up pass over the blocks
+                }
+            }
+            times.sort_unstable();
+            let mean = times.iter().sum::<u64>() / times.len().max(1) as u64;
+            println!("{} {mean}", times[times.len() / 2]);
+            Ok(ExitCode::SUCCESS)
         }
         ["hash"] => {
             for line in std::io::stdin().lock().lines() {

@@ -78,3 +78,14 @@ def test_destinations_sharing_memory_are_refused(store):
         store.get_many_into(k, [m[0:20], m[40:60], m[10:30]])
     # Adjacent slices of one pool are fine (an engine's page pool).
     assert store.get_many_into(k, [m[0:20], m[20:40], m[40:60]]) == [10, 10, 10]
+
+
+def test_aligned_array_starts_on_a_page_and_is_filled_in_place(store):
+    k = tierkv.chain_hashes(list(range(32)), 16)
+    store.put_many(k, [np.arange(1024, dtype=np.float32), np.ones(1024, np.float32)])
+    pool = tierkv.aligned_array((2, 1024), np.float32)
+    assert pool.ctypes.data % 4096 == 0 and pool.flags.c_contiguous and pool.flags.writeable
+    assert pool.shape == (2, 1024) and pool.dtype == np.float32 and not pool.any()
+    assert tierkv.aligned_array(10, align=64).ctypes.data % 64 == 0
+    assert store.get_many_into(k, list(pool)) == [4096, 4096]
+    assert (pool[0] == np.arange(1024)).all() and (pool[1] == 1).all()
