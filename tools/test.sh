@@ -59,7 +59,8 @@ if ! "$VENV/bin/python" -c "import maturin, numpy, pytest, hypothesis" 2>/dev/nu
 fi
 (cd python && VIRTUAL_ENV="$PWD/../$VENV" "../$VENV/bin/maturin" develop -q --release)
 cargo build -q --example interop
-TIERKV_INTEROP_BIN="$PWD/target/debug/examples/interop" "$VENV/bin/python" -m pytest -q python/tests
+INTEROP="$(source tools/bench-common.sh && target_dir)/debug/examples/interop"
+TIERKV_INTEROP_BIN="$INTEROP" "$VENV/bin/python" -m pytest -q python/tests
 if [ -s "$SKIPS" ]; then
   echo "== skipped: $(wc -l <"$SKIPS") tests or parts of tests"
   cat "$SKIPS"
