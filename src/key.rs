@@ -99,9 +99,24 @@ impl BlockHash {
     /// # Panics
     /// If `block_tokens` is 0.
     pub fn chain_all(tokens: &[u32], block_tokens: usize) -> Vec<BlockHash> {
+        BlockHash::chain_all_from(None, tokens, block_tokens)
+    }
+
+    /// As [`BlockHash::chain_all`], for tokens that continue a chain: the first block's parent
+    /// is `parent` (the last block of the prefix before `tokens`), so
+    /// `chain_all_from(Some(&h[k - 1]), &tokens[k * n..], n)` is `h[k..]` of
+    /// `h = chain_all(tokens, n)`.
+    ///
+    /// # Panics
+    /// If `block_tokens` is 0.
+    pub fn chain_all_from(
+        parent: Option<&BlockHash>,
+        tokens: &[u32],
+        block_tokens: usize,
+    ) -> Vec<BlockHash> {
         assert!(block_tokens > 0, "block_tokens must be positive");
         let mut out = Vec::with_capacity(tokens.len() / block_tokens);
-        let mut parent: Option<BlockHash> = None;
+        let mut parent: Option<BlockHash> = parent.copied();
         for block in tokens.chunks_exact(block_tokens) {
             let h = BlockHash::chain(parent.as_ref(), block);
             out.push(h);
@@ -261,6 +276,17 @@ mod tests {
         assert_eq!(BlockHash::chain_all(&a[..47], 16).len(), 2);
         // The chain is the documented composition.
         assert_eq!(ha[1], BlockHash::chain(Some(&ha[0]), &a[16..32]));
+        // A continuation from a parent is the rest of the chain.
+        assert_eq!(
+            BlockHash::chain_all_from(Some(&ha[1]), &a[32..], 16),
+            ha[2..]
+        );
+        assert_eq!(BlockHash::chain_all_from(None, &a, 16), ha);
+        assert_ne!(
+            BlockHash::chain_all_from(Some(&ha[0]), &a[32..], 16),
+            ha[2..],
+            "the parent is hashed in"
+        );
     }
 
     #[test]

@@ -68,3 +68,33 @@ fn the_reference_parser_finds_what_it_should() {
         ]
     );
 }
+
+/// Every Python test README names (`python/tests/<file>.py::<test>`) is a `def <test>` there.
+#[test]
+fn every_python_test_the_readme_names_exists() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    let refs: Vec<(&str, &str)> = readme
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter_map(|span| span.strip_prefix("python/tests/")?.split_once(".py::"))
+        .collect();
+    assert!(refs.len() >= 5, "too few Python references found: {refs:?}");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/tests");
+    let missing: Vec<String> = refs
+        .iter()
+        .filter(|(file, name)| {
+            let src =
+                std::fs::read_to_string(dir.join(format!("{file}.py"))).unwrap_or_else(|_| {
+                    panic!("README names python/tests/{file}.py, which does not exist")
+                });
+            !src.contains(&format!("def {name}("))
+        })
+        .map(|(file, name)| format!("{file}::{name}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "README names Python tests that do not exist: {missing:?}"
+    );
+}

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command of README.md, and what .ci/run runs. Idempotent: installs what the tests
 # need when it is missing (libclang for nixl-sys's bindings, the NIXL libraries from the PyPI
-# wheel into .nixl/), then runs formatting, lints and every test, the NIXL engine included.
+# wheel into .nixl/; a virtualenv .venv-py/ with maturin, numpy, pytest and hypothesis for
+# the Python package), then runs formatting, lints and every test, the NIXL engine and the
+# Python package (python/, pytest) included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,7 +37,9 @@ tools/fetch-nixl.sh
 echo "== fmt, clippy, docs"
 cargo fmt --all -- --check
 cargo clippy -q --all-targets --all-features -- -D warnings
+cargo clippy -q -p tierkv-python --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps --all-features
+RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tierkv-python --document-private-items
 echo "== the README example (examples/readme.rs)"
 cargo run -q --example readme
 echo "== tests"
@@ -45,6 +49,20 @@ rm -f "$SKIPS"
 cargo test -q --all-features
 echo "== whole-trace policy replays (optimised: src/index/policy)"
 cargo test -q --release --lib index::policy
+echo "== python (python/: the tierkv package built by maturin, its pytest suite)"
+# A virtualenv at .venv-py/ (git-ignored), made and filled once; the package is rebuilt
+# into it (editable) every run, in release mode as `pip install ./python` builds it.
+VENV=.venv-py
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c "import maturin, numpy, pytest, hypothesis" 2>/dev/null; then
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check maturin numpy pytest hypothesis
+fi
+(cd python && VIRTUAL_ENV="$PWD/../$VENV" "../$VENV/bin/maturin" develop -q --release)
+cargo build -q --example interop
+INTEROP="$(source tools/bench-common.sh && target_dir)/debug/examples/interop"
+TIERKV_INTEROP_BIN="$INTEROP" "$VENV/bin/python" -m pytest -q python/tests
 if [ -s "$SKIPS" ]; then
   echo "== skipped: $(wc -l <"$SKIPS") tests or parts of tests"
   cat "$SKIPS"

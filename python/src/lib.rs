@@ -1,0 +1,543 @@
+//! `tierkv._tierkv`: the native part of the `tierkv` Python package (python/tierkv/ is the
+//! rest: the asyncio methods, the re-exports, the type stubs).
+//!
+//! Every call that touches the disk releases the GIL (`Python::detach`) for the whole batch.
+//! Buffers are exported through the buffer protocol (src/buffer.rs) before the GIL is released
+//! and released after it is taken back, so the store reads and writes the caller's memory in
+//! place.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::RwLock;
+use std::time::Duration;
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+
+use tierkv::engine::EngineKind;
+use tierkv::{
+    BlockHash, BlockKey, Layout, Lookup, PolicyKind, Publish, StoreConfig, VerifyMode, WorkerId,
+};
+
+mod buffer;
+mod errors;
+
+use buffer::{Span, View};
+
+/// A Rust result to a Python one.
+fn py_result<T>(py: Python<'_>, r: tierkv::Result<T>) -> PyResult<T> {
+    r.map_err(|e| errors::to_py(py, e, None))
+}
+
+/// The first failing item of a batch as its exception (with `index`), else the values.
+fn batch<T>(py: Python<'_>, results: Vec<tierkv::Result<T>>) -> PyResult<Vec<T>> {
+    let mut out = Vec::with_capacity(results.len());
+    for (i, r) in results.into_iter().enumerate() {
+        out.push(r.map_err(|e| errors::to_py(py, e, Some(i)))?);
+    }
+    Ok(out)
+}
+
+/// A key as Python gives it: 64 lower-case hex characters (the block's file name, and the
+/// spelling of SGLang HiCache's hash strings) or 32 bytes.
+fn hash_of(py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
+    if let Ok(s) = key.cast::<PyString>() {
+        return py_result(py, BlockHash::from_hex(&s.to_cow()?));
+    }
+    if let Ok(b) = key.cast::<PyBytes>() {
+        let b = b.as_bytes();
+        return match <[u8; 32]>::try_from(b) {
+            Ok(a) => Ok(BlockHash(a)),
+            Err(_) => Err(errors::InvalidKeyError::new_err(format!(
+                "invalid key: a bytes key must be 32 bytes, got {}",
+                b.len()
+            ))),
+        };
+    }
+    Err(PyTypeError::new_err(format!(
+        "a key is a str of 64 lower-case hex characters or 32 bytes, not {}",
+        key.get_type().name()?
+    )))
+}
+
+fn keys_of(py: Python<'_>, worker: &WorkerId, keys: &Bound<'_, PyAny>) -> PyResult<Vec<BlockKey>> {
+    if keys.is_instance_of::<PyString>() || keys.is_instance_of::<PyBytes>() {
+        return Err(PyTypeError::new_err(
+            "keys is a sequence of keys; wrap a single key in a list",
+        ));
+    }
+    keys.try_iter()?
+        .enumerate()
+        .map(|(i, k)| {
+            let h = hash_of(py, &k?).inspect_err(|e| {
+                if e.is_instance_of::<errors::Error>(py) {
+                    // Best effort: the error stands without its position.
+                    let _ = e.value(py).setattr("index", i);
+                }
+            })?;
+            Ok(BlockKey::new(worker.clone(), h))
+        })
+        .collect()
+}
+
+/// Exports each buffer of `buffers` (one per key).
+fn views_of(buffers: &Bound<'_, PyAny>, n: usize, writable: bool) -> PyResult<Vec<View>> {
+    let views = buffers
+        .try_iter()?
+        .enumerate()
+        .map(|(i, b)| View::new(&b?, &format!("buffers[{i}]"), writable))
+        .collect::<PyResult<Vec<View>>>()?;
+    if views.len() != n {
+        return Err(PyValueError::new_err(format!(
+            "{n} keys but {} buffers: one buffer per key",
+            views.len()
+        )));
+    }
+    Ok(views)
+}
+
+fn parse<T: FromStr<Err = tierkv::Error>>(py: Python<'_>, s: &str) -> PyResult<T> {
+    py_result(py, s.parse())
+}
+
+/// One worker's block store under a root directory (see the `tierkv.Store` docstring in
+/// python/tierkv/__init__.py, which subclasses this).
+#[pyclass(module = "tierkv._tierkv", name = "Store", subclass, frozen)]
+struct PyStore {
+    /// `None` once closed. Calls clone the handle (an `Arc`) and release the lock before any
+    /// I/O, so close() never waits on I/O under this lock; a batch in flight keeps the store
+    /// open until it ends.
+    store: RwLock<Option<tierkv::Store>>,
+    worker: WorkerId,
+}
+
+impl PyStore {
+    fn store(&self) -> PyResult<tierkv::Store> {
+        self.store
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| errors::ClosedError::new_err("the store is closed"))
+    }
+}
+
+#[pymethods]
+impl PyStore {
+    #[new]
+    #[pyo3(signature = (
+        root, worker, *, capacity_bytes=None, capacity_files=None, policy="arc", engine="auto",
+        read_only=false, verify="on-open", direct_io=false, sync_writes=false, fd_cache=None,
+        max_block_size=None, layout=None, publish="rename", watermarks=None, queue_depth=None,
+        stats_interval=Some(1.0), keep_temp_files=false
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        root: PathBuf,
+        worker: &Bound<'_, PyAny>,
+        capacity_bytes: Option<u64>,
+        capacity_files: Option<u64>,
+        policy: &str,
+        engine: &str,
+        read_only: bool,
+        verify: &str,
+        direct_io: bool,
+        sync_writes: bool,
+        fd_cache: Option<usize>,
+        max_block_size: Option<usize>,
+        layout: Option<(u8, u32)>,
+        publish: &str,
+        watermarks: Option<(f64, f64)>,
+        queue_depth: Option<u32>,
+        stats_interval: Option<f64>,
+        keep_temp_files: bool,
+    ) -> PyResult<Self> {
+        // A worker is a name; a TP rank may be given as an int.
+        let worker: String = if worker.is_instance_of::<pyo3::types::PyInt>() {
+            worker.str()?.to_string()
+        } else {
+            worker.extract()?
+        };
+        let worker = py_result(py, WorkerId::new(&worker))?;
+        let mut config = StoreConfig::new()
+            .with_policy(parse::<PolicyKind>(py, policy)?)
+            .with_engine(parse::<EngineKind>(py, engine)?)
+            .with_read_only(read_only)
+            .with_verify(parse::<VerifyMode>(py, verify)?)
+            .with_direct_io(direct_io)
+            .with_sync_writes(sync_writes)
+            .with_publish(parse::<Publish>(py, publish)?);
+        config.keep_temp_files = keep_temp_files;
+        if let Some(b) = capacity_bytes {
+            config = config.with_capacity_bytes(b);
+        }
+        if let Some(f) = capacity_files {
+            config = config.with_capacity_files(f);
+        }
+        if let Some(n) = fd_cache {
+            config = config.with_fd_cache(n);
+        }
+        if let Some(n) = max_block_size {
+            config = config.with_max_block_size(n);
+        }
+        if let Some((depth, fanout)) = layout {
+            config = config.with_layout(py_result(py, Layout::new(depth, fanout))?);
+        }
+        if let Some((high, low)) = watermarks {
+            config = config.with_watermarks(high, low);
+        }
+        if let Some(d) = queue_depth {
+            config = config.with_queue_depth(d);
+        }
+        let interval = match stats_interval {
+            Some(s) if !(s.is_finite() && s > 0.0) => {
+                return Err(PyValueError::new_err(format!(
+                    "stats_interval must be a positive number of seconds or None, got {s}"
+                )));
+            }
+            s => s.map(Duration::from_secs_f64),
+        };
+        config = config.with_stats_interval(interval);
+        let w = worker.clone();
+        let store = py.detach(move || tierkv::Store::open(root, w, config));
+        Ok(PyStore {
+            store: RwLock::new(Some(py_result(py, store)?)),
+            worker,
+        })
+    }
+
+    /// Closes the store: stops its background threads, writes its last counters and
+    /// releases the worker lock, so the worker can be opened again at once. A batch still
+    /// running in another thread finishes first (the store closes when it ends). Closing
+    /// twice is fine; any other call on a closed store raises `tierkv.ClosedError`.
+    fn close(&self, py: Python<'_>) {
+        let store = self.store.write().unwrap_or_else(|e| e.into_inner()).take();
+        // Dropping the last handle joins the store's threads: without the GIL.
+        py.detach(move || drop(store));
+    }
+
+    /// True once `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.store
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> bool {
+        self.close(py);
+        false
+    }
+
+    /// The worker id (the directory name under `<root>/v1/`).
+    #[getter]
+    fn worker(&self) -> &str {
+        self.worker.as_str()
+    }
+
+    /// The worker's directory, `<root>/v1/<worker>`.
+    #[getter]
+    fn dir(&self) -> PyResult<PathBuf> {
+        Ok(self.store()?.dir().to_path_buf())
+    }
+
+    /// The I/O engine in use (`psync`, `io_uring`, `nixl`; `auto` resolves to one of them).
+    #[getter]
+    fn engine(&self) -> PyResult<&'static str> {
+        Ok(self.store()?.engine_name())
+    }
+
+    /// The eviction policy in use.
+    #[getter]
+    fn policy(&self) -> PyResult<&'static str> {
+        Ok(self.store()?.policy_name())
+    }
+
+    /// True if opened with read_only=True.
+    #[getter]
+    fn read_only(&self) -> PyResult<bool> {
+        Ok(self.store()?.is_read_only())
+    }
+
+    /// The file a block is (or would be) stored at.
+    fn path_of(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
+        Ok(self.store()?.path_of(&hash_of(py, key)?))
+    }
+
+    fn __repr__(&self) -> String {
+        match self.store() {
+            Ok(s) => format!(
+                "<tierkv.Store worker={:?} dir={:?} engine={} policy={}>",
+                self.worker.as_str(),
+                s.dir().display().to_string(),
+                s.engine_name(),
+                s.policy_name()
+            ),
+            Err(_) => format!("<tierkv.Store worker={:?} closed>", self.worker.as_str()),
+        }
+    }
+
+    /// Stores a batch of blocks: `buffers[i]` under `keys[i]`, read in place (any object
+    /// with a contiguous buffer: bytes, bytearray, memoryview, numpy array; a torch CPU
+    /// tensor through `__dlpack__`). The batch is one chain, root first: `keys[i]`'s parent
+    /// is `keys[i - 1]`, so eviction cuts it from the tail and removing a block removes what
+    /// follows it. Each put is atomic (temp file + rename); an existing key is replaced. A
+    /// block that does not fit the capacity is not stored (no error; `stats()` counts it in
+    /// `not_admitted`). Raises the first failing item's error, with its `index`; the other
+    /// items were still attempted. The GIL is released during the I/O.
+    fn put_many(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        buffers: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        self.put(py, keys, buffers, None)
+    }
+
+    /// As `put_many`, the call an engine makes after computing a request's blocks: blocks
+    /// already stored are only marked as used, absent ones are stored. `parent`: the last
+    /// key of the request's cached prefix (the chain parent of `keys[0]`), or None if `keys`
+    /// starts at the root; if `parent` is no longer stored, nothing is.
+    #[pyo3(signature = (keys, buffers, parent=None))]
+    fn offer_many(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        buffers: &Bound<'_, PyAny>,
+        parent: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let parent = parent
+            .map(|p| hash_of(py, p).map(|h| BlockKey::new(self.worker.clone(), h)))
+            .transpose()?;
+        self.put(py, keys, buffers, Some(parent))
+    }
+
+    /// Reads a batch of blocks into caller-owned writable buffers (bytearray, numpy array,
+    /// writable memoryview; contiguous), in place, each block at the front of its buffer.
+    /// Returns, per key, the block's length, or None for a miss (absent, evicted, deleted or
+    /// corrupt): a miss is never an exception. A buffer smaller than its block raises
+    /// `BufferTooSmallError`. Buffers must not share memory, and must not be touched by
+    /// another thread until the call returns. The GIL is released during the I/O.
+    fn get_many_into(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        buffers: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<Option<usize>>> {
+        let store = self.store()?;
+        let keys = keys_of(py, &self.worker, keys)?;
+        let views = views_of(buffers, keys.len(), true)?;
+        let spans: Vec<Span> = views.iter().map(View::span).collect();
+        buffer::check_disjoint(&spans)?;
+        let results = py.detach(move || {
+            // SAFETY: the views stay alive (held by this frame, with the GIL) until after
+            // `detach` returns; the spans are writable and pairwise disjoint (checked above).
+            let mut bufs: Vec<&mut [u8]> = spans
+                .into_iter()
+                .map(|s| unsafe { s.as_mut_slice() })
+                .collect();
+            store.get_many(&keys, &mut bufs)
+        });
+        drop(views);
+        Ok(batch(py, results)?
+            .into_iter()
+            .map(|l| match l {
+                Lookup::Hit(n) => Some(n),
+                Lookup::Miss => None,
+            })
+            .collect())
+    }
+
+    /// How many leading keys of a chain are stored (stops at the first absent one): the
+    /// question an engine asks for a request's prefix. Cheap (the index, then one `stat`).
+    fn contains_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let store = self.store()?;
+        let keys = keys_of(py, &self.worker, keys)?;
+        let r = py.detach(move || store.contains_prefix(&keys));
+        py_result(py, r)
+    }
+
+    /// Whether each key is stored (a list of bool, any order of keys).
+    fn contains_many(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
+        let store = self.store()?;
+        let keys = keys_of(py, &self.worker, keys)?;
+        let r = py.detach(move || store.contains_many(&keys));
+        batch(py, r)
+    }
+
+    /// Removes blocks (and, within their chains, the blocks after them); per key True if a
+    /// block was removed, False if it was absent.
+    fn remove_many(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
+        let store = self.store()?;
+        let keys = keys_of(py, &self.worker, keys)?;
+        let r = py.detach(move || store.remove_many(&keys));
+        batch(py, r)
+    }
+
+    /// Marks stored blocks as used, in chain order, without reading them (e.g. a prefix the
+    /// engine still holds in a faster tier). Absent keys are ignored.
+    fn touch_many(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        let store = self.store()?;
+        let keys = keys_of(py, &self.worker, keys)?;
+        py_result(py, store.touch_many(&keys))
+    }
+
+    /// The store's counters since it opened, as a dict: hits, misses, bytes_read,
+    /// bytes_written, puts, evictions, not_admitted, corrupt, used_bytes, used_files,
+    /// capacity_bytes, fd_cache_* , errors (by kind), get_latency and put_latency (count,
+    /// mean_ns, p50_ns, p99_ns, max_ns), ... (the Rust `StoreStats`, field for field).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let stats = self.store()?.stats();
+        let v = serde_json::to_value(&stats)
+            .map_err(|e| errors::Error::new_err(format!("stats: {e}")))?;
+        json_to_py(py, &v)
+    }
+}
+
+impl PyStore {
+    /// put_many (`offer: None`) or offer_many (`offer: Some(parent)`).
+    fn put(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        buffers: &Bound<'_, PyAny>,
+        offer: Option<Option<BlockKey>>,
+    ) -> PyResult<()> {
+        let store = self.store()?;
+        let keys = keys_of(py, &self.worker, keys)?;
+        let views = views_of(buffers, keys.len(), false)?;
+        let spans: Vec<Span> = views.iter().map(View::span).collect();
+        let results = py.detach(move || {
+            // SAFETY: the views stay alive (held by this frame, with the GIL) until after
+            // `detach` returns; the store only reads them.
+            let items: Vec<(BlockKey, &[u8])> = keys
+                .into_iter()
+                .zip(spans.into_iter().map(|s| unsafe { s.as_slice() }))
+                .collect();
+            match offer {
+                None => store.put_many(&items),
+                Some(parent) => store.offer_many_after(parent.as_ref(), &items),
+            }
+        });
+        drop(views);
+        batch(py, results).map(drop)
+    }
+}
+
+fn json_to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    use serde_json::Value;
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => u.into_pyobject(py)?.into_any(),
+            (_, Some(i)) => i.into_pyobject(py)?.into_any(),
+            _ => n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any(),
+        },
+        Value::String(s) => s.into_pyobject(py)?.into_any(),
+        Value::Array(a) => {
+            let l = PyList::empty(py);
+            for x in a {
+                l.append(json_to_py(py, x)?)?;
+            }
+            l.into_any()
+        }
+        Value::Object(o) => {
+            let d = PyDict::new(py);
+            for (k, x) in o {
+                d.set_item(k, json_to_py(py, x)?)?;
+            }
+            d.into_any()
+        }
+    })
+}
+
+/// The chain hashes of every full block of `token_ids` (`block_tokens` tokens each), as
+/// 64-character lower-case hex strings: the same hashes as the Rust `BlockHash::chain_all`
+/// (blake3 over a domain tag, the parent's hash, the token count and the ids as little-endian
+/// u32; docs/format.md). A trailing partial block gets no hash. `parent`: the hash of the
+/// block before `token_ids` (continuing a chain), or None for a chain's root.
+#[pyfunction]
+#[pyo3(signature = (token_ids, block_tokens, parent=None))]
+fn chain_hashes(
+    py: Python<'_>,
+    token_ids: Vec<u32>,
+    block_tokens: usize,
+    parent: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<String>> {
+    if block_tokens == 0 {
+        return Err(PyValueError::new_err("block_tokens must be positive"));
+    }
+    let parent = parent.map(|p| hash_of(py, p)).transpose()?;
+    Ok(py.detach(move || {
+        BlockHash::chain_all_from(parent.as_ref(), &token_ids, block_tokens)
+            .iter()
+            .map(BlockHash::to_hex)
+            .collect()
+    }))
+}
+
+/// Raises the exception a Rust error of kind `kind` becomes (for the tests of the mapping:
+/// some kinds cannot be provoked from Python on every machine).
+#[pyfunction]
+fn _raise_rust_error(py: Python<'_>, kind: &str) -> PyResult<()> {
+    use std::io;
+    use tierkv::Error as E;
+    let path = || PathBuf::from("/cache/v1/rank0/ab/cd/x");
+    let e = match kind {
+        "InvalidKey" => E::InvalidKey {
+            reason: "test".into(),
+        },
+        "TooLarge" => E::TooLarge {
+            key: "rank0/ab".into(),
+            len: 2,
+            max: 1,
+        },
+        "BufferTooSmall" => E::BufferTooSmall {
+            key: "rank0/ab".into(),
+            need: 2,
+            have: 1,
+        },
+        "NoSpace" => E::from_io(path(), io::Error::from_raw_os_error(28)),
+        "TooManyOpenFiles" => E::from_io(path(), io::Error::from_raw_os_error(24)),
+        "Corrupt" => E::Corrupt {
+            path: path(),
+            reason: tierkv::CorruptReason::Checksum,
+        },
+        "ReadOnly" => E::ReadOnly {
+            path: path(),
+            op: "put",
+        },
+        "LayoutMismatch" => E::LayoutMismatch {
+            path: path(),
+            found: "a".into(),
+            configured: "b".into(),
+        },
+        "WorkerBusy" => E::WorkerBusy {
+            path: path(),
+            holder: "pid 1 on host".into(),
+        },
+        "Unsupported" => E::Unsupported("test".into()),
+        "Config" => E::Config("test".into()),
+        "Io" => E::from_io(path(), io::Error::from_raw_os_error(5)),
+        _ => return Err(PyValueError::new_err(format!("unknown kind {kind:?}"))),
+    };
+    Err(errors::to_py(py, e, Some(3)))
+}
+
+/// tierkv: the disk tier of an LLM inference engine's KV cache (native module).
+#[pymodule]
+fn _tierkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyStore>()?;
+    m.add_function(wrap_pyfunction!(chain_hashes, m)?)?;
+    m.add_function(wrap_pyfunction!(_raise_rust_error, m)?)?;
+    errors::register(m)?;
+    Ok(())
+}

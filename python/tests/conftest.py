@@ -1,0 +1,69 @@
+"""Fixtures of the Python package's tests (run by tools/test.sh, so by CI)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tierkv
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def interop_len(i: int) -> int:
+    """Bytes of block i of examples/interop.rs."""
+    return 1000 + i * 4097
+
+
+def interop_payload(i: int) -> np.ndarray:
+    """Block i of examples/interop.rs: byte j is (i * 131 + j * 7) % 256."""
+    j = np.arange(interop_len(i), dtype=np.int64)
+    return ((i * 131 + j * 7) % 256).astype(np.uint8)
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skips the running test, recorded in target/test-skips.txt (tools/test.sh prints the
+    list: no skip goes unseen); fails instead where CI requires privileged tests."""
+    if os.environ.get("TIERKV_REQUIRE_PRIVILEGED_TESTS"):
+        pytest.fail(f"required by TIERKV_REQUIRE_PRIVILEGED_TESTS: {reason}")
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+    line = f"SKIPPED {test} (pytest): {reason}"
+    (REPO / "target").mkdir(exist_ok=True)
+    with open(REPO / "target" / "test-skips.txt", "a") as f:
+        f.write(line + "\n")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def open_store(tmp_path):
+    """Opens stores under one root (no STATS.json writer), closed at the end of the test."""
+    opened = []
+
+    def open_(worker="rank0", root=None, **kw):
+        kw.setdefault("stats_interval", None)
+        s = tierkv.Store(root or tmp_path, worker, **kw)
+        opened.append(s)
+        return s
+
+    yield open_
+    for s in opened:
+        s.close()
+
+
+@pytest.fixture
+def store(open_store):
+    return open_store()
+
+
+@pytest.fixture(scope="session")
+def interop() -> Path:
+    """The examples/interop.rs binary, built here if tools/test.sh did not name it."""
+    if os.environ.get("TIERKV_INTEROP_BIN"):
+        return Path(os.environ["TIERKV_INTEROP_BIN"])
+    subprocess.run(["cargo", "build", "-q", "--example", "interop"], cwd=REPO, check=True)
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    return target / "debug" / "examples" / "interop"

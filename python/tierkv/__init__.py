@@ -1,0 +1,142 @@
+"""tierkv: the disk tier ("G3") of an LLM inference engine's KV cache.
+
+Each KV block is one file under ``<root>/v1/<worker>/``, named by the blake3 chain hash of its
+tokens, so a later request with the same prefix loads it from disk instead of recomputing it.
+
+Keys are chain hashes: a ``str`` of 64 lower-case hex characters (what :func:`chain_hashes`
+returns, the block's file name, and the spelling of SGLang HiCache's hash strings) or 32
+``bytes``. One :class:`Store` serves one worker (a tensor-parallel rank); workers share a root.
+
+>>> import numpy as np, tierkv
+>>> with tierkv.Store("/tmp/kv", "rank0") as store:                    # doctest: +SKIP
+...     keys = tierkv.chain_hashes(list(range(64)), 16)                 # 4 blocks
+...     store.put_many(keys, [np.full(4096, i, np.uint8) for i in range(4)])
+...     pages = np.empty((4, 4096), np.uint8)                           # preallocated
+...     store.get_many_into(keys, list(pages))                          # filled in place
+[4096, 4096, 4096, 4096]
+
+Errors are exceptions under :class:`tierkv.Error` (``NoSpaceError``, ``InvalidKeyError``,
+``CorruptError``, ...) with the ``path`` they concern; a miss is never an exception.
+docs/python.md in the repository has the whole API, its guarantees and their tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Iterable, List, Optional, Sequence
+
+from . import _tierkv
+from ._tierkv import (
+    BufferTooSmallError,
+    ClosedError,
+    ConfigError,
+    CorruptError,
+    Error,
+    InvalidKeyError,
+    IoError,
+    LayoutMismatchError,
+    NoSpaceError,
+    ReadOnlyError,
+    TooLargeError,
+    TooManyOpenFilesError,
+    UnsupportedError,
+    WorkerBusyError,
+    chain_hashes,
+)
+
+__all__ = [
+    "Store",
+    "chain_hashes",
+    "aligned_array",
+    "Error",
+    "InvalidKeyError",
+    "TooLargeError",
+    "BufferTooSmallError",
+    "NoSpaceError",
+    "TooManyOpenFilesError",
+    "CorruptError",
+    "ReadOnlyError",
+    "LayoutMismatchError",
+    "WorkerBusyError",
+    "UnsupportedError",
+    "ConfigError",
+    "IoError",
+    "ClosedError",
+]
+
+__version__ = "0.1.0"
+
+
+def aligned_array(shape: Any, dtype: Any = "uint8", align: int = 4096) -> Any:
+    """A zero-filled numpy array whose data starts on an `align`-byte boundary (default a
+    page): the buffers to give get_many_into. The kernel's copy from the page cache into a
+    buffer that starts off a 64-byte line ran about 5x slower on the machine of
+    docs/python.md, and a plain ``numpy.empty`` of 2 MiB may start 16 bytes past a page."""
+    import numpy as np
+
+    dt = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    raw = np.zeros(count * dt.itemsize + align, np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off : off + count * dt.itemsize].view(dt).reshape(shape)
+
+
+class Store(_tierkv.Store):
+    """One worker's block store under a root directory.
+
+    ``Store(root, worker, *, capacity_bytes=None, capacity_files=None, policy="arc",
+    engine="auto", read_only=False, verify="on-open", direct_io=False, sync_writes=False,
+    fd_cache=None, max_block_size=None, layout=None, publish="rename", watermarks=None,
+    queue_depth=None, stats_interval=1.0, keep_temp_files=False)``
+
+    - ``root``: the cache directory (shared by all workers); ``worker``: this worker's id
+      (``[A-Za-z0-9_.-]``, 1 to 64 characters; an int TP rank is accepted as its digits).
+    - ``capacity_bytes`` / ``capacity_files``: bound the worker's block files (on-disk bytes,
+      headers included; file count); None: unbounded. Full stores evict with ``policy``
+      (``"arc"``, ``"lru"``, ``"admit2"``), cutting chains from the tail.
+    - ``engine``: ``"auto"`` (io_uring where the kernel allows it, else psync), ``"psync"``,
+      ``"io_uring"``; ``queue_depth``: I/Os in flight per calling thread (io_uring).
+    - ``read_only``: serve reads of a tree another store writes (no lock, writes refused).
+    - ``verify``: checksums on reads: ``"on-open"`` (first read of each opened file),
+      ``"always"``, ``"never"``. ``direct_io``: O_DIRECT. ``sync_writes``: fdatasync each block.
+    - ``fd_cache``: open-file cache size (None: a quarter of the open-file limit, at most
+      4096; 0: none). ``max_block_size``: largest block (default 256 MiB).
+    - ``layout``: ``(depth, fanout)`` of the shard tree (None: the tree's, else ``(2, 256)``).
+    - ``publish``: ``"rename"`` or ``"tmpfile"``; ``watermarks``: ``(high, low)`` fractions
+      of the capacity for background eviction (default ``(0.95, 0.90)``).
+    - ``stats_interval``: seconds between writes of the live counters (``tierkv-stat
+      --live``), None: never. ``keep_temp_files``: leave a crashed store's temp files.
+
+    Opening takes the worker's lock: one store per worker directory at a time (another
+    raises :class:`WorkerBusyError`). Use it as a context manager or call :meth:`close`.
+
+    All methods are thread-safe and release the GIL during I/O, so threads issuing batches
+    run in parallel. Keys are ``str`` (64 lower-case hex) or 32 ``bytes``; buffers are any
+    objects exporting a contiguous buffer, used in place (zero-copy).
+    """
+
+    async def get_many_into_async(
+        self, keys: Sequence[Any], buffers: Sequence[Any]
+    ) -> List[Optional[int]]:
+        """:meth:`get_many_into` on a thread (``asyncio.to_thread``): the event loop keeps
+        running while the batch reads. Do not touch the buffers until it returns; cancelling
+        the await does not stop the batch (the thread finishes it)."""
+        return await asyncio.to_thread(self.get_many_into, keys, buffers)
+
+    async def put_many_async(self, keys: Sequence[Any], buffers: Sequence[Any]) -> None:
+        """:meth:`put_many` on a thread; see :meth:`get_many_into_async`."""
+        await asyncio.to_thread(self.put_many, keys, buffers)
+
+    async def offer_many_async(
+        self, keys: Sequence[Any], buffers: Sequence[Any], parent: Any = None
+    ) -> None:
+        """:meth:`offer_many` on a thread; see :meth:`get_many_into_async`."""
+        await asyncio.to_thread(self.offer_many, keys, buffers, parent)
+
+    async def contains_prefix_async(self, keys: Iterable[Any]) -> int:
+        """:meth:`contains_prefix` on a thread."""
+        return await asyncio.to_thread(self.contains_prefix, keys)
+
+    # The write-behind offloader (issue 16: a queue of puts drained by background threads,
+    # so an engine's step never waits for the disk) gets its Python face here once the Rust
+    # side lands, as `Store.offloader(...)` returning an object with submit()/flush().
