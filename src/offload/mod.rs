@@ -298,6 +298,29 @@ impl Completion {
             == 0
     }
 
+    /// As [`Completion::wait`], for at most `timeout`: `Err(self)` if some outcome is still
+    /// unknown then.
+    pub fn wait_timeout(self, timeout: std::time::Duration) -> Result<Vec<Outcome>, Completion> {
+        let deadline = Instant::now() + timeout;
+        {
+            let mut s = self.0.slots.lock().unwrap_or_else(|e| e.into_inner());
+            while s.remaining > 0 {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    drop(s);
+                    return Err(self);
+                }
+                s = self
+                    .0
+                    .done
+                    .wait_timeout(s, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+        Ok(self.wait())
+    }
+
     /// Waits for every block's outcome; one per block, in the offer's order.
     pub fn wait(self) -> Vec<Outcome> {
         let mut s = self.0.slots.lock().unwrap_or_else(|e| e.into_inner());
