@@ -62,8 +62,15 @@ impl IoEngine for GatedEngine {
             let mut open = self.open.lock().unwrap();
             self.entered.fetch_add(1, Ordering::SeqCst);
             self.cv.notify_all();
-            while !*open {
-                open = self.cv.wait(open).unwrap();
+            // A test that fails while the gate is shut must not hang in the offloader's
+            // close: past 60 s the gate opens by itself (no test waits that long for it).
+            let since = std::time::Instant::now();
+            while !*open && since.elapsed() < std::time::Duration::from_secs(60) {
+                open = self
+                    .cv
+                    .wait_timeout(open, std::time::Duration::from_secs(1))
+                    .unwrap()
+                    .0;
             }
         }
         self.inner.submit(batch)
@@ -121,6 +128,7 @@ fn a_full_queue_drops_the_newest_offer_and_counts_it() {
     assert_eq!((got.queued, got.dropped), (4, 0));
     // The queue holds 4 blocks (being written or not): the newest offer is dropped.
     let done = off.offer_tracked(None, blocks(&b));
+    assert!(done.is_done(), "drops are known at once");
     let outcomes = done.wait();
     assert_eq!(reasons(&outcomes), vec![Some(DropReason::Full); 3]);
     assert_eq!(off.stats().dropped_full, 3);

@@ -35,6 +35,8 @@ tools/fetch-nixl.sh
 echo "== fmt, clippy, docs"
 cargo fmt --all -- --check
 cargo clippy -q --all-targets --all-features -- -D warnings
+# The end-to-end member (e2e/: candle's Llama beneath tierkv) is linted and tested too.
+cargo clippy -q -p engine_e2e --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps --all-features
 echo "== the README example (examples/readme.rs)"
 cargo run -q --example readme
@@ -43,6 +45,8 @@ echo "== tests"
 SKIPS=target/test-skips.txt
 rm -f "$SKIPS"
 cargo test -q --all-features
+echo "== the end-to-end run beneath a real transformer (e2e/, tiny configuration)"
+cargo test -q -p engine_e2e
 if [ -s "$SKIPS" ]; then
   echo "== skipped: $(wc -l <"$SKIPS") tests or parts of tests"
   cat "$SKIPS"
