@@ -12,6 +12,8 @@
 //! - how I/O is submitted: [`engine`] (the [`IoEngine`](engine::IoEngine) trait, psync);
 //! - what is kept: [`index`] (capacity, eviction policies) and [`store`] (put/get semantics,
 //!   the open-file cache, counters, the rebuild on open);
+//! - what the engine calls to write: [`offload`] (write-behind: a bounded queue in front of a
+//!   store, an admission filter, batches written on a thread of its own);
 //! - what users run (with the `tools` feature): `tierkv-bench` (the fio-style benchmark) and
 //!   `tierkv-stat` (what a cache tree holds, the live counters of its stores), in `tools/`.
 //!
@@ -45,10 +47,12 @@ pub mod index;
 mod key;
 pub mod layout;
 pub mod ns;
+pub mod offload;
 pub mod store;
 
 pub use error::{CorruptReason, Error, Result};
 pub use index::policy::PolicyKind;
 pub use key::{BlockHash, BlockKey, MAX_WORKER_ID_LEN, WorkerId};
 pub use layout::Layout;
+pub use offload::{OffloadConfig, Offloader, Payload};
 pub use store::{Lookup, Parts, Publish, Store, StoreConfig, StoreStats, VerifyMode};

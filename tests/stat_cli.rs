@@ -336,3 +336,61 @@ fn bad_usage_exits_2() {
         );
     }
 }
+
+#[test]
+fn live_counters_include_the_offloader() {
+    use tierkv::offload::{DropReason, OffloadConfig, Offloader};
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        tierkv::Store::open(dir.path(), worker("0"), tierkv::StoreConfig::default()).unwrap();
+    let off = Offloader::new(store.clone(), OffloadConfig::new().with_max_blocks(1000)).unwrap();
+    let keys = chain_keys(&store, 7, 5);
+    let blocks: Vec<_> = keys.iter().map(|k| (k.clone(), vec![3u8; 4096])).collect();
+    off.offer(None, blocks.clone());
+    off.flush();
+    let again = off.offer_tracked(None, blocks).wait();
+    assert!(
+        again
+            .iter()
+            .all(|o| o.drop_reason() == Some(DropReason::AlreadyStored))
+    );
+    drop(off);
+    drop(store); // the last STATS.json, with the offloader's final counters
+    let d = dir.path().to_str().unwrap();
+    let out = Command::new(STAT).args([d, "--live"]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("offload (all): offered 10 queued 5 written 5"),
+        "{text}"
+    );
+    assert!(text.contains("deduped 5 stored + 0 queued"), "{text}");
+    assert!(text.contains("offload queue wait us: p50"), "{text}");
+    let out = Command::new(STAT)
+        .args([d, "--live", "--format", "prometheus"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("# TYPE tierkv_offload_written_total counter"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tierkv_offload_written_total{worker=\"0\"} 5"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tierkv_offload_deduped_present_total{worker=\"0\"} 5"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tierkv_offload_in_flight_blocks{worker=\"0\"} 0"),
+        "{text}"
+    );
+    let out = Command::new(STAT)
+        .args([d, "--live", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["0"]["stats"]["offload"]["written"], 5);
+    assert_eq!(v["0"]["stats"]["offload"]["filter"], "all");
+}

@@ -31,6 +31,8 @@ tests_for() {
     src/store/write.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test device --test capacity" ;;
     src/store/read.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test device" ;;
     src/store/sweep.rs) echo "--lib --test oracle --test semantics --test hostile" ;;
+    src/offload/*) echo "--lib --test offload" ;;
+    src/store/mod.rs | src/store/stats.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test offload" ;;
     *) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity" ;;
   esac
 }

@@ -38,6 +38,8 @@ echo "== fmt, clippy, docs"
 cargo fmt --all -- --check
 cargo clippy -q --all-targets --all-features -- -D warnings
 cargo clippy -q -p tierkv-python --all-targets -- -D warnings
+# The end-to-end member (e2e/: candle's Llama beneath tierkv) is linted and tested too.
+cargo clippy -q -p engine_e2e --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps --all-features
 RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p tierkv-python --document-private-items
 echo "== the README example (examples/readme.rs)"
@@ -63,6 +65,8 @@ fi
 cargo build -q --example interop
 INTEROP="$(source tools/bench-common.sh && target_dir)/debug/examples/interop"
 TIERKV_INTEROP_BIN="$INTEROP" "$VENV/bin/python" -m pytest -q python/tests
+echo "== the end-to-end run beneath a real transformer (e2e/, tiny configuration)"
+cargo test -q -p engine_e2e
 if [ -s "$SKIPS" ]; then
   echo "== skipped: $(wc -l <"$SKIPS") tests or parts of tests"
   cat "$SKIPS"

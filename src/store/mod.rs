@@ -31,6 +31,7 @@ pub mod sweep;
 mod write;
 
 pub use config::{DEFAULT_FD_CACHE_MAX, DEFAULT_MAX_BLOCK_SIZE, Publish, StoreConfig, VerifyMode};
+pub(crate) use stats::Latency;
 pub use stats::{ErrorCounts, LatencySummary, StoreStats};
 pub use statsfile::LiveStats;
 
@@ -151,6 +152,9 @@ struct Inner {
     publish: Publisher,
     threads: Background,
     counters: Counters,
+    /// The counters of the offloader in front of this store (the latest one attached), part
+    /// of its stats.
+    offload: Mutex<Option<Arc<crate::offload::OffloadCounters>>>,
 }
 
 /// How the store reads and writes, fixed when it opens.
@@ -377,6 +381,7 @@ impl Store {
                 stats_interval: stats_interval.unwrap_or_default(),
             },
             counters,
+            offload: Mutex::new(None),
         });
         // The background threads; a failure to start one fails the open (the lock is released
         // as `inner` drops).
@@ -462,6 +467,18 @@ impl Store {
     /// A snapshot of the counters.
     pub fn stats(&self) -> StoreStats {
         self.inner.snapshot()
+    }
+
+    /// True if the index holds `hash` (published; no system call): how an
+    /// [`Offloader`](crate::offload::Offloader) deduplicates and tells a written block from a
+    /// declined one.
+    pub(crate) fn holds(&self, hash: &BlockHash) -> bool {
+        self.inner.index.contains(hash)
+    }
+
+    /// Makes `counters` part of this store's stats (and `STATS.json`).
+    pub(crate) fn attach_offload(&self, counters: Arc<crate::offload::OffloadCounters>) {
+        *self.inner.offload.lock().unwrap_or_else(|e| e.into_inner()) = Some(counters);
     }
 
     /// Stores one block. See [`Store::put_many`].
@@ -823,6 +840,12 @@ impl Inner {
             errors: c.errors(),
             get_latency: c.get_latency.summary(),
             put_latency: c.put_latency.summary(),
+            offload: self
+                .offload
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .map(|o| o.snapshot()),
         }
     }
 

@@ -74,6 +74,10 @@ pub struct StoreStats {
     pub get_latency: LatencySummary,
     /// Latency of `put_many`/`offer_many` calls (whole batches).
     pub put_latency: LatencySummary,
+    /// The write-behind offloader in front of the store, if one was started
+    /// ([`Offloader`](crate::offload::Offloader)).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offload: Option<crate::offload::OffloadStats>,
 }
 
 /// Errors returned by a store, by kind.
@@ -107,6 +111,8 @@ pub struct LatencySummary {
     pub p50_ns: u64,
     /// 99th percentile (bucket upper bound).
     pub p99_ns: u64,
+    /// 99.9th percentile (bucket upper bound).
+    pub p999_ns: u64,
     /// Largest.
     pub max_ns: u64,
 }
@@ -167,6 +173,7 @@ impl Latency {
             mean_ns: self.sum_ns.load(Ordering::Relaxed) / count,
             p50_ns: quantile(0.5),
             p99_ns: quantile(0.99),
+            p999_ns: quantile(0.999),
             max_ns: self.max_ns.load(Ordering::Relaxed),
         }
     }

@@ -28,6 +28,7 @@ use tierkv::{
 #[path = "../common.rs"]
 mod common;
 mod metadata;
+mod offload;
 mod replay;
 mod report;
 mod verify;
@@ -58,6 +59,10 @@ enum Rw {
     /// fresh tree, reopen it (index rebuild), look every block up and read every block with
     /// open+read+close (`--fd-cache 0` unless given); rates per phase.
     Metadata,
+    /// Write-behind: the engine thread's time per offer through the offloader while its
+    /// writer saturates the disk, and the sustained throughput, against plain put_many of
+    /// `--nblocks` blocks in chains of `--batch`.
+    Offload,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -179,6 +184,14 @@ struct Args {
     /// The trace to replay (JSON lines with `hash_ids`).
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// Replay only: write through the write-behind offloader with this admission filter,
+    /// `all` or `second-offer[:WINDOW]` (a block is written on its second offer within
+    /// WINDOW offered blocks); each request's offer is flushed before the next request.
+    #[arg(long)]
+    write_filter: Option<tierkv::offload::FilterKind>,
+    /// `--rw offload`: the offloader's bound on bytes in flight (default 512MiB).
+    #[arg(long, value_parser = parse_size)]
+    offload_queue: Option<u64>,
     /// Reads: don't write missing blocks first (they count as misses).
     #[arg(long)]
     no_layout: bool,
@@ -599,16 +612,28 @@ fn run(args: &Args) -> Result<(), BoxError> {
         }
         // Replay evicts exactly at the bound, so figures compare across policies.
         config = config.with_watermarks(1.0, 1.0);
-    } else if args.trace.is_some() {
-        return Err(UsageError("--trace is only for --rw replay".into()).into());
+    } else if args.trace.is_some() || args.write_filter.is_some() {
+        return Err(
+            UsageError("--trace and --write-filter are only for --rw replay".into()).into(),
+        );
     }
     if args.rw == Rw::Metadata {
         return metadata::scale(args, &root, &config, bs, nblocks);
     }
+    if args.rw == Rw::Offload {
+        return offload::offload(args, &config, &root, bs, nblocks);
+    }
     if args.rw == Rw::Replay {
         let store = Store::open_with(&root, args.worker.clone(), config, parts)?;
         let trace = args.trace.as_ref().expect("checked above");
-        let r = replay::replay(&store, trace, bs, oracle.as_ref(), args.verify_data)?;
+        let r = replay::replay(
+            &store,
+            trace,
+            bs,
+            oracle.as_ref(),
+            args.verify_data,
+            args.write_filter,
+        )?;
         return replay::report_replay(args, &store, &root, &r);
     }
 

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tierkv::index::policy::{Oracle, belady::NEVER};
+use tierkv::offload::{FilterKind, OffloadConfig, Offloader, OnClose};
 use tierkv::{BlockHash, BlockKey, Lookup, Store};
 
 use crate::common::BoxError;
@@ -66,14 +67,20 @@ fn load_trace(path: &std::path::Path) -> Result<Vec<Vec<u64>>, BoxError> {
 }
 
 /// Per request: hits = longest present prefix (read for real, every block verified), then
-/// the rest is offered in one batch (absent blocks stored, present ones touched).
+/// the rest is offered in one batch (absent blocks stored, present ones touched); with a
+/// write filter, through an [`Offloader`] (flushed before the next request, so the figures
+/// are the filter's, not the queue's timing).
 pub(crate) fn replay(
     store: &Store,
     trace: &std::path::Path,
     bs: usize,
     oracle: Option<&Arc<Mutex<Oracle>>>,
     verify_data: bool,
+    write_filter: Option<FilterKind>,
 ) -> Result<ReplayRun, BoxError> {
+    let offload = write_filter
+        .map(|f| Offloader::new(store.clone(), OffloadConfig::new().with_filter(f)))
+        .transpose()?;
     let reqs = load_trace(trace)?;
     // Next use of each reference position, for the Belady oracle.
     let flat: Vec<u64> = reqs.iter().flatten().copied().collect();
@@ -161,12 +168,22 @@ pub(crate) fn replay(
                 (k.clone(), data.clone())
             })
             .collect();
-        for res in store.offer_many_after(n.checked_sub(1).map(|i| &keys[i]), &items) {
+        let parent = n.checked_sub(1).map(|i| &keys[i]);
+        if let Some(off) = &offload {
+            off.offer(parent, items);
+            off.flush();
+            continue;
+        }
+        for res in store.offer_many_after(parent, &items) {
             if let Err(e) = res {
                 run.errors += 1;
                 tracing::warn!(error = %e, "replay put failed");
             }
         }
+    }
+    if let Some(off) = offload {
+        let s = off.close(OnClose::Write);
+        run.errors += s.failed;
     }
     run.elapsed = start.elapsed();
     run.ended_unix_ms = unix_ms();
@@ -207,6 +224,8 @@ pub(crate) fn report_replay(
                 "bytes_read": s.bytes_read,
                 "evictions": s.evictions,
                 "not_admitted": s.not_admitted,
+                "write_filter": s.offload.as_ref().map(|o| o.filter.clone()),
+                "offload": s.offload,
                 "elapsed_s": secs,
                 "started_unix_ms": r.started_unix_ms,
                 "ended_unix_ms": r.ended_unix_ms,
@@ -252,6 +271,17 @@ pub(crate) fn report_replay(
                 s.evictions,
                 s.not_admitted
             )?;
+            if let Some(o) = &s.offload {
+                writeln!(
+                    out,
+                    "  write filter={}: offered={} written={} filtered={} deduped={}",
+                    o.filter,
+                    o.offered,
+                    o.written,
+                    o.dropped_filtered,
+                    o.deduped_present + o.deduped_queued
+                )?;
+            }
         }
     }
     if r.verify_errors > 0 {

@@ -1016,6 +1016,103 @@ fn live_metrics(l: &LiveStats) -> Vec<(&'static str, &'static str, bool, f64)> {
             if live_fresh(l) { 1.0 } else { 0.0 },
         ),
     ];
+    // The write-behind offloader, when one runs in front of the store.
+    if let Some(o) = &s.offload {
+        let counters: [(&'static str, &'static str, u64); 13] = [
+            (
+                "tierkv_offload_offered_total",
+                "Blocks offered to the write-behind offloader.",
+                o.offered,
+            ),
+            (
+                "tierkv_offload_queued_total",
+                "Blocks queued for writing.",
+                o.queued,
+            ),
+            (
+                "tierkv_offload_written_total",
+                "Queued blocks the store holds after their batch.",
+                o.written,
+            ),
+            (
+                "tierkv_offload_written_bytes_total",
+                "Payload bytes of written blocks.",
+                o.written_bytes,
+            ),
+            (
+                "tierkv_offload_not_admitted_total",
+                "Queued blocks the store declined.",
+                o.not_admitted,
+            ),
+            (
+                "tierkv_offload_failed_total",
+                "Queued blocks whose write failed.",
+                o.failed,
+            ),
+            (
+                "tierkv_offload_deduped_present_total",
+                "Offered blocks already stored.",
+                o.deduped_present,
+            ),
+            (
+                "tierkv_offload_deduped_queued_total",
+                "Offered blocks already queued.",
+                o.deduped_queued,
+            ),
+            (
+                "tierkv_offload_dropped_full_total",
+                "Offered blocks dropped: queue full.",
+                o.dropped_full,
+            ),
+            (
+                "tierkv_offload_dropped_filtered_total",
+                "Offered blocks dropped by the admission filter.",
+                o.dropped_filtered,
+            ),
+            (
+                "tierkv_offload_dropped_no_parent_total",
+                "Offered blocks dropped: chain parent missing.",
+                o.dropped_no_parent,
+            ),
+            (
+                "tierkv_offload_dropped_closed_total",
+                "Blocks dropped at shutdown.",
+                o.dropped_closed,
+            ),
+            (
+                "tierkv_offload_served_from_queue_total",
+                "Gets served from the queue.",
+                o.served_from_queue,
+            ),
+        ];
+        for (name, help, v) in counters {
+            m.push((name, help, true, v as f64));
+        }
+        m.push((
+            "tierkv_offload_in_flight_blocks",
+            "Blocks queued or being written.",
+            false,
+            o.in_flight_blocks as f64,
+        ));
+        m.push((
+            "tierkv_offload_in_flight_bytes",
+            "Payload bytes queued or being written.",
+            false,
+            o.in_flight_bytes as f64,
+        ));
+        m.push((
+            "tierkv_offload_queue_wait_p99_seconds",
+            "99th percentile of the time a block waits in the write-behind queue.",
+            false,
+            o.queue_wait.p99_ns as f64 / 1e9,
+        ));
+        m.push((
+            "tierkv_offload_offer_latency_p99_seconds",
+            "99th percentile of the engine thread's time in an offer call.",
+            false,
+            o.offer_latency.p99_ns as f64 / 1e9,
+        ));
+    }
     // An unbounded store has no capacity gauge (a 0 would read as a full store).
     if let Some(c) = s.capacity_bytes {
         m.push(("tierkv_capacity_bytes", "Byte capacity.", false, c as f64));
@@ -1146,6 +1243,40 @@ fn live(args: &Args, vdir: &Path, workers: &[String]) -> Result<ExitCode, BoxErr
                         us(s.put_latency.p99_ns),
                         us(s.put_latency.max_ns)
                     )?;
+                    if let Some(o) = &s.offload {
+                        writeln!(
+                            out,
+                            "  offload ({}): offered {} queued {} written {} ({}); in flight {} ({}); deduped {} stored + {} queued; dropped: full {} filtered {} no parent {} closed {}; not admitted {} failed {}; served from queue {}",
+                            o.filter,
+                            o.offered,
+                            o.queued,
+                            o.written,
+                            human(o.written_bytes),
+                            o.in_flight_blocks,
+                            human(o.in_flight_bytes),
+                            o.deduped_present,
+                            o.deduped_queued,
+                            o.dropped_full,
+                            o.dropped_filtered,
+                            o.dropped_no_parent,
+                            o.dropped_closed,
+                            o.not_admitted,
+                            o.failed,
+                            o.served_from_queue
+                        )?;
+                        writeln!(
+                            out,
+                            "  offload queue wait us: p50 {:.1} p99 {:.1} p99.9 {:.1} max {:.1}; offer call us: p50 {:.1} p99 {:.1} p99.9 {:.1} max {:.1}",
+                            us(o.queue_wait.p50_ns),
+                            us(o.queue_wait.p99_ns),
+                            us(o.queue_wait.p999_ns),
+                            us(o.queue_wait.max_ns),
+                            us(o.offer_latency.p50_ns),
+                            us(o.offer_latency.p99_ns),
+                            us(o.offer_latency.p999_ns),
+                            us(o.offer_latency.max_ns)
+                        )?;
+                    }
                     if let Some((p, at)) = prev.get(w) {
                         let dt = (l.updated_unix_ms.saturating_sub(p.updated_unix_ms) as f64
                             / 1000.0)

@@ -1,0 +1,916 @@
+//! Write-behind offload: the engine-facing write API.
+//!
+//! An inference engine must never wait on the disk. An [`Offloader`] sits in front of a
+//! [`Store`]: the engine hands it the blocks it computed ([`Offloader::offer`], owned
+//! buffers or a guard that keeps the engine's buffer alive, as a [`Payload`]) and returns at
+//! once; a writer thread of the offloader's own (a std thread, never a tokio worker) hands
+//! them to the store in batches, one [`Store::offer_many_after`] per chain batch, roots first.
+//!
+//! - Memory is bounded ([`OffloadConfig::max_bytes`], [`OffloadConfig::max_blocks`]: blocks
+//!   queued or being written). When full, the newest offer is dropped and counted
+//!   ([`WhenFull::DropNewest`], the default: a cache may lose a write, an engine must not
+//!   stall), or the offer waits for room ([`WhenFull::Block`]).
+//! - A block already stored, or already queued, is not written twice. A get of a block still
+//!   queued is served from the queue ([`Offloader::get_many`]: a hit, counted in
+//!   [`OffloadStats::served_from_queue`]).
+//! - An admission filter ([`WriteFilter`]) runs before the queue.
+//! - [`Offloader::flush`] waits for what was offered before it; [`Offloader::close`] writes
+//!   or drops what is queued ([`OnClose`]), counted either way. A crash loses the queued
+//!   blocks only: each write is the store's atomic put, so no partial block is ever published.
+//! - Each offer can be tracked ([`Offloader::offer_tracked`]): one [`Outcome`] per block,
+//!   written, dropped with its [`DropReason`], or failed with its error.
+//! - Counters ([`OffloadStats`]) are part of [`Store::stats`], so of `STATS.json`,
+//!   `tierkv-stat --live` and its Prometheus output.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::key::{BlockHash, BlockKey};
+use crate::store::{Lookup, Store};
+
+pub mod filter;
+mod stats;
+
+pub use filter::{AdmitAll, Candidate, FilterKind, SecondOffer, WriteFilter};
+pub(crate) use stats::OffloadCounters;
+pub use stats::OffloadStats;
+use stats::{add, sub};
+
+/// The bytes of one block offered for writing: owned by the offloader until the block is
+/// written or dropped. Built from a `Vec<u8>` (no copy), or from any guard that keeps the
+/// engine's buffer alive and derefs to its bytes ([`Payload::new`]). Cheap to clone.
+#[derive(Clone)]
+pub struct Payload(Arc<dyn AsRef<[u8]> + Send + Sync>);
+
+impl Payload {
+    /// Wraps `bytes`: a buffer, or a guard of the engine's (e.g. a pinned host buffer that is
+    /// returned to its pool when the guard drops, after the write).
+    pub fn new<T: AsRef<[u8]> + Send + Sync + 'static>(bytes: T) -> Self {
+        Payload(Arc::new(bytes))
+    }
+
+    /// Payload bytes.
+    pub fn len(&self) -> usize {
+        self.as_ref().len()
+    }
+
+    /// True for an empty block.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl AsRef<[u8]> for Payload {
+    fn as_ref(&self) -> &[u8] {
+        (*self.0).as_ref()
+    }
+}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Payload({} bytes)", self.len())
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(v: Vec<u8>) -> Self {
+        Payload::new(v)
+    }
+}
+
+impl From<Arc<[u8]>> for Payload {
+    fn from(v: Arc<[u8]>) -> Self {
+        Payload::new(v)
+    }
+}
+
+/// What an offer does when the queue is full.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WhenFull {
+    /// Drop the newest offer (the blocks that do not fit, to the end of their chain), counted
+    /// in [`OffloadStats::dropped_full`]. The engine's thread never waits for the disk.
+    #[default]
+    DropNewest,
+    /// Wait for room (the engine's thread waits for the disk: for callers that prefer
+    /// back-pressure to a lost write). A block larger than the whole bound is still dropped.
+    Block,
+}
+
+/// What closing an offloader does with the blocks still queued.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnClose {
+    /// Write them, then close.
+    #[default]
+    Write,
+    /// Drop them, counted in [`OffloadStats::dropped_closed`] (a batch already handed to the
+    /// store finishes).
+    Drop,
+}
+
+/// How an [`Offloader`] queues and writes.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct OffloadConfig {
+    /// Payload bytes queued or being written, at most (default 512 MiB).
+    pub max_bytes: u64,
+    /// Blocks queued or being written, at most (default 4096).
+    pub max_blocks: usize,
+    /// When full: drop the newest offer (default) or wait.
+    pub when_full: WhenFull,
+    /// Blocks per store call, at most (default 64): a longer chain is split into batches, each
+    /// continuing the one before.
+    pub max_batch_blocks: usize,
+    /// What dropping the offloader does with queued blocks (default: write them).
+    pub on_close: OnClose,
+    /// The admission filter (default: admit all).
+    pub filter: FilterKind,
+}
+
+impl Default for OffloadConfig {
+    fn default() -> Self {
+        OffloadConfig {
+            max_bytes: 512 << 20,
+            max_blocks: 4096,
+            when_full: WhenFull::DropNewest,
+            max_batch_blocks: 64,
+            on_close: OnClose::Write,
+            filter: FilterKind::All,
+        }
+    }
+}
+
+impl OffloadConfig {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bounds the payload bytes in flight.
+    pub fn with_max_bytes(mut self, bytes: u64) -> Self {
+        self.max_bytes = bytes;
+        self
+    }
+
+    /// Bounds the blocks in flight.
+    pub fn with_max_blocks(mut self, blocks: usize) -> Self {
+        self.max_blocks = blocks;
+        self
+    }
+
+    /// Sets what a full queue does.
+    pub fn with_when_full(mut self, when_full: WhenFull) -> Self {
+        self.when_full = when_full;
+        self
+    }
+
+    /// Sets the largest batch per store call (at least 1).
+    pub fn with_max_batch_blocks(mut self, blocks: usize) -> Self {
+        self.max_batch_blocks = blocks.max(1);
+        self
+    }
+
+    /// Sets what dropping the offloader does with queued blocks.
+    pub fn with_on_close(mut self, on_close: OnClose) -> Self {
+        self.on_close = on_close;
+        self
+    }
+
+    /// Uses a built-in admission filter ([`Offloader::with_filter`] takes any).
+    pub fn with_filter(mut self, filter: FilterKind) -> Self {
+        self.filter = filter;
+        self
+    }
+}
+
+/// Why an offered block was not written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DropReason {
+    /// The store holds it already (deduplicated: not a loss).
+    AlreadyStored,
+    /// An earlier offer queued it (deduplicated: not a loss; that offer's outcome tells).
+    AlreadyQueued,
+    /// The queue was full.
+    Full,
+    /// The admission filter declined it.
+    Filtered,
+    /// Its chain parent is neither stored nor queued (declined, dropped or invalid before it).
+    NoParent,
+    /// The store declined it (capacity, its policy's admission, the parent evicted meanwhile).
+    NotAdmitted,
+    /// Dropped at shutdown, or offered after it.
+    Closed,
+    /// The key belongs to another worker than the store's.
+    InvalidKey,
+}
+
+impl DropReason {
+    /// False for the deduplications ([`DropReason::AlreadyStored`],
+    /// [`DropReason::AlreadyQueued`]): the block is (or will be) there all the same.
+    pub fn is_loss(self) -> bool {
+        !matches!(self, DropReason::AlreadyStored | DropReason::AlreadyQueued)
+    }
+}
+
+/// What became of one offered block.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The store holds it.
+    Written,
+    /// Not written, for this reason.
+    Dropped(DropReason),
+    /// Its write failed (nothing partial was left behind).
+    Failed(Error),
+}
+
+impl Outcome {
+    /// True for [`Outcome::Written`].
+    pub fn is_written(&self) -> bool {
+        matches!(self, Outcome::Written)
+    }
+
+    /// The reason, for a dropped block.
+    pub fn drop_reason(&self) -> Option<DropReason> {
+        match self {
+            Outcome::Dropped(r) => Some(*r),
+            _ => None,
+        }
+    }
+}
+
+/// What one offer did at once, in blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Offered {
+    /// Queued for writing.
+    pub queued: usize,
+    /// Already stored or queued: not queued again.
+    pub deduped: usize,
+    /// Dropped (full, filtered, no parent, closed, invalid key).
+    pub dropped: usize,
+}
+
+#[derive(Debug)]
+struct Slots {
+    outcomes: Vec<Option<Outcome>>,
+    remaining: usize,
+}
+
+#[derive(Debug)]
+struct Tracker {
+    slots: Mutex<Slots>,
+    done: Condvar,
+}
+
+impl Tracker {
+    fn set(&self, i: usize, o: Outcome) {
+        let mut s = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        if s.outcomes[i].is_none() {
+            s.remaining -= 1;
+        }
+        s.outcomes[i] = Some(o);
+        if s.remaining == 0 {
+            self.done.notify_all();
+        }
+    }
+}
+
+/// The outcomes of one tracked offer ([`Offloader::offer_tracked`]), one per block, known
+/// once each block is written, dropped or failed.
+#[derive(Debug)]
+pub struct Completion(Arc<Tracker>);
+
+impl Completion {
+    /// True once every block's outcome is known.
+    pub fn is_done(&self) -> bool {
+        self.0
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remaining
+            == 0
+    }
+
+    /// As [`Completion::wait`], for at most `timeout`: `Err(self)` if some outcome is still
+    /// unknown then.
+    pub fn wait_timeout(self, timeout: std::time::Duration) -> Result<Vec<Outcome>, Completion> {
+        let deadline = Instant::now() + timeout;
+        {
+            let mut s = self.0.slots.lock().unwrap_or_else(|e| e.into_inner());
+            while s.remaining > 0 {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    drop(s);
+                    return Err(self);
+                }
+                s = self
+                    .0
+                    .done
+                    .wait_timeout(s, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+        Ok(self.wait())
+    }
+
+    /// Waits for every block's outcome; one per block, in the offer's order.
+    pub fn wait(self) -> Vec<Outcome> {
+        let mut s = self.0.slots.lock().unwrap_or_else(|e| e.into_inner());
+        while s.remaining > 0 {
+            s = self.0.done.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        s.outcomes
+            .drain(..)
+            .map(|o| o.expect("every outcome is set"))
+            .collect()
+    }
+}
+
+/// One queued block.
+struct Entry {
+    key: BlockKey,
+    data: Payload,
+    track: Option<(Arc<Tracker>, usize)>,
+}
+
+/// Consecutive blocks of one chain, written in one store call.
+struct Batch {
+    parent: Option<BlockHash>,
+    entries: Vec<Entry>,
+    queued_at: Instant,
+}
+
+struct State {
+    queue: VecDeque<Batch>,
+    /// Blocks queued or being written, by hash: deduplication and gets from the queue.
+    pending: HashMap<BlockHash, Payload>,
+    blocks: usize,
+    bytes: u64,
+    filter: Box<dyn WriteFilter>,
+    closing: bool,
+    /// Batches queued, and batches finished (written, failed or dropped), since the start.
+    enqueued: u64,
+    finished: u64,
+}
+
+struct Shared {
+    store: Store,
+    cfg: OffloadConfig,
+    state: Mutex<State>,
+    /// Work queued, or closing.
+    work: Condvar,
+    /// A batch finished: room, and progress for `flush`.
+    progress: Condvar,
+    counters: Arc<OffloadCounters>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Write-behind offload in front of a [`Store`]; see the [module](self) documentation.
+///
+/// ```
+/// use tierkv::offload::{OffloadConfig, Offloader, Outcome};
+/// use tierkv::{BlockHash, Store, StoreConfig, WorkerId};
+///
+/// let dir = tempfile::tempdir()?;
+/// let store = Store::open(dir.path(), WorkerId::new("rank0")?, StoreConfig::default())?;
+/// let offload = Offloader::new(store.clone(), OffloadConfig::default())?;
+/// let tokens: Vec<u32> = (0..64).collect();
+/// let keys: Vec<_> = BlockHash::chain_all(&tokens, 16).into_iter().map(|h| store.key(h)).collect();
+/// // The engine's thread hands over its blocks and goes on at once.
+/// let blocks = keys.iter().map(|k| (k.clone(), vec![7u8; 4096])).collect();
+/// let done = offload.offer_tracked(None, blocks);
+/// assert!(done.wait().iter().all(Outcome::is_written));
+/// assert_eq!(store.contains_prefix(&keys)?, 4);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Offloader {
+    shared: Arc<Shared>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl fmt::Debug for Offloader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Offloader")
+            .field("store", &self.shared.store.dir())
+            .field("config", &self.shared.cfg)
+            .finish()
+    }
+}
+
+impl Offloader {
+    /// Starts an offloader (its writer thread) in front of `store`, with the filter that
+    /// `config.filter` names. Its counters become part of `store.stats()`.
+    pub fn new(store: Store, config: OffloadConfig) -> Result<Offloader> {
+        let filter = config.filter.build();
+        Self::with_filter(store, config, filter)
+    }
+
+    /// As [`Offloader::new`], with an admission filter built by the caller.
+    pub fn with_filter(
+        store: Store,
+        config: OffloadConfig,
+        filter: Box<dyn WriteFilter>,
+    ) -> Result<Offloader> {
+        if config.max_blocks == 0 || config.max_bytes == 0 {
+            return Err(Error::Config(
+                "offload: max_blocks and max_bytes must be positive".into(),
+            ));
+        }
+        let counters = Arc::new(OffloadCounters::default());
+        let _ = counters.filter.set(filter.name());
+        store.attach_offload(counters.clone());
+        let shared = Arc::new(Shared {
+            store,
+            cfg: OffloadConfig {
+                max_batch_blocks: config.max_batch_blocks.max(1),
+                ..config
+            },
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                pending: HashMap::new(),
+                blocks: 0,
+                bytes: 0,
+                filter,
+                closing: false,
+                enqueued: 0,
+                finished: 0,
+            }),
+            work: Condvar::new(),
+            progress: Condvar::new(),
+            counters,
+        });
+        let s = shared.clone();
+        let writer = std::thread::Builder::new()
+            .name("tierkv-offload".into())
+            .spawn(move || writer_loop(&s))
+            .map_err(|e| Error::Io {
+                path: shared.store.dir().to_path_buf(),
+                source: std::io::Error::new(
+                    e.kind(),
+                    format!("could not start the offload thread: {e}"),
+                ),
+            })?;
+        tracing::debug!(config = ?shared.cfg, "offloader started");
+        Ok(Offloader {
+            shared,
+            writer: Some(writer),
+        })
+    }
+
+    /// The store behind it.
+    pub fn store(&self) -> &Store {
+        &self.shared.store
+    }
+
+    /// Offers one chain's blocks, root first, after `parent` (the last block of the request's
+    /// cached prefix; `None` when `blocks[0]` is a chain's root), and returns at once (unless
+    /// [`WhenFull::Block`] and full). Blocks already stored or queued are skipped; the rest
+    /// go through the filter and, room allowing, into the queue.
+    pub fn offer<P: Into<Payload>>(
+        &self,
+        parent: Option<&BlockKey>,
+        blocks: Vec<(BlockKey, P)>,
+    ) -> Offered {
+        self.offer_inner(parent, blocks, false).0
+    }
+
+    /// As [`Offloader::offer`], and the blocks' outcomes are tracked: the [`Completion`] gives
+    /// one [`Outcome`] per block, in order.
+    pub fn offer_tracked<P: Into<Payload>>(
+        &self,
+        parent: Option<&BlockKey>,
+        blocks: Vec<(BlockKey, P)>,
+    ) -> Completion {
+        let (_, c) = self.offer_inner(parent, blocks, true);
+        c.expect("tracked")
+    }
+
+    fn offer_inner<P: Into<Payload>>(
+        &self,
+        parent: Option<&BlockKey>,
+        blocks: Vec<(BlockKey, P)>,
+        tracked: bool,
+    ) -> (Offered, Option<Completion>) {
+        let started = Instant::now();
+        let sh = &*self.shared;
+        let c = &*sh.counters;
+        let n = blocks.len();
+        let tracker = tracked.then(|| {
+            Arc::new(Tracker {
+                slots: Mutex::new(Slots {
+                    outcomes: (0..n).map(|_| None).collect(),
+                    remaining: n,
+                }),
+                done: Condvar::new(),
+            })
+        });
+        let worker = sh.store.worker().clone();
+        let mut now: Vec<(usize, DropReason)> = Vec::new();
+        let mut offered = Offered::default();
+        {
+            let mut st = sh.lock();
+            // Why the next block cannot be queued whatever it is (its chain is broken).
+            let mut broken: Option<DropReason> = match parent {
+                _ if st.closing => Some(DropReason::Closed),
+                Some(p) if p.worker != worker => Some(DropReason::InvalidKey),
+                Some(p) if !st.pending.contains_key(&p.hash) && !sh.store.holds(&p.hash) => {
+                    Some(DropReason::NoParent)
+                }
+                _ => None,
+            };
+            let mut prev: Option<BlockHash> = parent.map(|p| p.hash);
+            let mut run: Vec<Entry> = Vec::new();
+            let mut run_parent: Option<BlockHash> = prev;
+            for (i, (key, data)) in blocks.into_iter().enumerate() {
+                let data: Payload = data.into();
+                if key.worker != worker {
+                    now.push((i, DropReason::InvalidKey));
+                    broken = broken.or(Some(DropReason::NoParent));
+                    prev = Some(key.hash);
+                    continue;
+                }
+                let h = key.hash;
+                if let Some(r) = dedupe(sh, &st, &h) {
+                    now.push((i, r));
+                    push_run(sh, &mut st, &mut run, run_parent);
+                    if broken != Some(DropReason::Closed) {
+                        broken = None;
+                    }
+                    prev = Some(h);
+                    continue;
+                }
+                let admitted = st.filter.admit(&Candidate {
+                    hash: &h,
+                    parent: prev.as_ref(),
+                    position: i,
+                    bytes: data.len(),
+                });
+                let chain_prev = prev.replace(h);
+                if let Some(r) = broken {
+                    let r = if admitted || r == DropReason::Closed {
+                        r
+                    } else {
+                        DropReason::Filtered
+                    };
+                    now.push((i, r));
+                    continue;
+                }
+                if !admitted {
+                    now.push((i, DropReason::Filtered));
+                    broken = Some(DropReason::NoParent);
+                    continue;
+                }
+                // Room in the queue, or the reason there is none.
+                let len = data.len() as u64;
+                let refused = loop {
+                    if st.closing {
+                        break Some(DropReason::Closed);
+                    }
+                    let fits = st.blocks < sh.cfg.max_blocks && st.bytes + len <= sh.cfg.max_bytes;
+                    if fits {
+                        break None;
+                    }
+                    // Full; and if nothing is in flight, this block never fits.
+                    if sh.cfg.when_full == WhenFull::DropNewest || st.blocks == 0 {
+                        break Some(DropReason::Full);
+                    }
+                    // Blocking: what this offer queued so far goes first, then wait for room;
+                    // meanwhile another offer may have queued this block, or it was written.
+                    push_run(sh, &mut st, &mut run, run_parent);
+                    st = sh.progress.wait(st).unwrap_or_else(|e| e.into_inner());
+                    if let Some(r) = dedupe(sh, &st, &h) {
+                        break Some(r);
+                    }
+                };
+                match refused {
+                    Some(r) if !r.is_loss() => {
+                        now.push((i, r));
+                        continue;
+                    }
+                    Some(r) => {
+                        now.push((i, r));
+                        broken = Some(r);
+                        continue;
+                    }
+                    None => {}
+                }
+                if run.is_empty() {
+                    run_parent = chain_prev;
+                }
+                st.pending.insert(h, data.clone());
+                st.blocks += 1;
+                st.bytes += len;
+                add(&c.in_flight_blocks, 1);
+                add(&c.in_flight_bytes, len);
+                add(&c.queued, 1);
+                add(&c.queued_bytes, len);
+                offered.queued += 1;
+                run.push(Entry {
+                    key,
+                    data,
+                    track: tracker.as_ref().map(|t| (t.clone(), i)),
+                });
+                if run.len() >= sh.cfg.max_batch_blocks {
+                    push_run(sh, &mut st, &mut run, run_parent);
+                }
+            }
+            push_run(sh, &mut st, &mut run, run_parent);
+        }
+        add(&c.offered, n as u64);
+        for &(i, r) in &now {
+            count_drop(c, r);
+            if r.is_loss() {
+                offered.dropped += 1;
+            } else {
+                offered.deduped += 1;
+            }
+            if let Some(t) = &tracker {
+                t.set(i, Outcome::Dropped(r));
+            }
+        }
+        c.offer_latency.record(started.elapsed());
+        (offered, tracker.map(Completion))
+    }
+
+    /// Reads blocks as [`Store::get_many`] does, serving those still queued from the queue
+    /// (a hit, counted in [`OffloadStats::served_from_queue`]) and the rest from the store.
+    pub fn get_many<B: AsMut<[u8]>>(
+        &self,
+        keys: &[BlockKey],
+        bufs: &mut [B],
+    ) -> Vec<Result<Lookup>> {
+        assert_eq!(keys.len(), bufs.len(), "one buffer per key");
+        let queued: Vec<Option<Payload>> = {
+            let st = self.shared.lock();
+            keys.iter()
+                .map(|k| {
+                    (k.worker == *self.shared.store.worker())
+                        .then(|| st.pending.get(&k.hash).cloned())
+                        .flatten()
+                })
+                .collect()
+        };
+        let mut results: Vec<Option<Result<Lookup>>> = (0..keys.len()).map(|_| None).collect();
+        let mut rest_keys = Vec::new();
+        let mut rest_bufs: Vec<&mut [u8]> = Vec::new();
+        let mut rest_at = Vec::new();
+        for (i, (buf, q)) in bufs.iter_mut().zip(&queued).enumerate() {
+            let buf = buf.as_mut();
+            match q {
+                Some(p) if p.len() > buf.len() => {
+                    results[i] = Some(Err(Error::BufferTooSmall {
+                        key: keys[i].to_string(),
+                        need: p.len(),
+                        have: buf.len(),
+                    }));
+                }
+                Some(p) => {
+                    buf[..p.len()].copy_from_slice(p.as_ref());
+                    add(&self.shared.counters.served_from_queue, 1);
+                    results[i] = Some(Ok(Lookup::Hit(p.len())));
+                }
+                None => {
+                    rest_keys.push(keys[i].clone());
+                    rest_bufs.push(buf);
+                    rest_at.push(i);
+                }
+            }
+        }
+        if !rest_keys.is_empty() {
+            let got = self.shared.store.get_many(&rest_keys, &mut rest_bufs);
+            for (i, r) in rest_at.into_iter().zip(got) {
+                results[i] = Some(r);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every key has a result"))
+            .collect()
+    }
+
+    /// True while `key` is queued or being written.
+    pub fn is_queued(&self, key: &BlockKey) -> bool {
+        key.worker == *self.shared.store.worker()
+            && self.shared.lock().pending.contains_key(&key.hash)
+    }
+
+    /// How many leading keys of a chain are stored or queued ([`Store::contains_prefix`],
+    /// counting the queue).
+    pub fn contains_prefix(&self, keys: &[BlockKey]) -> Result<usize> {
+        for (i, k) in keys.iter().enumerate() {
+            if self.is_queued(k) {
+                continue;
+            }
+            let stored = self.shared.store.contains_many(std::slice::from_ref(k));
+            match stored.into_iter().next() {
+                Some(Ok(true)) => {}
+                Some(Err(e)) => return Err(e),
+                _ => return Ok(i),
+            }
+        }
+        Ok(keys.len())
+    }
+
+    /// Waits until every block offered before this call is written, dropped or failed.
+    pub fn flush(&self) {
+        let sh = &*self.shared;
+        let mut st = sh.lock();
+        let target = st.enqueued;
+        while st.finished < target {
+            st = sh.progress.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// A snapshot of the counters (also in [`Store::stats`]).
+    pub fn stats(&self) -> OffloadStats {
+        self.shared.counters.snapshot()
+    }
+
+    /// Closes: writes or drops what is queued (as `how` says), stops the writer thread, and
+    /// returns the final counters. Offers made after (from clones of nothing: the offloader
+    /// is gone) cannot happen; dropping the offloader closes it as
+    /// [`OffloadConfig::on_close`] says.
+    pub fn close(mut self, how: OnClose) -> OffloadStats {
+        self.close_inner(how);
+        self.stats()
+    }
+
+    fn close_inner(&mut self, how: OnClose) {
+        let Some(writer) = self.writer.take() else {
+            return;
+        };
+        let sh = &*self.shared;
+        let mut dropped: Vec<Entry> = Vec::new();
+        {
+            let mut st = sh.lock();
+            st.closing = true;
+            if how == OnClose::Drop {
+                while let Some(b) = st.queue.pop_front() {
+                    for e in &b.entries {
+                        count_drop(&sh.counters, DropReason::Closed);
+                        release(sh, &mut st, e);
+                    }
+                    st.finished += 1;
+                    dropped.extend(b.entries);
+                }
+            }
+            sh.work.notify_all();
+            sh.progress.notify_all();
+        }
+        for e in dropped {
+            if let Some((t, i)) = e.track {
+                t.set(i, Outcome::Dropped(DropReason::Closed));
+            }
+        }
+        if writer.join().is_err() {
+            tracing::error!("the offload thread panicked");
+        }
+        let s = self.stats();
+        tracing::debug!(
+            written = s.written,
+            dropped_closed = s.dropped_closed,
+            "offloader closed"
+        );
+    }
+}
+
+impl Drop for Offloader {
+    /// Closes as [`OffloadConfig::on_close`] says.
+    fn drop(&mut self) {
+        let how = self.shared.cfg.on_close;
+        self.close_inner(how);
+    }
+}
+
+/// Why `h` is not queued again: stored already, or queued already.
+fn dedupe(sh: &Shared, st: &State, h: &BlockHash) -> Option<DropReason> {
+    if st.pending.contains_key(h) {
+        Some(DropReason::AlreadyQueued)
+    } else if sh.store.holds(h) {
+        Some(DropReason::AlreadyStored)
+    } else {
+        None
+    }
+}
+
+/// Queues the blocks gathered so far as one batch.
+fn push_run(sh: &Shared, st: &mut State, run: &mut Vec<Entry>, parent: Option<BlockHash>) {
+    if run.is_empty() {
+        return;
+    }
+    st.queue.push_back(Batch {
+        parent,
+        entries: std::mem::take(run),
+        queued_at: Instant::now(),
+    });
+    st.enqueued += 1;
+    sh.work.notify_one();
+}
+
+/// Forgets a block that left the queue (written, failed or dropped): its room is free.
+fn release(sh: &Shared, st: &mut State, e: &Entry) {
+    st.pending.remove(&e.key.hash);
+    let len = e.data.len() as u64;
+    st.blocks -= 1;
+    st.bytes -= len;
+    sub(&sh.counters.in_flight_blocks, 1);
+    sub(&sh.counters.in_flight_bytes, len);
+}
+
+fn count_drop(c: &OffloadCounters, r: DropReason) {
+    let counter = match r {
+        DropReason::AlreadyStored => &c.deduped_present,
+        DropReason::AlreadyQueued => &c.deduped_queued,
+        DropReason::Full => &c.dropped_full,
+        DropReason::Filtered => &c.dropped_filtered,
+        DropReason::NoParent => &c.dropped_no_parent,
+        DropReason::NotAdmitted => &c.not_admitted,
+        DropReason::Closed => &c.dropped_closed,
+        DropReason::InvalidKey => &c.dropped_invalid,
+    };
+    add(counter, 1);
+}
+
+/// The writer thread: one batch at a time, in the order queued, so a chain's parent batch
+/// is always written before its children.
+fn writer_loop(sh: &Shared) {
+    loop {
+        let batch = {
+            let mut st = sh.lock();
+            loop {
+                if let Some(b) = st.queue.pop_front() {
+                    break b;
+                }
+                if st.closing {
+                    return;
+                }
+                st = sh.work.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let waited = batch.queued_at.elapsed();
+        for _ in &batch.entries {
+            sh.counters.queue_wait.record(waited);
+        }
+        let parent = batch.parent.map(|h| sh.store.key(h));
+        let items: Vec<(BlockKey, Payload)> = batch
+            .entries
+            .iter()
+            .map(|e| (e.key.clone(), e.data.clone()))
+            .collect();
+        let results = sh.store.offer_many_after(parent.as_ref(), &items);
+        drop(items);
+        add(&sh.counters.batches, 1);
+        let outcomes: Vec<Outcome> = batch
+            .entries
+            .iter()
+            .zip(results)
+            .map(|(e, r)| match r {
+                // Ok is also what a declined block gets: the index tells which.
+                Ok(()) if sh.store.holds(&e.key.hash) => Outcome::Written,
+                Ok(()) => Outcome::Dropped(DropReason::NotAdmitted),
+                Err(err) => {
+                    tracing::warn!(key = %e.key, error = %err, "offloaded write failed");
+                    Outcome::Failed(err)
+                }
+            })
+            .collect();
+        // Counted before the batch finishes, so that after `flush` the counters add up.
+        let c = &*sh.counters;
+        for (e, o) in batch.entries.iter().zip(&outcomes) {
+            match o {
+                Outcome::Written => {
+                    add(&c.written, 1);
+                    add(&c.written_bytes, e.data.len() as u64);
+                }
+                Outcome::Dropped(r) => count_drop(c, *r),
+                Outcome::Failed(_) => add(&c.failed, 1),
+            }
+        }
+        {
+            let mut st = sh.lock();
+            for e in &batch.entries {
+                release(sh, &mut st, e);
+            }
+            st.finished += 1;
+            sh.progress.notify_all();
+        }
+        for (e, o) in batch.entries.into_iter().zip(outcomes) {
+            if let Some((t, i)) = e.track {
+                t.set(i, o);
+            }
+        }
+    }
+}

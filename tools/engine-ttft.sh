@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The TTFT table of docs/engine.md: candle's Llama 2 (--model small, random weights) beneath
+# tierkv, per prompt length, 3/4 of the prompt shared with an earlier request; the prefix
+# warm in the page cache, then cold (O_DIRECT reads of files dropped from the page cache).
+# Usage: tools/engine-ttft.sh [PROMPT_TOKENS...]   (default 1024 2048 4096)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build -q --release -p engine_e2e
+. tools/bench-common.sh
+bin="$(target_dir)/release/engine_e2e"
+lengths=("${@:-1024 2048 4096}")
+# shellcheck disable=SC2068
+for p in ${lengths[@]}; do
+  s=$((p * 3 / 4))
+  for mode in warm cold; do
+    extra=()
+    [ "$mode" = cold ] && extra=(--direct --invalidate)
+    "$bin" --model small --prompt-tokens "$p" --shared-tokens "$s" --output-format json "${extra[@]}" |
+      MODE=$mode python3 -c '
+import json, os, sys
+d = json.load(sys.stdin)
+r = d["request2"]
+row = [d["prompt_tokens"], d["shared_tokens"], os.environ["MODE"], d["cached_blocks"],
+       "%.0f" % d["ttft_cold_ms"], "%.0f" % d["ttft_cached_ms"], "%.2f" % r["load_ms"],
+       "%.2f" % r["rebuild_ms"], "%.0f" % r["prefill_rest_ms"],
+       "%.2fx" % (d["ttft_cold_ms"] / d["ttft_cached_ms"]), "%g" % d["logits_max_abs_diff"],
+       d["continuation_identical"]]
+print("| " + " | ".join(str(x) for x in row) + " |")'
+  done
+done
