@@ -155,7 +155,7 @@ def test_close_reopen_and_context_manager(tmp_path):
     k = keys(3)
     with tierkv.Store(tmp_path, "rank0", stats_interval=None) as s:
         s.put_many(k, [b"a", b"b", b"c"])
-        assert not s.closed and s.worker == "rank0" and s.policy == "arc"
+        assert not s.closed and s.worker == "rank0" and s.policy == "adaptive"
         assert s.engine in ("io_uring", "psync")
     assert s.closed and "closed" in repr(s)
     s.close()  # twice is fine

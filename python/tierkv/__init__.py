@@ -84,7 +84,7 @@ def aligned_array(shape: Any, dtype: Any = "uint8", align: int = 4096) -> Any:
 class Store(_tierkv.Store):
     """One worker's block store under a root directory.
 
-    ``Store(root, worker, *, capacity_bytes=None, capacity_files=None, policy="arc",
+    ``Store(root, worker, *, capacity_bytes=None, capacity_files=None, policy="adaptive",
     engine="auto", read_only=False, verify="on-open", direct_io=False, sync_writes=False,
     fd_cache=None, max_block_size=None, layout=None, publish="rename", watermarks=None,
     queue_depth=None, stats_interval=1.0, keep_temp_files=False)``
@@ -93,7 +93,8 @@ class Store(_tierkv.Store):
       (``[A-Za-z0-9_.-]``, 1 to 64 characters; an int TP rank is accepted as its digits).
     - ``capacity_bytes`` / ``capacity_files``: bound the worker's block files (on-disk bytes,
       headers included; file count); None: unbounded. Full stores evict with ``policy``
-      (``"arc"``, ``"lru"``, ``"admit2"``), cutting chains from the tail.
+      (``"adaptive"``, the default, ``"arc"``, ``"lru"``, ``"admit2"``), cutting chains
+      from the tail.
     - ``engine``: ``"auto"`` (io_uring where the kernel allows it, else psync), ``"psync"``,
       ``"io_uring"``; ``queue_depth``: I/Os in flight per calling thread (io_uring).
     - ``read_only``: serve reads of a tree another store writes (no lock, writes refused).

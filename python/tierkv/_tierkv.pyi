@@ -39,7 +39,7 @@ class Store:
         *,
         capacity_bytes: Optional[int] = None,
         capacity_files: Optional[int] = None,
-        policy: str = "arc",
+        policy: str = "adaptive",
         engine: str = "auto",
         read_only: bool = False,
         verify: str = "on-open",

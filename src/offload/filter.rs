@@ -7,9 +7,9 @@
 //! second time within a window (the doorkeeper Dynamo's KV block manager uses to spare disk
 //! writes). docs/engine.md gives their hit ratios and bytes written on the shared trace.
 
-use std::collections::HashSet;
 use std::fmt;
 
+use crate::index::policy::Doorkeeper;
 use crate::key::BlockHash;
 
 /// One block offered for writing, as a [`WriteFilter`] sees it.
@@ -64,30 +64,27 @@ impl WriteFilter for AdmitAll {
 /// remembered and dropped, a second offer while it is still remembered is written.
 ///
 /// The window counts offers, not time, so a replay gives the same result on any machine:
-/// the filter remembers the hashes of the last `window` to `2 * window` blocks it was shown
-/// (two generations of `window` hashes each; the older is forgotten when the newer fills).
-/// Memory: at most `2 * window` hashes (32 bytes each plus the set's overhead).
+/// the filter remembers the last `window` to `2 * window` blocks it was shown. It is the
+/// eviction policy's doorkeeper ([`Doorkeeper`], the same admission logic the default
+/// `adaptive` policy uses): two generations of a Bloom filter, about 20 bits per block of the
+/// window, whatever the block size; about 1 % of first offers are taken for second ones (a
+/// filter's false positive), which only writes a block early.
 #[derive(Clone, Debug)]
 pub struct SecondOffer {
-    window: usize,
-    current: HashSet<BlockHash>,
-    previous: HashSet<BlockHash>,
+    door: Doorkeeper,
 }
 
 impl SecondOffer {
     /// A doorkeeper over a window of `window` offered blocks (at least 1).
     pub fn new(window: usize) -> Self {
-        let window = window.max(1);
         SecondOffer {
-            window,
-            current: HashSet::with_capacity(window),
-            previous: HashSet::new(),
+            door: Doorkeeper::new(window.max(1)),
         }
     }
 
     /// The window, in offered blocks.
     pub fn window(&self) -> usize {
-        self.window
+        self.door.window()
     }
 }
 
@@ -97,15 +94,7 @@ impl WriteFilter for SecondOffer {
     }
 
     fn admit(&mut self, block: &Candidate<'_>) -> bool {
-        let seen = self.current.contains(block.hash) || self.previous.contains(block.hash);
-        if !seen {
-            if self.current.len() >= self.window {
-                self.previous = std::mem::take(&mut self.current);
-                self.current.reserve(self.window);
-            }
-            self.current.insert(*block.hash);
-        }
-        seen
+        self.door.sight(block.hash)
     }
 }
 
