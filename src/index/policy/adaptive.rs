@@ -7,12 +7,12 @@ use super::door::{Doorkeeper, mix};
 use super::{Access, ArcPolicy, Lru, Policy};
 use crate::key::BlockHash;
 
-/// Shadow caches simulate at most this many blocks each; above it they see a hash-sampled
-/// subset of the blocks (1 in `2^k`) at capacity / `2^k`, which estimates the hit ratio of the
-/// full-size cache (spatial sampling, Waldspurger et al., "SHARDS", FAST'15). 4,096 blocks per
-/// shadow keep the estimate's noise well under the differences the duel decides on (checked
-/// against unsampled shadows up to 16k blocks, docs/eviction.md) while the shadows' memory stays
-/// a constant, not a share of the cache.
+/// Shadow caches simulate at most this many blocks each; above it they follow a hash-sampled
+/// subset of the chains (1 in `2^k`, chosen by the chain's root, so a followed chain is seen
+/// whole and its prefix hits can be counted) at capacity / `2^k`, which estimates the hit ratio
+/// of the full-size cache (spatial sampling, Waldspurger et al., "SHARDS", FAST'15). Below it the
+/// shadows are exact; above it their memory stays a constant, not a share of the cache. Sampling
+/// costs accuracy: docs/eviction.md measures sampled shadows against exact ones at 16k blocks.
 pub const SHADOW_BLOCKS: usize = 16384;
 
 /// The doorkeeper remembers a first offer for between 4 and 8 capacities' worth of other
@@ -175,7 +175,7 @@ impl Shadow {
 
 /// The default policy. The real cache keeps both an ARC and an LRU order over its blocks, and a
 /// [`Doorkeeper`] of recent offers; four shadow caches (metadata only, on a hash-sampled subset
-/// of the blocks when the cache is larger than [`SHADOW_BLOCKS`]) replay the same accesses as
+/// of the chains when the cache is larger than [`SHADOW_BLOCKS`]) replay the same accesses as
 /// ARC, ARC with admission on second sight, LRU, and LRU with admission on second sight, and
 /// count their hits with a half-life of [`HALF_LIFE_CAPACITIES`] capacities. The real cache
 /// evicts and admits as the shadow with the most recent hits does: set dueling (Qureshi et al.,
@@ -192,7 +192,7 @@ pub struct Adaptive {
     /// Admitted by `admit`, not yet reported inserted: their reference is already counted.
     admitted: HashSet<BlockHash>,
     shadows: Vec<Shadow>,
-    /// Shadows see the blocks whose `mix` is 0 modulo `sample` (a power of two).
+    /// Shadows follow the chains whose root's `mix` is 0 modulo `sample` (a power of two).
     sample: u64,
     shadow_blocks: usize,
     half_life: usize,
@@ -324,9 +324,6 @@ impl Adaptive {
         let mut sample = 1u64;
         while cap as u64 / sample > self.shadow_blocks as u64 {
             sample *= 2;
-        }
-        if !self.shadows.is_empty() && sample == self.sample && self.shadows[0].cap == cap {
-            return;
         }
         let shadow_cap = (cap as u64 / sample).max(1) as usize;
         let same_sample = sample == self.sample;

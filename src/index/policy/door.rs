@@ -37,24 +37,24 @@ impl Generation {
         }
     }
 
-    fn probes(&self, h: &BlockHash) -> impl Iterator<Item = (usize, u64)> + '_ {
+    /// The (word, bit) of each probe of `h`.
+    fn probes(&self, h: &BlockHash) -> [(usize, u64); PROBES] {
         let m = (self.bits.len() * 64) as u64;
         let x = mix(h);
         let (h1, h2) = (x & 0xFFFF_FFFF, (x >> 32) | 1);
-        (0..PROBES as u64).map(move |i| {
+        std::array::from_fn(|i| {
             // Lemire's reduction of a 32-bit value onto 0..m.
-            let bit = ((h1.wrapping_add(i.wrapping_mul(h2)) & 0xFFFF_FFFF) * m) >> 32;
+            let bit = ((h1.wrapping_add((i as u64).wrapping_mul(h2)) & 0xFFFF_FFFF) * m) >> 32;
             ((bit / 64) as usize, 1u64 << (bit % 64))
         })
     }
 
     fn contains(&self, h: &BlockHash) -> bool {
-        self.probes(h).all(|(w, b)| self.bits[w] & b != 0)
+        self.probes(h).iter().all(|&(w, b)| self.bits[w] & b != 0)
     }
 
     fn insert(&mut self, h: &BlockHash) {
-        let probes: Vec<(usize, u64)> = self.probes(h).collect();
-        for (w, b) in probes {
+        for (w, b) in self.probes(h) {
             self.bits[w] |= b;
         }
         self.inserted += 1;

@@ -239,11 +239,14 @@ pub(crate) mod tests {
         ))
     }
 
-    /// A trace in the shared format, as lists of ids.
+    /// A trace file in the shared format, as lists of ids.
     pub(crate) fn read_trace(path: &str) -> Vec<Vec<u64>> {
-        std::fs::read_to_string(path)
-            .expect("trace")
-            .lines()
+        parse_trace(&std::fs::read_to_string(path).expect("trace"))
+    }
+
+    /// A trace in the shared format (JSON lines with `hash_ids`), as lists of ids.
+    pub(crate) fn parse_trace(text: &str) -> Vec<Vec<u64>> {
+        text.lines()
             .map(|l| {
                 let v: serde_json::Value = serde_json::from_str(l).expect("json line");
                 v["hash_ids"]
@@ -334,19 +337,7 @@ pub(crate) mod tests {
                 .output()
                 .expect("python3");
             assert!(out.status.success(), "{shape}");
-            let reqs: Vec<Vec<u64>> = String::from_utf8(out.stdout)
-                .expect("utf-8")
-                .lines()
-                .map(|l| {
-                    let v: serde_json::Value = serde_json::from_str(l).expect("json");
-                    v["hash_ids"]
-                        .as_array()
-                        .expect("ids")
-                        .iter()
-                        .map(|x| x.as_u64().expect("id"))
-                        .collect()
-                })
-                .collect();
+            let reqs = parse_trace(&String::from_utf8(out.stdout).expect("utf-8"));
             for cap in [1000, 4000] {
                 let lru = replay(Box::new(Lru::new()), cap, &reqs);
                 let admit = replay(Box::new(Admit2::new(4)), cap, &reqs);
