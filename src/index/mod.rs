@@ -478,6 +478,13 @@ impl Index {
         }
     }
 
+    /// A reserved put that must not be written after all (a shared capacity declined it):
+    /// dropped as by [`Index::abort`], and counted as not admitted.
+    pub fn decline(&self, hash: &BlockHash, offer: Offer) {
+        self.abort(hash, offer);
+        self.lock().not_admitted += 1;
+    }
+
     /// Adds a block found on disk (the rebuild on open; call oldest first).
     pub fn load(&self, hash: BlockHash, bytes: u64) {
         let mut st = self.lock();
@@ -569,6 +576,21 @@ impl Index {
         true
     }
 
+    /// Forgets the present blocks (not pinned, not being written) that are not in `found`
+    /// (a scan of the tree found their files gone: another store evicted them). Returns how
+    /// many.
+    pub fn forget_absent(&self, found: &std::collections::HashSet<BlockHash>) -> usize {
+        let gone: Vec<BlockHash> = {
+            let st = self.lock();
+            st.map
+                .iter()
+                .filter(|(h, e)| !found.contains(*h) && e.pins == 0 && !e.pending)
+                .map(|(h, _)| *h)
+                .collect()
+        };
+        gone.iter().filter(|h| self.forget(h)).count()
+    }
+
     /// Removes a block (the user's `remove_many`) and, since they can no longer be reached,
     /// its descendants: returned as victims whose files the caller unlinks.
     pub fn remove(&self, h: &BlockHash) -> Vec<Victim> {
@@ -642,8 +664,15 @@ impl Index {
     /// Evicts at least `bytes` (for ENOSPC below the configured capacity), never the blocks
     /// in `keep` (the ones the room is for).
     pub fn evict_bytes(&self, bytes: u64, keep: &[BlockHash]) -> Vec<Victim> {
+        self.evict_some(bytes, 0, keep)
+    }
+
+    /// Evicts at least `bytes` and `files` (or all it can), never the blocks in `keep`: room
+    /// under a capacity kept elsewhere (a shared worker's ledger).
+    pub fn evict_some(&self, bytes: u64, files: u64, keep: &[BlockHash]) -> Vec<Victim> {
         let mut st = self.lock();
         let target = st.bytes.saturating_sub(bytes);
+        let target_files = (st.map.len() as u64).saturating_sub(files);
         let mut pinned = Vec::new();
         for h in keep {
             if let Some(e) = st.map.get_mut(h) {
@@ -651,7 +680,9 @@ impl Index {
                 pinned.push(*h);
             }
         }
-        let out = self.evict_locked(&mut st, (0, 0), |_, st, _| st.bytes > target);
+        let out = self.evict_locked(&mut st, (0, 0), |_, st, _| {
+            st.bytes > target || st.map.len() as u64 > target_files
+        });
         for h in pinned {
             if let Some(e) = st.map.get_mut(&h) {
                 e.pins -= 1;

@@ -27,6 +27,7 @@ use tierkv::{
 
 #[path = "../common.rs"]
 mod common;
+mod instances;
 mod metadata;
 mod offload;
 mod replay;
@@ -203,6 +204,26 @@ struct Args {
     /// path, and fails the run. Off by default (it costs a comparison per byte read).
     #[arg(long)]
     verify_data: bool,
+    /// How the store holds its worker directory: exclusive (alone; the default) or shared
+    /// (with other stores, other processes or nodes: docs/shared.md). Shared, every block's
+    /// payload is its key's alone (no write generations: a put never replaces a block).
+    #[arg(long, default_value = "exclusive")]
+    sharing: tierkv::Sharing,
+    /// Shared mode: how long a key found absent in the tree counts as absent (e.g. 1s, 0s).
+    #[arg(long, value_parser = parse_duration)]
+    negative_ttl: Option<Duration>,
+    /// Runs N processes of this job at once on one worker directory, in shared mode (each
+    /// with --sharing shared): reads go over every block, writes split the blocks between
+    /// them. Reports each instance and the totals (`hits`, `errors`, `verify_errors`).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
+    instances: Option<usize>,
+    /// One instance of an --instances run: I/N (set by the parent process).
+    #[arg(long, hide = true, value_parser = instances::parse_instance)]
+    instance: Option<(usize, usize)>,
+    /// An --instances child starts its job at this time (ms since the epoch), so the
+    /// instances overlap.
+    #[arg(long, hide = true)]
+    start_at_ms: Option<u64>,
 }
 
 /// Blocks per store call unless `--batch` says otherwise: one request's worth of 16-token
@@ -517,6 +538,9 @@ fn check_usage(args: &Args) -> Result<(), UsageError> {
 
 fn run(args: &Args) -> Result<(), BoxError> {
     check_usage(args)?;
+    if let Some(n) = args.instances {
+        return instances::run_instances(args, n);
+    }
     let bs = usize::try_from(args.bs)?;
     let nblocks = match args.size {
         Some(size) if bs == 0 || size < bs as u64 => {
@@ -564,6 +588,10 @@ fn run(args: &Args) -> Result<(), BoxError> {
         .with_engine(args.ioengine);
     if let Some(q) = args.iodepth {
         config = config.with_queue_depth(q);
+    }
+    config = config.with_sharing(args.sharing);
+    if let Some(t) = args.negative_ttl {
+        config = config.with_negative_ttl(t);
     }
     if let Some(q) = args.nixl_posix_queue {
         config = config.with_nixl_posix_queue(q);
@@ -655,7 +683,11 @@ fn run(args: &Args) -> Result<(), BoxError> {
         keys.try_reserve_exact(usize::try_from(nblocks)?)
             .map_err(|_| UsageError(format!("no memory for the keys of {nblocks} blocks")))?;
         keys.extend((0..nblocks).map(|i| store.key(block_hash(&namespace, i))));
-        let gens = verify::Gens::new(&root, id.as_str(), keys.len(), args.verify_data);
+        let gens = if args.sharing == tierkv::Sharing::Shared {
+            verify::Gens::content_addressed(keys.len())
+        } else {
+            verify::Gens::new(&root, id.as_str(), keys.len(), args.verify_data)
+        };
         ranks.push(Rank { store, keys, gens });
     }
 
@@ -671,6 +703,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
             invalidate(&r.store, &r.keys)?;
         }
     }
+    instances::wait_for_start(args);
     let limited = args.runtime.is_some() || args.ops.is_some();
     let loops = args.loops();
     let phases = if args.rw == Rw::Main {
@@ -1049,10 +1082,13 @@ fn run_phase(
     let jobs = parallel(ranks.len() * args.numjobs, |j| {
         let rank = &ranks[j / args.numjobs];
         let jr = j % args.numjobs;
-        // Writes split the rank's blocks between its jobs; reads go over all of them.
+        // Writes split the rank's blocks between its jobs (and an --instances run's
+        // instances); reads go over all of them.
         let n = rank.keys.len();
+        let (inst, ninst) = args.instance.unwrap_or((0, 1));
+        let (w, nw) = (inst * args.numjobs + jr, ninst * args.numjobs);
         let (a, b) = match spec.rw {
-            Rw::Write | Rw::Randwrite => (n * jr / args.numjobs, n * (jr + 1) / args.numjobs),
+            Rw::Write | Rw::Randwrite => (n * w / nw, n * (w + 1) / nw),
             _ => (0, n),
         };
         run_job(
@@ -1201,7 +1237,8 @@ fn run_job(
     };
     let mut bufs: Vec<AlignedBuf> = (0..reads).map(|_| AlignedBuf::zeroed(bs)).collect();
     let mut datas: Vec<Vec<u8>> = (0..writes).map(|_| vec![0xA5u8; bs]).collect();
-    let mut rng = fastrand::Rng::with_seed(0x7165_726b + job);
+    let instance = args.instance.map_or(0, |(i, _)| i as u64);
+    let mut rng = fastrand::Rng::with_seed(0x7165_726b + job + (instance << 32));
     let start = Instant::now();
     let mut order: Vec<usize> = (0..keys.len()).collect();
     let mut batch_idx: Vec<usize> = Vec::with_capacity(args.batch);
