@@ -457,13 +457,15 @@ class Probe:
     def sec_b(self):
         n = self.args.trials_slow
         size = 256 * 1024
-        windows, still_ok_first, errs_after, errs_open_fd = [], 0, Counter(), Counter()
-        held_ok, held_n, done, timeouts = 0, 0, 0, 0
-        wrong = 0
+        # two groups: b holds no descriptor / b holds an open descriptor across the unlink
+        G = {g: dict(windows=[], stale=0, wrong=0, timeouts=0, done=0, err_trials=Counter(), err_attempts=Counter(),
+                     held_ok=0, held_err=Counter()) for g in ("no fd held", "fd held across unlink")}
+        pre = Counter()
         cap = self.cap(90)
         for i in range(n):
             if cap.over():
                 break
+            g = G["fd held across unlink" if i % 2 else "no fd held"]
             name = f"b-{i}"
             pa, pb = os.path.join(self.da, name), os.path.join(self.db, name)
             data = content(b"b", size, i)
@@ -473,36 +475,32 @@ class Probe:
             while e is not None and now() - t_wait < 5:
                 d, e = read_all(pb)
             if d != data:
-                errs_after.add(f"pre-read:{e or 'wrong'}")
+                pre.add(f"{e or 'wrong'}")
                 continue
-            # b also holds an open descriptor across the unlink (every 2nd trial)
-            hold = None
-            if i % 2 == 0:
-                hold = os.open(pb, os.O_RDONLY)
+            hold = os.open(pb, os.O_RDONLY) if i % 2 else None
             os.unlink(pa)
             t0 = now()
-            k = 0
             last_ok = None
+            seen = set()
             while True:
                 d, e = read_all(pb)
-                k += 1
                 if e is None:
                     last_ok = now() - t0
                     if d != data:
-                        wrong += 1
-                else:
-                    if e != "ENOENT@open":
-                        errs_after.add(e)
-                    else:
-                        break
-                if now() - t0 > 5:
-                    timeouts += 1
+                        g["wrong"] += 1
+                elif e == "ENOENT@open":
                     break
-            windows.append(last_ok if last_ok is not None else 0.0)
-            if last_ok is not None:
-                still_ok_first += 1
+                else:
+                    seen.add(e)
+                    g["err_attempts"].add(e)
+                if now() - t0 > 5:
+                    g["timeouts"] += 1
+                    break
+            for e in seen:
+                g["err_trials"].add(e)
+            g["windows"].append(last_ok if last_ok is not None else 0.0)
+            g["stale"] += last_ok is not None
             if hold is not None:
-                held_n += 1
                 try:
                     chunks = []
                     os.lseek(hold, 0, os.SEEK_SET)
@@ -512,26 +510,35 @@ class Probe:
                             break
                         chunks.append(b)
                     if b"".join(chunks) == data:
-                        held_ok += 1
+                        g["held_ok"] += 1
                     else:
-                        errs_open_fd.add("wrong/short")
+                        g["held_err"].add("wrong/short")
                 except OSError as ex:
-                    errs_open_fd.add(f"{ename(ex.errno)}@read")
+                    g["held_err"].add(f"{ename(ex.errno)}@read")
                 try:
                     os.close(hold)
                 except OSError as ex:
-                    errs_open_fd.add(f"{ename(ex.errno)}@close")
-            done += 1
-        self.raw["b"] = {"window_s": windows, "errors": dict(errs_after)}
+                    g["held_err"].add(f"{ename(ex.errno)}@close")
+            g["done"] += 1
+        self.raw["b"] = {k: {"window_s": v["windows"], "err_trials": dict(v["err_trials"]),
+                             "err_attempts": dict(v["err_attempts"])} for k, v in G.items()}
         self.out("### (b) Name read on b, then unlinked on a")
         self.out()
-        self.out("After unlink() returns on a, b repeatedly opens+reads the name until ENOENT at open. "
-                 "*window*: time of b's last successful read after the unlink (0 = first attempt already ENOENT).")
+        self.out("After unlink() returns on a, b repeatedly opens+reads the name until ENOENT at open. *window*: time "
+                 "of b's last successful (whole, correct) read after the unlink (0 = never read again). Errors: "
+                 "trials in which the error appeared (attempts). Odd trials: b also holds a descriptor opened before "
+                 "the unlink and reads it whole afterwards.")
         self.out()
-        self.out("| trials | b still read it after unlink | window p50 ms | p99 ms | max ms | wrong bytes | >5 s | errors other than ENOENT@open | descriptor held across unlink: whole reads | errors on held fd |")
-        self.out("|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
-        self.out(f"| {done} | {still_ok_first} | {ms(pct(windows, 50))} | {ms(pct(windows, 99))} | "
-                 f"{ms(max(windows) if windows else None)} | {wrong} | {timeouts} | {errs_after.fmt()} | {held_ok}/{held_n} | {errs_open_fd.fmt()} |")
+        self.out("| b on the name | trials | trials b still read it | window p50 ms | p99 ms | max ms | wrong bytes | >5 s | errors before ENOENT: trials (attempts) | held fd: whole reads | held fd errors |")
+        self.out("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
+        for k, v in G.items():
+            et = ", ".join(f"{e} {c} ({v['err_attempts'][e]})" for e, c in sorted(v["err_trials"].items())) or "none"
+            held = f"{v['held_ok']}/{v['done']}" if k != "no fd held" else "-"
+            self.out(f"| {k} | {v['done']} | {v['stale']} | {ms(pct(v['windows'], 50))} | {ms(pct(v['windows'], 99))} | "
+                     f"{ms(max(v['windows']) if v['windows'] else None)} | {v['wrong']} | {v['timeouts']} | {et} | {held} | "
+                     f"{v['held_err'].fmt() if k != 'no fd held' else '-'} |")
+        if pre:
+            self.out(f"\n(pre-read failures, trial skipped: {pre.fmt()})")
         self.out()
 
     # (c) ------------------------------------------------------------------------
@@ -539,7 +546,8 @@ class Probe:
         n = self.args.trials_slow
         size = 256 * 1024
         kinds = Counter()
-        errs = Counter()
+        errs = Counter()       # attempts
+        err_trials = Counter()
         windows = []
         stale_trials = 0
         done = 0
@@ -562,10 +570,12 @@ class Probe:
             publish(self.da, name, content(b"c", size, new))
             t0 = now()
             last_old = None
+            seen = set()
             while True:
                 d, e = read_all(pb)
                 if e is not None:
                     errs.add(e)
+                    seen.add(e)
                 else:
                     k = classify(d, size, old, new, b"c")
                     kinds.add(k)
@@ -576,6 +586,8 @@ class Probe:
                 if now() - t0 > 5:
                     timeouts += 1
                     break
+            for e in seen:
+                err_trials.add(e)
             if last_old is not None:
                 stale_trials += 1
                 windows.append(last_old)
@@ -625,10 +637,11 @@ class Probe:
         self.out("After rename() of the new version returns on a, b repeatedly opens+reads the name until it reads the "
                  "new content. *stale window*: time of b's last read of the old content.")
         self.out()
-        self.out("| trials | trials with a stale read | stale window p50 ms | p99 ms | max ms | reads by kind | errors | >5 s |")
+        self.out("| trials | trials with a stale read | stale window p50 ms | p99 ms | max ms | reads by kind (attempts) | errors: trials (attempts) | >5 s |")
         self.out("|---:|---:|---:|---:|---:|---|---|---:|")
+        et = ", ".join(f"{e} {c} ({errs[e]})" for e, c in sorted(err_trials.items())) or "none"
         self.out(f"| {done} | {stale_trials} | {ms(pct(windows, 50))} | {ms(pct(windows, 99))} | "
-                 f"{ms(max(windows) if windows else None)} | {kinds.fmt()} | {errs.fmt()} | {timeouts} |")
+                 f"{ms(max(windows) if windows else None)} | {kinds.fmt()} | {et} | {timeouts} |")
         self.out()
         self.out(f"Inode reuse ({rdone} trials): a renames `r-i` to `r-i-reused` and pwrite()s new content into it; "
                  "b, which had read `r-i`, re-opens `r-i` for 1.5 s. Outcomes seen (trials): "
