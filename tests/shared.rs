@@ -487,3 +487,41 @@ fn bench_hash(i: u64) -> tierkv::BlockHash {
     h.update(&i.to_le_bytes());
     tierkv::BlockHash(*h.finalize().as_bytes())
 }
+
+#[test]
+fn what_the_shared_capacity_cannot_hold_is_declined_at_the_chain_tail() {
+    let root = tempfile::tempdir().unwrap();
+    let len = 8 << 10;
+    let cfg = shared().with_capacity_files(10);
+    let a = open_shared(root.path(), cfg.clone());
+    let b = open_shared(root.path(), cfg);
+    let chain = |s: &Store, seed: u32, n: usize| common::chain_keys(s, seed, n);
+    let put = |s: &Store, keys: &[tierkv::BlockKey]| {
+        let datas: Vec<_> = (0..keys.len()).map(|i| vec![i as u8; len]).collect();
+        for r in s.put_many(&common::items(keys, &datas)) {
+            r.unwrap();
+        }
+    };
+    for i in 0..6 {
+        a.put(&a.key(hash(i)), &payload(i, 0, len)).unwrap();
+    }
+    // b's index does not know a's blocks: it scans the tree for them and evicts them.
+    let c1 = chain(&b, 1, 10);
+    put(&b, &c1);
+    assert_eq!(b.contains_prefix(&c1).unwrap(), 10);
+    assert_eq!(ledger(root.path()).1, 10);
+    // a makes room the same way (its first scan), evicting 6 of b's blocks.
+    let c2 = chain(&a, 2, 6);
+    put(&a, &c2);
+    assert_eq!(ledger(root.path()).1, 10);
+    // b evicts the 4 it still has; its next scan is not due for 30 s, and the 6 blocks of a
+    // are not in its index: 4 of its 8 fit, the chain's tail is declined.
+    let declined = b.stats().not_admitted;
+    let c3 = chain(&b, 3, 8);
+    put(&b, &c3);
+    assert_eq!(b.contains_prefix(&c3).unwrap(), 4, "the chain's first 4 blocks");
+    assert_eq!(b.stats().not_admitted - declined, 4, "its last 4 declined");
+    assert_eq!(ledger(root.path()).1, 10, "never over the capacity");
+    drop((a, b));
+    assert_eq!(ledger(root.path()), usage_on_disk(root.path()));
+}

@@ -50,13 +50,15 @@
 #     /var/log/glusterfs, sockets under /run/gluster, ...): `up` records what was
 #     in those dirs before, `down` removes everything that was not.
 #
-# `exec nN CMD...` runs CMD in netns tkv-nN, in a new UTS namespace (hostname
-# tierkv-nN) and a new PID namespace with its own /proc (a new mount namespace
-# that is a slave of the host's, so the volume mounts are the host's and
-# mount changes propagate); environment, cwd, stdin/stdout/stderr and the exit
-# status pass through (a command killed by signal N exits 128+N). SIGTERM, SIGINT,
-# SIGHUP to the exec process are forwarded to CMD; SIGKILL to it kills the whole
-# node (every process in the node's PID namespace): a node crash.
+# Each node is a long-lived process tree: an init (bash) in netns tkv-nN, its own UTS
+# namespace (host name tierkv-nN), its own PID namespace with its own /proc, and a mount
+# namespace that is a slave of the host's (the volume mounts are the host's; mount changes
+# propagate). `up` starts them, `down` kills them (and every process on them).
+# `exec nN CMD...` runs CMD on node nN (nsenter into those namespaces): every command of
+# one node sees the others' pids and the same host name, as processes of one machine do.
+# Environment, cwd, stdin/stdout/stderr and the exit status pass through. SIGKILL to the
+# exec process kills CMD (a crash of that process on its node); other signals reach nsenter,
+# which passes them on.
 #
 # Requirements: Debian, root, FUSE, iproute2, util-linux. Installs
 # glusterfs-server and glusterfs-client through apt when missing.
@@ -313,6 +315,53 @@ ensure_mounts() {
     done
 }
 
+# ---- nodes ------------------------------------------------------------------------
+# Each node is a long-lived init process (bash, which reaps the orphans it adopts) in its
+# own network, UTS (host name tierkv-nN) and pid namespace, and a mount namespace that is a
+# slave of the host's (it sees the FUSE mounts). `exec nN` enters those namespaces, so every
+# command of one node sees the node's other processes' pids and the same host name: what
+# tierkv's node id (host name, boot id, pid namespace) and its "is the owner of this temp
+# file alive" check rely on. `down` kills the inits, and with them every node process.
+node_init_pid() {   # the host pid of node $1's init, if it runs
+    local f=$STATE/node-$1.pid p c
+    [[ -e $f ]] || return 0
+    p=$(cat "$f")
+    pid_alive "$p" || return 0
+    # The unshare process's child is the init (pid 1 of the node).
+    c=$(cat "/proc/$p/task/$p/children" 2>/dev/null | awk '{print $1}')
+    [[ -n $c ]] && pid_alive "$c" && echo "$c"
+    return 0
+}
+
+ensure_nodes() {
+    local n i
+    for n in "${NODES[@]}"; do
+        [[ -n $(node_init_pid "$n") ]] && continue
+        log "starting node $n (netns tkv-$n, host name tierkv-$n, its own pid namespace)"
+        setsid nsenter --net="/run/netns/tkv-$n" \
+            unshare --uts --pid --fork --kill-child=SIGKILL --mount-proc --propagation slave \
+            bash -c 'hostname "$0" || exit 125; trap "exit 0" TERM; while :; do sleep 3600 & wait $!; done' \
+            "tierkv-$n" </dev/null >/dev/null 2>&1 9<&- &
+        echo $! >"$STATE/node-$n.pid"
+        for ((i = 0; ; i++)); do
+            [[ -n $(node_init_pid "$n") ]] && break
+            ((i < 50)) || die "node $n did not start"
+            sleep 0.1
+        done
+    done
+}
+
+stop_nodes() {
+    local n p
+    for n in "${NODES[@]}"; do
+        [[ -e $STATE/node-$n.pid ]] || continue
+        p=$(cat "$STATE/node-$n.pid")
+        # unshare --kill-child: its death SIGKILLs the init, and so the whole pid namespace.
+        pid_alive "$p" && kill_pids "$p" 5
+        rm -f "$STATE/node-$n.pid"
+    done
+}
+
 cmd_up() {
     local mode=${TIERKV_DFS_MODE:-coherent} n
     while (($#)); do
@@ -340,6 +389,7 @@ cmd_up() {
     ensure_glusterd
     ensure_volume "$mode"
     ensure_mounts "$mode"
+    ensure_nodes
     log "up ($mode)"
     for n in "${NODES[@]}"; do echo "$n $MNT/$n"; done
 }
@@ -349,6 +399,8 @@ cmd_down() {
     local n m i pids f d
     ((EUID == 0)) || die "must run as root"
     lock
+    # 0. The nodes, and every process running on them.
+    stop_nodes
     # 1. FUSE mounts (lazy unmount when busy), then the shared bind mount.
     for n in "${NODES[@]}"; do
         m=$MNT/$n
@@ -444,51 +496,19 @@ cmd_status() {
 # child (so CMD never is pid 1, which ignores default-action signals and would
 # make "is pid X alive" checks meaningless), forward TERM/INT/HUP to it, exit
 # with its status.
-NODE_INIT='
-hostname "$0" || exit 125
-trap "kill -TERM \$c 2>/dev/null" TERM
-trap "kill -INT \$c 2>/dev/null" INT
-trap "kill -HUP \$c 2>/dev/null" HUP
-"$@" <&3 3<&- &
-c=$!
-exec 3<&-
-while :; do
-    wait "$c"; rc=$?
-    kill -0 "$c" 2>/dev/null || break
-done
-exit "$rc"'
-
 cmd_exec() {
     (($# >= 2)) || die "usage: dfs.sh exec nN CMD [ARGS...]"
-    local n=$1; shift
+    local n=$1 init; shift
     [[ " ${NODES[*]} " == *" $n "* ]] || die "unknown node $n (have: ${NODES[*]})"
-    [[ -e /run/netns/tkv-$n ]] || die "netns tkv-$n missing: run 'tools/dfs.sh up' first"
-    local child rc
-    # setpriv --pdeathsig KILL: if this script is SIGKILLed, unshare dies, and
-    # unshare --kill-child then SIGKILLs the node init: the whole node goes.
-    exec 3<&0
-    setpriv --pdeathsig KILL \
-        nsenter --net="/run/netns/tkv-$n" \
-        unshare --uts --pid --fork --kill-child=SIGKILL --mount-proc --propagation slave \
-        /bin/sh -c "$NODE_INIT" "tierkv-$n" "$@" <&3 &
-    child=$!
-    exec 3<&-
-    # unshare blocks TERM/INT itself: forward them to the node init (its child).
-    fwd() {
-        local i
-        for i in $(cat "/proc/$child/task/$child/children" 2>/dev/null); do
-            kill "-$1" "$i" 2>/dev/null || true
-        done
-    }
-    trap 'fwd TERM' TERM
-    trap 'fwd INT' INT
-    trap 'fwd HUP' HUP
-    while :; do
-        rc=0
-        wait "$child" || rc=$?
-        pid_alive "$child" || break
-    done
-    exit "$rc"
+    init=$(node_init_pid "$n")
+    [[ -n $init ]] || die "node $n is not running: run 'tools/dfs.sh up' first"
+    # Into the node's namespaces (nsenter forks into its pid namespace). setpriv
+    # --pdeathsig KILL twice: SIGKILL to this script kills nsenter, and that kills the
+    # command: a SIGKILLed `exec` is a crash of the command on its node. The working
+    # directory and the environment pass through; so does the exit status.
+    exec setpriv --pdeathsig KILL \
+        nsenter --target "$init" --net --uts --pid --mount --wdns="$PWD" \
+        setpriv --pdeathsig KILL "$@"
 }
 
 case ${1:-} in

@@ -146,10 +146,20 @@ pub(crate) struct IndexCounts {
 pub(crate) struct Index {
     state: Mutex<State>,
     limits: Limits,
+    /// False for a shared store: the capacity is the tree's (its ledger's), so the index
+    /// evicts only when asked ([`Index::evict_some`]); `limits` still size the policy.
+    enforce: bool,
 }
 
 impl Index {
-    pub fn new(limits: Limits, mut policy: Box<dyn Policy>) -> Self {
+    #[cfg(test)]
+    pub fn new(limits: Limits, policy: Box<dyn Policy>) -> Self {
+        Self::with_enforcement(limits, policy, true)
+    }
+
+    /// An index whose bound is kept elsewhere (`enforce: false`, a shared worker's ledger):
+    /// it never evicts by itself, and `limits` only tell the policy the capacity.
+    pub fn with_enforcement(limits: Limits, mut policy: Box<dyn Policy>, enforce: bool) -> Self {
         if let Some(files) = limits.max_files {
             policy.set_capacity_hint(files as usize);
         }
@@ -167,6 +177,7 @@ impl Index {
                 mean_bytes: 0.0,
             }),
             limits,
+            enforce,
         }
     }
 
@@ -540,6 +551,9 @@ impl Index {
     /// evicted files not yet unlinked, less `credit` (the victims the caller itself unlinks
     /// before it creates any file).
     fn over_disk(&self, st: &State, bytes: u64, files: u64, credit: (u64, u64)) -> bool {
+        if !self.enforce {
+            return false;
+        }
         let (max_b, max_f) = self.limits.scaled(1.0);
         let on_disk_b = (st.bytes + st.draining_bytes).saturating_sub(credit.0);
         let on_disk_f =
@@ -638,6 +652,9 @@ impl Index {
 
     /// True when usage is above the high watermark.
     pub fn over_high(&self) -> bool {
+        if !self.enforce {
+            return false;
+        }
         let (hb, hf) = self.limits.scaled(self.limits.high);
         let st = self.lock();
         st.bytes > hb || st.map.len() as u64 > hf

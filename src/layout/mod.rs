@@ -24,7 +24,10 @@ pub const STATS_FILE: &str = "STATS.json";
 /// 16 hex characters, [`crate::ns::node_id`]; names without it are of earlier versions).
 pub const TEMP_PREFIX: &str = ".tmp.";
 /// The control files of a worker directory, which the store rewrites through temp names.
-pub const CONTROL_FILES: [&str; 4] = [LAYOUT_FILE, LOCK_FILE, STATS_FILE, USAGE_FILE];
+pub const CONTROL_FILES: [&str; 5] = [LAYOUT_FILE, LOCK_FILE, STATS_FILE, USAGE_FILE, FLOCK_FILE];
+/// The empty file the worker lock is held on besides the worker directory (`flock`), for
+/// filesystems whose directory locks do not reach other clients (docs/format.md).
+pub const FLOCK_FILE: &str = "FLOCK";
 /// Temp names of control files written by earlier versions (swept like any temp file).
 const LEGACY_CONTROL_TEMPS: [&str; 2] = [".STATS.json.tmp", ".tmp.layout."];
 /// The ledger of a shared worker's usage (bytes and files of its blocks), kept under a lock

@@ -38,7 +38,7 @@ pub use fault::{NsFaults, NsOp};
 
 use crate::error::{Error, Result};
 use crate::format::FORMAT_VERSION;
-use crate::layout::{LOCK_FILE, TEMP_PREFIX, USAGE_FILE};
+use crate::layout::{FLOCK_FILE, LOCK_FILE, TEMP_PREFIX, USAGE_FILE};
 
 /// Mode of directories the layer creates, as passed to `mkdir` (the umask applies).
 pub const DIR_MODE: u32 = 0o755;
@@ -263,6 +263,8 @@ pub struct BlockDir {
     has_noreplace: AtomicBool,
     faults: Option<Arc<NsFaults>>,
     seq: AtomicU64,
+    /// The open [`FLOCK_FILE`], once the worker lock was taken.
+    lock_file: std::sync::Mutex<Option<OwnedFd>>,
 }
 
 /// This node's identity in names of temp and stats files: 64 bits of the blake3 hash of the
@@ -381,6 +383,7 @@ impl BlockDir {
             has_noreplace: AtomicBool::new(true),
             faults,
             seq: AtomicU64::new(seed % 1_000_000_000_000),
+            lock_file: std::sync::Mutex::new(None),
         })
     }
 
@@ -721,26 +724,68 @@ impl BlockDir {
     }
 
     /// Tries to take the worker lock: `flock(LOCK_EX | LOCK_NB)` on the worker directory
-    /// itself, which cannot be unlinked or replaced behind the holder's back. False if
-    /// another open descriptor holds it.
+    /// itself, which cannot be unlinked or replaced behind the holder's back, and on the
+    /// regular file [`FLOCK_FILE`] in it (created if missing, never rewritten): a distributed
+    /// filesystem may keep directory locks to one client (GlusterFS does) while it honours
+    /// file locks across clients. False if another open descriptor holds either.
     pub fn try_lock(&self) -> rustix::io::Result<bool> {
+        self.flock_both(FlockOperation::NonBlockingLockExclusive)
+    }
+
+    /// Tries to take the worker lock shared (`flock(LOCK_SH | LOCK_NB)` on the directory and
+    /// on [`FLOCK_FILE`]), as stores in shared mode do: they exclude an exclusive store, not
+    /// each other. False if an exclusive lock is held. A held exclusive lock is converted.
+    pub fn try_lock_shared(&self) -> rustix::io::Result<bool> {
+        self.flock_both(FlockOperation::NonBlockingLockShared)
+    }
+
+    fn flock_both(&self, op: FlockOperation) -> rustix::io::Result<bool> {
         self.check(NsOp::Lock)?;
-        match rustix::fs::flock(&self.fd, FlockOperation::NonBlockingLockExclusive) {
+        match rustix::fs::flock(&self.fd, op) {
+            Ok(()) => {}
+            Err(Errno::WOULDBLOCK) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        let mut lf = self.lock_file.lock().unwrap_or_else(|e| e.into_inner());
+        if lf.is_none() {
+            match self.open_lock_file() {
+                Ok(fd) => *lf = Some(fd),
+                Err(e) => {
+                    let _ = rustix::fs::flock(&self.fd, FlockOperation::Unlock);
+                    return Err(e);
+                }
+            }
+        }
+        let fd = lf.as_ref().expect("opened above");
+        match rustix::fs::flock(fd, op) {
             Ok(()) => Ok(true),
-            Err(Errno::WOULDBLOCK) => Ok(false),
-            Err(e) => Err(e),
+            Err(e) => {
+                let _ = rustix::fs::flock(&self.fd, FlockOperation::Unlock);
+                if e == Errno::WOULDBLOCK { Ok(false) } else { Err(e) }
+            }
         }
     }
 
-    /// Tries to take the worker lock shared (`flock(LOCK_SH | LOCK_NB)`), as stores in shared
-    /// mode do: they exclude an exclusive store, not each other. False if an exclusive lock
-    /// is held.
-    pub fn try_lock_shared(&self) -> rustix::io::Result<bool> {
-        self.check(NsOp::Lock)?;
-        match rustix::fs::flock(&self.fd, FlockOperation::NonBlockingLockShared) {
-            Ok(()) => Ok(true),
-            Err(Errno::WOULDBLOCK) => Ok(false),
-            Err(e) => Err(e),
+    /// Opens (creating) [`FLOCK_FILE`], a regular file: a symlink or FIFO there is `ELOOP` /
+    /// refused.
+    fn open_lock_file(&self) -> rustix::io::Result<OwnedFd> {
+        let top = Parent::Top(self.fd.as_fd());
+        let fd = match self.open_file(FLOCK_FILE, OFlags::RDONLY) {
+            Err(Errno::NOENT) => match self.create_in(
+                &top,
+                FLOCK_FILE,
+                OFlags::RDONLY,
+                Mode::from_raw_mode(FILE_MODE),
+            ) {
+                Ok(fd) => return Ok(fd),
+                Err(Errno::EXIST) => self.open_file(FLOCK_FILE, OFlags::RDONLY)?,
+                Err(e) => return Err(e),
+            },
+            r => r?,
+        };
+        match fd {
+            Opened::File(fd, _) => Ok(fd),
+            Opened::NotRegular(_) => Err(Errno::INVAL),
         }
     }
 
@@ -804,14 +849,29 @@ impl BlockDir {
 
     /// Releases the worker lock.
     pub fn unlock(&self) -> rustix::io::Result<()> {
+        if let Some(fd) = &*self.lock_file.lock().unwrap_or_else(|e| e.into_inner()) {
+            let _ = rustix::fs::flock(fd, FlockOperation::Unlock);
+        }
         rustix::fs::flock(&self.fd, FlockOperation::Unlock)
     }
 
-    /// True if some other descriptor holds the worker lock (a store is running), checked
-    /// with a shared lock that is released at once.
+    /// True if some other descriptor holds the worker lock exclusively (an exclusive store
+    /// is running), checked with shared locks (on the directory and on [`FLOCK_FILE`]) that
+    /// are released at once. Stores in shared mode are seen by their stats files instead.
     pub fn is_locked_by_other(&self) -> rustix::io::Result<bool> {
         let probe = self.open_raw(".", OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
         match rustix::fs::flock(&probe, FlockOperation::NonBlockingLockShared) {
+            Ok(()) => {}
+            Err(Errno::WOULDBLOCK) => return Ok(true),
+            Err(e) => return Err(e),
+        }
+        let file = match self.open_file(FLOCK_FILE, OFlags::RDONLY) {
+            Ok(Opened::File(fd, _)) => fd,
+            // No lock file (a tree of an earlier version), or not ours: the directory said.
+            Ok(Opened::NotRegular(_)) | Err(Errno::NOENT | Errno::LOOP) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        match rustix::fs::flock(&file, FlockOperation::NonBlockingLockShared) {
             Ok(()) => Ok(false),
             Err(Errno::WOULDBLOCK) => Ok(true),
             Err(e) => Err(e),

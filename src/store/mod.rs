@@ -383,7 +383,8 @@ impl Store {
 
         // The index, oldest block first, so the policy's recency order is the files'.
         let limits = config.limits();
-        let index = Index::new(limits, policy);
+        // Shared, the capacity is the tree's: the ledger decides when the index evicts.
+        let index = Index::with_enforcement(limits, policy, !shared_mode);
         report
             .entries
             .sort_unstable_by_key(|e| (e.recency_ns, e.hash));
@@ -469,7 +470,7 @@ impl Store {
             path: inner.ns.path().to_path_buf(),
             source: std::io::Error::new(e.kind(), format!("could not start a store thread: {e}")),
         };
-        if !read_only && limits.is_bounded() && limits.high < 1.0 {
+        if !read_only && !shared_mode && limits.is_bounded() && limits.high < 1.0 {
             let ev = Evictor::spawn(Arc::downgrade(&inner)).map_err(thread_err)?;
             *inner
                 .threads
@@ -497,9 +498,17 @@ impl Store {
             inner.write_live_stats(true, inner.threads.stats_interval);
         }
         if shared_mode && alone {
-            // Others may join now (flock converts the lock in place).
-            if let Err(e) = inner.ns.try_lock_shared() {
-                return Err(Error::from_io(inner.ns.path(), io_err(e)));
+            // Others may join now. flock converts a lock by dropping it first: a store that
+            // took the worker meanwhile is waited for, as at any shared open.
+            match lock_shared_waiting(&inner.ns) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(Error::WorkerBusy {
+                        path: inner.ns.path().to_path_buf(),
+                        holder: inner.ns.holder(),
+                    });
+                }
+                Err(e) => return Err(Error::from_io(inner.ns.path(), io_err(e))),
             }
         }
         Ok(Store {

@@ -514,18 +514,34 @@ impl Inner {
                     .rename_in(&plan.parent, &plan.temp_name, name)
                     .map(|()| Published::Ours);
             }
-            return match self.ns.publish_noreplace_in(&plan.parent, &plan.temp_name, name) {
-                Ok(true) => Ok(Published::Ours),
-                Ok(false) => {
-                    // Linked: the temp name goes.
-                    self.discard(plan);
-                    Ok(Published::Ours)
+            let mut tries = 0;
+            return loop {
+                match self.ns.publish_noreplace_in(&plan.parent, &plan.temp_name, name) {
+                    Ok(true) => break Ok(Published::Ours),
+                    Ok(false) => {
+                        // Linked: the temp name goes.
+                        self.discard(plan);
+                        break Ok(Published::Ours);
+                    }
+                    Err(Errno::EXIST) => {
+                        self.discard(plan);
+                        break Ok(Published::Theirs);
+                    }
+                    // A distributed filesystem may answer a link that races another
+                    // client's publication of the same name with ENOENT or ESTALE: if the
+                    // name is there now, that client won; else try once more.
+                    Err(e @ (Errno::NOENT | Errno::STALE)) => {
+                        if self.ns.stat_in(&plan.parent, name).is_ok() {
+                            self.discard(plan);
+                            break Ok(Published::Theirs);
+                        }
+                        if tries > 0 {
+                            break Err(e);
+                        }
+                        tries += 1;
+                    }
+                    Err(e) => break Err(e),
                 }
-                Err(Errno::EXIST) => {
-                    self.discard(plan);
-                    Ok(Published::Theirs)
-                }
-                Err(e) => Err(e),
             };
         }
         match self.link_anonymous(&plan.fd, &plan.parent, name) {

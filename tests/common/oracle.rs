@@ -18,7 +18,7 @@ const MAGIC: &[u8; 8] = b"TKVBLOCK";
 const HEADER_END: usize = 128;
 const PAYLOAD_AT: usize = 4096;
 /// Control files of a worker directory.
-const CONTROLS: [&str; 4] = ["LAYOUT", ".lock", "STATS.json", "USAGE"];
+const CONTROLS: [&str; 5] = ["LAYOUT", ".lock", "STATS.json", "USAGE", "FLOCK"];
 
 /// What a tree holds, name by name, as the document classifies it.
 #[derive(Debug, Default)]
