@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 use tierkv::{BlockHash, BlockKey, Lookup, Sharing, Store, StoreConfig, WorkerId};
 
 fn env_or(k: &str, d: u64) -> u64 {
-    std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
 }
 
 fn hash(round: u64, i: u64) -> BlockHash {

@@ -141,7 +141,10 @@ fn item01_stats_temp_symlinks_never_write_outside() {
         "outside file written"
     );
     if is_shared() {
-        assert!(!w.join(&stats).exists(), "a shared store's stats file goes at close");
+        assert!(
+            !w.join(&stats).exists(),
+            "a shared store's stats file goes at close"
+        );
         return;
     }
     assert!(
@@ -901,11 +904,7 @@ fn item18_a_read_only_tree_serves_reads() {
     drop(store);
     fs.remount(true);
     let r = Store::open(fs.path(), worker("0"), quiet());
-    let ro = Store::open(
-        fs.path(),
-        worker("0"),
-        common::cfg().with_read_only(true),
-    );
+    let ro = Store::open(fs.path(), worker("0"), common::cfg().with_read_only(true));
     let hit = ro
         .as_ref()
         .map(|s| s.get(&ks[2], &mut vec![0u8; 3000]).unwrap().is_hit())
@@ -1065,10 +1064,12 @@ fn ns_faults_surface_as_errors_that_name_their_path() {
         assert!(temp_files_under(store.dir()).is_empty());
         assert_eq!(store.get(&fresh, &mut buf).unwrap(), Lookup::Miss);
     }
-    assert!(matches!(
-        store.put(&ks[3], &payload(3, 9, 1000)),
-        Err(Error::Io { .. })
-    ) || is_shared());
+    assert!(
+        matches!(
+            store.put(&ks[3], &payload(3, 9, 1000)),
+            Err(Error::Io { .. })
+        ) || is_shared()
+    );
     assert!(temp_files_under(store.dir()).is_empty());
     assert!(store.get(&ks[3], &mut buf).unwrap().is_hit());
     assert_eq!(buf, payload(3, 0, 1000));

@@ -66,12 +66,8 @@ fn every_layout_round_trips_and_paths_follow_the_scheme() {
     ] {
         let dir = tempfile::tempdir().unwrap();
         let layout = Layout::new(depth, fanout).unwrap();
-        let store = Store::open(
-            dir.path(),
-            worker("w"),
-            common::cfg().with_layout(layout),
-        )
-        .unwrap();
+        let store =
+            Store::open(dir.path(), worker("w"), common::cfg().with_layout(layout)).unwrap();
         let ks = keys(&store, 50);
         for (i, k) in ks.iter().enumerate() {
             store.put(k, &payload(i as u64, 1, 1000)).unwrap();
@@ -189,12 +185,7 @@ fn replaced_behind_our_back_reads_the_new_file() {
 
 fn corrupt_case(mutate: impl FnOnce(&std::path::Path), verify: VerifyMode) -> (Lookup, bool, u64) {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(
-        dir.path(),
-        worker("w"),
-        common::cfg().with_verify(verify),
-    )
-    .unwrap();
+    let store = Store::open(dir.path(), worker("w"), common::cfg().with_verify(verify)).unwrap();
     let k = store.key(hash(3));
     store.put(&k, &payload(3, 0, 10_000)).unwrap();
     let p = store.path_of(&k.hash);
@@ -464,7 +455,14 @@ fn replace_and_remove_invalidate_the_cached_descriptor() {
     store.put(&k, b"version2").unwrap();
     assert_eq!(store.get(&k, &mut b).unwrap(), Lookup::Hit(8));
     // Shared, the present block stays (no replacement).
-    assert_eq!(&b, if is_shared() { b"version1" } else { b"version2" });
+    assert_eq!(
+        &b,
+        if is_shared() {
+            b"version1"
+        } else {
+            b"version2"
+        }
+    );
     assert!(
         store.remove_many(std::slice::from_ref(&k))[0]
             .as_ref()
@@ -606,9 +604,7 @@ fn direct_io_and_sync_writes_round_trip() {
     // O_DIRECT needs a filesystem that supports it (tmpfs does not): use the target dir.
     let base = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
     let dir = tempfile::tempdir_in(base).unwrap();
-    let cfg = common::cfg()
-        .with_direct_io(true)
-        .with_sync_writes(true);
+    let cfg = common::cfg().with_direct_io(true).with_sync_writes(true);
     let store = Store::open(dir.path(), worker("w"), cfg).unwrap();
     let sizes = [0usize, 1, 4096, 5000, 65536, 100_001];
     let ks = keys(&store, sizes.len() as u64);

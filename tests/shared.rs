@@ -91,8 +91,12 @@ fn a_block_put_by_one_store_is_a_hit_for_another() {
 fn exclusive_and_shared_stores_exclude_each_other() {
     let root = tempfile::tempdir().unwrap();
     let s = open_shared(root.path(), shared());
-    let e = Store::open(root.path(), worker("0"), StoreConfig::new().with_stats_interval(None))
-        .unwrap_err();
+    let e = Store::open(
+        root.path(),
+        worker("0"),
+        StoreConfig::new().with_stats_interval(None),
+    )
+    .unwrap_err();
     match e {
         Error::WorkerBusy { holder, .. } => {
             assert!(holder.contains("shared mode"), "{holder}")
@@ -100,8 +104,12 @@ fn exclusive_and_shared_stores_exclude_each_other() {
         e => panic!("an exclusive open beside a shared store: {e}"),
     }
     drop(s);
-    let x = Store::open(root.path(), worker("0"), StoreConfig::new().with_stats_interval(None))
-        .unwrap();
+    let x = Store::open(
+        root.path(),
+        worker("0"),
+        StoreConfig::new().with_stats_interval(None),
+    )
+    .unwrap();
     let t = Instant::now();
     let e = Store::open(root.path(), worker("0"), shared()).unwrap_err();
     assert!(matches!(e, Error::WorkerBusy { .. }), "{e}");
@@ -141,7 +149,11 @@ fn racing_puts_of_one_key_leave_one_complete_file() {
         }
     }
     drop(stores);
-    assert_eq!(check_all_blocks(root.path()), n as usize, "one file per key");
+    assert_eq!(
+        check_all_blocks(root.path()),
+        n as usize,
+        "one file per key"
+    );
     assert!(temp_files_under(root.path()).is_empty());
     assert_eq!(ledger(root.path()), usage_on_disk(root.path()));
 }
@@ -192,7 +204,11 @@ fn a_block_removed_by_another_store_is_a_miss_never_an_error() {
     }
     assert_eq!(b.stats().read_errors, 0);
     drop((a, b));
-    assert_eq!(ledger(root.path()), (0, 0), "removed blocks leave the ledger");
+    assert_eq!(
+        ledger(root.path()),
+        (0, 0),
+        "removed blocks leave the ledger"
+    );
 }
 
 #[test]
@@ -227,7 +243,9 @@ fn a_shared_capacity_holds_across_stores_in_one_process() {
     let len = 16 << 10;
     let cap_files = 40u64;
     let cfg = shared().with_capacity_files(cap_files);
-    let stores: Vec<Store> = (0..3).map(|_| open_shared(root.path(), cfg.clone())).collect();
+    let stores: Vec<Store> = (0..3)
+        .map(|_| open_shared(root.path(), cfg.clone()))
+        .collect();
     let stop = std::sync::atomic::AtomicBool::new(false);
     let mut max_seen = 0;
     std::thread::scope(|s| {
@@ -313,16 +331,30 @@ fn temp_files_are_swept_only_when_their_owner_is_gone() {
     let first = open_shared(root.path(), shared());
     let lease = Duration::from_secs(600);
     let gone_here = plant(root.path(), 1, &temp_name(1, &me, dead_pid), Duration::ZERO);
-    let alive_here = plant(root.path(), 2, &temp_name(2, &me, alive.id()), Duration::ZERO);
+    let alive_here = plant(
+        root.path(),
+        2,
+        &temp_name(2, &me, alive.id()),
+        Duration::ZERO,
+    );
     let fresh_there = plant(root.path(), 3, &temp_name(3, &other, 1), Duration::ZERO);
     let old_there = plant(root.path(), 4, &temp_name(4, &other, 1), hour);
     let old_alive_here = plant(root.path(), 5, &temp_name(5, &me, alive.id()), hour);
     // Another store opens beside `first`: it sweeps only what is abandoned.
     let second = open_shared(root.path(), shared().with_temp_lease(lease));
-    assert!(!gone_here.exists(), "this node's temp file of a dead process");
-    assert!(alive_here.exists(), "this node's temp file of a live process stays");
+    assert!(
+        !gone_here.exists(),
+        "this node's temp file of a dead process"
+    );
+    assert!(
+        alive_here.exists(),
+        "this node's temp file of a live process stays"
+    );
     assert!(fresh_there.exists(), "another node's fresh temp file stays");
-    assert!(!old_there.exists(), "another node's temp file past the lease");
+    assert!(
+        !old_there.exists(),
+        "another node's temp file past the lease"
+    );
     assert!(!old_alive_here.exists(), "past the lease, whoever owns it");
     assert_eq!(second.stats().temp_swept, 3);
     // tierkv-stat --repair beside running shared stores follows the same rule.
@@ -332,10 +364,18 @@ fn temp_files_are_swept_only_when_their_owner_is_gone() {
         .arg(root.path())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!dead_again.exists() && alive_here.exists() && fresh_there.exists());
     // An exclusive repair refuses a worker that shared stores use.
-    let out = Command::new(STAT).arg("--repair").arg(root.path()).output().unwrap();
+    let out = Command::new(STAT)
+        .arg("--repair")
+        .arg(root.path())
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(alive_here.exists());
     drop((first, second));
@@ -351,7 +391,13 @@ fn instances(root: &Path, n: usize, args: &[&str]) -> serde_json::Value {
     let out = Command::new(BENCH)
         .arg("--dir")
         .arg(root)
-        .args(["--instances", &n.to_string(), "--verify-data", "--output-format", "json"])
+        .args([
+            "--instances",
+            &n.to_string(),
+            "--verify-data",
+            "--output-format",
+            "json",
+        ])
         .args(args)
         .stderr(Stdio::inherit())
         .output()
@@ -364,9 +410,25 @@ fn instances(root: &Path, n: usize, args: &[&str]) -> serde_json::Value {
 fn processes_share_a_worker_with_every_byte_checked() {
     let root = tempfile::tempdir().unwrap();
     // Three processes write one third of the blocks each, then all read all of them.
-    let doc = instances(root.path(), 3, &["--rw", "write", "--bs", "64k", "--nblocks", "300"]);
+    let doc = instances(
+        root.path(),
+        3,
+        &["--rw", "write", "--bs", "64k", "--nblocks", "300"],
+    );
     assert_eq!(doc["totals"]["errors"], 0);
-    let doc = instances(root.path(), 3, &["--rw", "read", "--bs", "64k", "--nblocks", "300", "--no-layout"]);
+    let doc = instances(
+        root.path(),
+        3,
+        &[
+            "--rw",
+            "read",
+            "--bs",
+            "64k",
+            "--nblocks",
+            "300",
+            "--no-layout",
+        ],
+    );
     let t = &doc["totals"];
     assert_eq!(t["hits"], 900, "{t}");
     assert_eq!(t["misses"], 0);
@@ -376,7 +438,17 @@ fn processes_share_a_worker_with_every_byte_checked() {
     let doc = instances(
         root.path(),
         3,
-        &["--rw", "randrw", "--bs", "64k", "--nblocks", "400", "--runtime", "3s", "--no-layout"],
+        &[
+            "--rw",
+            "randrw",
+            "--bs",
+            "64k",
+            "--nblocks",
+            "400",
+            "--runtime",
+            "3s",
+            "--no-layout",
+        ],
     );
     let t = &doc["totals"];
     assert_eq!(t["errors"], 0, "{t}");
@@ -393,9 +465,30 @@ fn a_capacity_shared_by_three_processes_holds_while_they_run() {
     let mut bench = Command::new(BENCH)
         .arg("--dir")
         .arg(root.path())
-        .args(["--instances", "3", "--verify-data", "--output-format", "json"])
-        .args(["--rw", "randrw", "--bs", "16k", "--nblocks", "600", "--batch", "4"])
-        .args(["--capacity-blocks", &cap.to_string(), "--runtime", "6s", "--no-layout"])
+        .args([
+            "--instances",
+            "3",
+            "--verify-data",
+            "--output-format",
+            "json",
+        ])
+        .args([
+            "--rw",
+            "randrw",
+            "--bs",
+            "16k",
+            "--nblocks",
+            "600",
+            "--batch",
+            "4",
+        ])
+        .args([
+            "--capacity-blocks",
+            &cap.to_string(),
+            "--runtime",
+            "6s",
+            "--no-layout",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -404,7 +497,11 @@ fn a_capacity_shared_by_three_processes_holds_while_they_run() {
     let mut max_files = 0;
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(8) && bench.try_wait().unwrap().is_none() {
-        let out = Command::new(STAT).arg("--json").arg(root.path()).output().unwrap();
+        let out = Command::new(STAT)
+            .arg("--json")
+            .arg(root.path())
+            .output()
+            .unwrap();
         if let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&out.stdout) {
             let w = &doc["workers"]["0"];
             if let Some(l) = w["ledger"]["files"].as_u64() {
@@ -422,12 +519,18 @@ fn a_capacity_shared_by_three_processes_holds_while_they_run() {
     assert!(samples >= 5, "{samples} samples");
     // A scan is not a snapshot (see a_shared_capacity_holds_across_stores_in_one_process):
     // at most one batch of 4 per instance beyond the bound.
-    assert!(max_files <= cap + 3 * 4, "{max_files} files and temp files, capacity {cap}");
+    assert!(
+        max_files <= cap + 3 * 4,
+        "{max_files} files and temp files, capacity {cap}"
+    );
     let t = &doc["totals"];
     assert_eq!(t["errors"], 0, "{t}");
     assert_eq!(t["verify_errors"], 0);
     for i in doc["instances"].as_array().unwrap() {
-        assert!(i["result"]["hits"].as_u64().unwrap() > 0, "every instance hits: {i}");
+        assert!(
+            i["result"]["hits"].as_u64().unwrap() > 0,
+            "every instance hits: {i}"
+        );
     }
     assert!(usage_on_disk(root.path()).1 <= cap);
     assert_eq!(ledger(root.path()), usage_on_disk(root.path()));
@@ -441,7 +544,11 @@ fn sigkill_of_a_shared_writer_never_exposes_a_partial_block() {
     let mine = plant(
         root.path(),
         9_999,
-        &temp_name(9_999, &format!("{:016x}", tierkv::ns::node_id()), std::process::id()),
+        &temp_name(
+            9_999,
+            &format!("{:016x}", tierkv::ns::node_id()),
+            std::process::id(),
+        ),
         Duration::ZERO,
     );
     let mut rng = 0x9e37_79b9u64;
@@ -450,7 +557,16 @@ fn sigkill_of_a_shared_writer_never_exposes_a_partial_block() {
             .arg("--dir")
             .arg(root.path())
             .args(["--sharing", "shared", "--rw", "randwrite", "--bs", "256k"])
-            .args(["--nblocks", "200", "--runtime", "30s", "--batch", "8", "--progress", "never"])
+            .args([
+                "--nblocks",
+                "200",
+                "--runtime",
+                "30s",
+                "--batch",
+                "8",
+                "--progress",
+                "never",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -467,13 +583,21 @@ fn sigkill_of_a_shared_writer_never_exposes_a_partial_block() {
         }
         w.kill().unwrap();
         w.wait().unwrap();
-        assert_eq!(reader.stats().corrupt, 0, "round {round}: a torn block was read");
+        assert_eq!(
+            reader.stats().corrupt,
+            0,
+            "round {round}: a torn block was read"
+        );
     }
     // The killed writers' temp files (a dead process of this node) go at the next open;
     // the running store's stays.
     drop(open_shared(root.path(), shared()));
     let left: Vec<_> = temp_files_under(root.path());
-    assert_eq!(left, vec![mine.clone()], "only the live store's temp file is left");
+    assert_eq!(
+        left,
+        vec![mine.clone()],
+        "only the live store's temp file is left"
+    );
     check_all_blocks(root.path());
     drop(reader);
 }
@@ -519,9 +643,41 @@ fn what_the_shared_capacity_cannot_hold_is_declined_at_the_chain_tail() {
     let declined = b.stats().not_admitted;
     let c3 = chain(&b, 3, 8);
     put(&b, &c3);
-    assert_eq!(b.contains_prefix(&c3).unwrap(), 4, "the chain's first 4 blocks");
+    assert_eq!(
+        b.contains_prefix(&c3).unwrap(),
+        4,
+        "the chain's first 4 blocks"
+    );
     assert_eq!(b.stats().not_admitted - declined, 4, "its last 4 declined");
     assert_eq!(ledger(root.path()).1, 10, "never over the capacity");
     drop((a, b));
     assert_eq!(ledger(root.path()), usage_on_disk(root.path()));
+}
+
+#[test]
+fn shared_control_files_that_are_symlinks_or_fifos_are_refused() {
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("target");
+    std::fs::write(&target, b"keep").unwrap();
+    for name in ["USAGE", "FLOCK"] {
+        for kind in ["symlink", "fifo"] {
+            let root = tempfile::tempdir().unwrap();
+            let w = root.path().join("v1/0");
+            std::fs::create_dir_all(&w).unwrap();
+            let p = w.join(name);
+            if kind == "symlink" {
+                std::os::unix::fs::symlink(&target, &p).unwrap();
+            } else {
+                assert!(Command::new("mkfifo").arg(&p).status().unwrap().success());
+            }
+            // Never followed, never opened for data, nothing hangs: the open fails naming it.
+            let e = Store::open(root.path(), worker("0"), shared()).unwrap_err();
+            assert!(e.to_string().contains(name), "{name} as a {kind}: {e}");
+            assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+            assert!(
+                std::fs::symlink_metadata(&p).is_ok(),
+                "{name} left in place"
+            );
+        }
+    }
 }

@@ -26,9 +26,16 @@ struct Dfs {
     script: PathBuf,
 }
 
+/// The tests share one cluster: one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn dfs() -> Option<Dfs> {
     let var = |k: &str| std::env::var_os(k).map(PathBuf::from);
-    match (var("TIERKV_DFS_N1"), var("TIERKV_DFS_N2"), var("TIERKV_DFS_SH")) {
+    match (
+        var("TIERKV_DFS_N1"),
+        var("TIERKV_DFS_N2"),
+        var("TIERKV_DFS_SH"),
+    ) {
         (Some(a), Some(b), Some(s)) => Some(Dfs {
             mounts: [a, b],
             script: s,
@@ -81,7 +88,13 @@ fn bench_on(d: &Dfs, n: usize, tree: &Tree, args: &[&str]) -> Command {
     c.args(["exec", if n == 0 { "n1" } else { "n2" }, BENCH])
         .arg("--dir")
         .arg(tree.on(n))
-        .args(["--sharing", "shared", "--verify-data", "--progress", "never"])
+        .args([
+            "--sharing",
+            "shared",
+            "--verify-data",
+            "--progress",
+            "never",
+        ])
         .args(["--layout-depth", "1", "--output-format", "json"])
         .args(args)
         .stdout(Stdio::piped())
@@ -114,31 +127,51 @@ fn now_ms() -> u64 {
 #[test]
 fn a_block_published_on_one_node_is_a_hit_on_the_other() {
     let Some(d) = dfs() else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tree = Tree::new(&d, "publish");
     let n = "10000";
     let t = Instant::now();
     let a = run(
-        bench_on(&d, 0, &tree, &["--rw", "write", "--bs", "16k", "--nblocks", n]),
+        bench_on(
+            &d,
+            0,
+            &tree,
+            &["--rw", "write", "--bs", "16k", "--nblocks", n],
+        ),
         "node 1 writes",
     );
     assert_eq!(a["errors"], 0);
     let wrote = t.elapsed();
     let b = run(
-        bench_on(&d, 1, &tree, &["--rw", "read", "--bs", "16k", "--nblocks", n, "--no-layout"]),
+        bench_on(
+            &d,
+            1,
+            &tree,
+            &["--rw", "read", "--bs", "16k", "--nblocks", n, "--no-layout"],
+        ),
         "node 2 reads",
     );
-    eprintln!("10,000 blocks of 16 KiB: node 1 wrote them in {wrote:?}; node 2 read them in {:.1} s", b["elapsed_s"]);
+    eprintln!(
+        "10,000 blocks of 16 KiB: node 1 wrote them in {wrote:?}; node 2 read them in {:.1} s",
+        b["elapsed_s"]
+    );
     assert_eq!(b["hits"], 10_000, "every block a hit on node 2");
     assert_eq!(b["misses"], 0);
     assert_eq!(b["errors"], 0);
     assert_eq!(b["verify_errors"], 0);
-    assert_eq!(b["store"]["tree_hits"], 10_000, "found in the tree, not in node 2's index");
+    // Node 2 opened after node 1's puts: its scan found them all (the lookup of a block
+    // published after a store opened is a_new_block_is_a_hit_on_the_other_node_...).
+    assert_eq!(
+        b["store"]["blocks_at_open"], 10_000,
+        "node 2's scan found every block"
+    );
     assert_eq!(check_tree(&tree), 10_000);
 }
 
 #[test]
 fn a_new_block_is_a_hit_on_the_other_node_within_the_negative_ttl() {
     let Some(d) = dfs() else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tree = Tree::new(&d, "visible");
     // In this process: one store per mount (two FUSE clients of the volume).
     let ttl = Duration::from_millis(500);
@@ -173,18 +206,29 @@ fn a_new_block_is_a_hit_on_the_other_node_within_the_negative_ttl() {
         }
         worst = worst.max(t.elapsed());
     }
-    eprintln!("published on node 1, a hit on node 2 after at most {worst:?} (negative TTL {ttl:?})");
+    eprintln!(
+        "published on node 1, a hit on node 2 after at most {worst:?} (negative TTL {ttl:?})"
+    );
     assert!(worst <= ttl + Duration::from_secs(1), "{worst:?}");
 }
 
 #[test]
 fn two_nodes_read_and_write_at_once_with_every_byte_checked() {
     let Some(d) = dfs() else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tree = Tree::new(&d, "concurrent");
     let start = format!("--start-at-ms={}", now_ms() + 3000);
     let args = [
-        "--rw", "randrw", "--bs", "64k", "--nblocks", "2000", "--runtime", "60s",
-        "--no-layout", &start,
+        "--rw",
+        "randrw",
+        "--bs",
+        "64k",
+        "--nblocks",
+        "2000",
+        "--runtime",
+        "60s",
+        "--no-layout",
+        &start,
     ];
     let a = bench_on(&d, 0, &tree, &args).spawn().unwrap();
     let b = bench_on(&d, 1, &tree, &args).spawn().unwrap();
@@ -192,14 +236,19 @@ fn two_nodes_read_and_write_at_once_with_every_byte_checked() {
     for (n, r) in [(1, &a), (2, &b)] {
         eprintln!(
             "node {n}: {} ops, {} hits ({} from the tree), {} misses, {} published by the other",
-            r["ops"], r["hits"], r["store"]["tree_hits"], r["misses"], r["store"]["published_by_others"]
+            r["ops"],
+            r["hits"],
+            r["store"]["tree_hits"],
+            r["misses"],
+            r["store"]["published_by_others"]
         );
         assert_eq!(r["errors"], 0, "node {n}: {}", r["read"]);
         assert_eq!(r["verify_errors"], 0, "node {n}");
         assert_eq!(r["store"]["corrupt"], 0, "node {n}: a torn block was read");
         assert!(r["hits"].as_u64().unwrap() > 0);
     }
-    let cross = a["store"]["tree_hits"].as_u64().unwrap() + b["store"]["tree_hits"].as_u64().unwrap();
+    let cross =
+        a["store"]["tree_hits"].as_u64().unwrap() + b["store"]["tree_hits"].as_u64().unwrap();
     assert!(cross > 0, "each node hits blocks the other wrote");
     check_tree(&tree);
 }
@@ -215,13 +264,24 @@ fn temps(tree: &Path) -> Vec<String> {
 #[test]
 fn sigkill_of_a_writer_on_one_node_never_hurts_the_other() {
     let Some(d) = dfs() else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tree = Tree::new(&d, "sigkill");
     // Node 2 reads and writes throughout, every byte checked.
     let b = bench_on(
         &d,
         1,
         &tree,
-        &["--rw", "randrw", "--bs", "256k", "--nblocks", "300", "--runtime", "25s", "--no-layout"],
+        &[
+            "--rw",
+            "randrw",
+            "--bs",
+            "256k",
+            "--nblocks",
+            "300",
+            "--runtime",
+            "25s",
+            "--no-layout",
+        ],
     )
     .spawn()
     .unwrap();
@@ -233,7 +293,16 @@ fn sigkill_of_a_writer_on_one_node_never_hurts_the_other() {
             &d,
             0,
             &tree,
-            &["--rw", "randwrite", "--bs", "256k", "--nblocks", "300", "--runtime", "60s"],
+            &[
+                "--rw",
+                "randwrite",
+                "--bs",
+                "256k",
+                "--nblocks",
+                "300",
+                "--runtime",
+                "60s",
+            ],
         )
         .stdout(Stdio::null())
         .spawn()
@@ -253,30 +322,60 @@ fn sigkill_of_a_writer_on_one_node_never_hurts_the_other() {
     let killed = temps(&tree.on(0));
     // A store opening on node 2 leaves node 1's fresh temp files alone (another node's,
     // younger than the lease)...
-    let reopen = ["--rw", "read", "--bs", "256k", "--nblocks", "1", "--no-layout"];
-    assert_eq!(run(bench_on(&d, 1, &tree, &reopen), "node 2 reopens")["errors"], 0);
+    let reopen = [
+        "--rw",
+        "read",
+        "--bs",
+        "256k",
+        "--nblocks",
+        "1",
+        "--no-layout",
+    ];
+    assert_eq!(
+        run(bench_on(&d, 1, &tree, &reopen), "node 2 reopens")["errors"],
+        0
+    );
     let left = temps(&tree.on(0));
     assert!(
         killed.iter().all(|t| left.contains(t)),
         "node 2 swept node 1's temp files: {killed:?} then {left:?}"
     );
     // ...and the next store on node 1 sweeps them (their processes are gone from that node).
-    assert_eq!(run(bench_on(&d, 0, &tree, &reopen), "node 1 reopens")["errors"], 0);
+    assert_eq!(
+        run(bench_on(&d, 0, &tree, &reopen), "node 1 reopens")["errors"],
+        0
+    );
     let left = temps(&tree.on(0));
-    assert!(left.is_empty(), "node 1's dead writers' temp files: {left:?}");
+    assert!(
+        left.is_empty(),
+        "node 1's dead writers' temp files: {left:?}"
+    );
     check_tree(&tree);
 }
 
 #[test]
 fn a_capacity_shared_by_two_nodes_holds_while_they_run() {
     let Some(d) = dfs() else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tree = Tree::new(&d, "capacity");
     let cap = 80u64;
     let start = format!("--start-at-ms={}", now_ms() + 3000);
     let capacity = cap.to_string();
     let args = [
-        "--rw", "randrw", "--bs", "16k", "--nblocks", "800", "--runtime", "25s", "--batch", "4",
-        "--capacity-blocks", &capacity, "--no-layout", &start,
+        "--rw",
+        "randrw",
+        "--bs",
+        "16k",
+        "--nblocks",
+        "800",
+        "--runtime",
+        "25s",
+        "--batch",
+        "4",
+        "--capacity-blocks",
+        &capacity,
+        "--no-layout",
+        &start,
     ];
     let a = bench_on(&d, 0, &tree, &args).spawn().unwrap();
     let b = bench_on(&d, 1, &tree, &args).spawn().unwrap();
@@ -284,7 +383,11 @@ fn a_capacity_shared_by_two_nodes_holds_while_they_run() {
     let mut max_seen = 0;
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(30) {
-        let out = Command::new(STAT).arg("--json").arg(tree.on(0)).output().unwrap();
+        let out = Command::new(STAT)
+            .arg("--json")
+            .arg(tree.on(0))
+            .output()
+            .unwrap();
         if let Ok(doc) = serde_json::from_slice::<Value>(&out.stdout) {
             let w = &doc["workers"]["0"];
             if let Some(l) = w["ledger"]["files"].as_u64() {
@@ -297,14 +400,32 @@ fn a_capacity_shared_by_two_nodes_holds_while_they_run() {
         std::thread::sleep(Duration::from_millis(500));
     }
     let (a, b) = (json_of(a, "node 1"), json_of(b, "node 2"));
-    eprintln!("{samples} samples: at most {max_seen} block and temp files (capacity {cap})");
+    eprintln!(
+        "{samples} samples: at most {max_seen} block and temp files counted by a scan (capacity {cap})"
+    );
     assert!(samples >= 5);
-    // A scan is not a snapshot: one batch of 4 per writer beyond the bound at most.
-    assert!(max_seen <= cap + 2 * 4, "{max_seen} > {cap} + 8");
+    // The ledger is the bound, checked exactly at every sample above. A scan of the volume
+    // takes about a second while both nodes put and evict tens of blocks, so what it counts
+    // is no snapshot (files made after their directory was read and files removed before are
+    // both counted): only a gross excess (no bound at all reaches the 800 blocks) is refused.
+    assert!(
+        max_seen <= 2 * cap,
+        "{max_seen} files and temp files counted, capacity {cap}"
+    );
     for (n, r) in [(1, &a), (2, &b)] {
         assert_eq!(r["errors"], 0, "node {n}");
         assert_eq!(r["verify_errors"], 0, "node {n}");
         assert!(r["hits"].as_u64().unwrap() > 0, "node {n} keeps hitting");
     }
+    // Quiet again: the tree itself is within the bound, and the ledger says what it holds.
     assert!(check_tree(&tree) as u64 <= cap);
+    let out = Command::new(STAT)
+        .arg("--json")
+        .arg(tree.on(0))
+        .output()
+        .unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let w = &doc["workers"]["0"];
+    assert_eq!(w["ledger"]["files"], w["files"], "{w}");
+    assert_eq!(w["ledger"]["bytes"], w["bytes"], "{w}");
 }

@@ -458,7 +458,10 @@ mod tests {
         );
         assert_eq!(Layout::classify("USAGE"), EntryName::Meta);
         assert_eq!(Layout::classify("STATS.x.77.json"), EntryName::Foreign);
-        assert_eq!(Layout::classify("STATS.00ff00ff00ff00ff.json"), EntryName::Foreign);
+        assert_eq!(
+            Layout::classify("STATS.00ff00ff00ff00ff.json"),
+            EntryName::Foreign
+        );
         assert_eq!(Layout::temp_owner("notes"), None);
     }
 

@@ -667,13 +667,7 @@ impl BlockDir {
             }
         }
         self.check(NsOp::Link)?;
-        rustix::fs::linkat(
-            parent.as_fd(),
-            from,
-            parent.as_fd(),
-            to,
-            AtFlags::empty(),
-        )?;
+        rustix::fs::linkat(parent.as_fd(), from, parent.as_fd(), to, AtFlags::empty())?;
         Ok(false)
     }
 
@@ -761,7 +755,11 @@ impl BlockDir {
             Ok(()) => Ok(true),
             Err(e) => {
                 let _ = rustix::fs::flock(&self.fd, FlockOperation::Unlock);
-                if e == Errno::WOULDBLOCK { Ok(false) } else { Err(e) }
+                if e == Errno::WOULDBLOCK {
+                    Ok(false)
+                } else {
+                    Err(e)
+                }
             }
         }
     }
@@ -796,7 +794,12 @@ impl BlockDir {
         let fd = match self.open_file(USAGE_FILE, OFlags::RDWR) {
             Err(Errno::NOENT) => {
                 let top = Parent::Top(self.fd.as_fd());
-                match self.create_in(&top, USAGE_FILE, OFlags::RDWR, Mode::from_raw_mode(FILE_MODE)) {
+                match self.create_in(
+                    &top,
+                    USAGE_FILE,
+                    OFlags::RDWR,
+                    Mode::from_raw_mode(FILE_MODE),
+                ) {
                     Ok(fd) => regular_only(fd, OFlags::RDWR),
                     // Created by another store meanwhile.
                     Err(Errno::EXIST) => self.open_file(USAGE_FILE, OFlags::RDWR),

@@ -16,7 +16,7 @@ use crate::format::PAYLOAD_OFFSET;
 use crate::index::Index;
 use crate::index::policy::Policy;
 use crate::key::{BlockHash, BlockKey, WorkerId};
-use crate::layout::{self, EntryName, LAYOUT_FILE, Layout};
+use crate::layout::{self, EntryName, FLOCK_FILE, LAYOUT_FILE, Layout};
 use crate::ns::{BlockDir, FileKind, NsFaults, Opened, Unlinked};
 
 mod async_api;
@@ -32,8 +32,8 @@ pub mod sweep;
 mod write;
 
 pub use config::{
-    DEFAULT_FD_CACHE_MAX, DEFAULT_MAX_BLOCK_SIZE, DEFAULT_NEGATIVE_TTL, DEFAULT_TEMP_LEASE, Publish,
-    Sharing, StoreConfig, VerifyMode,
+    DEFAULT_FD_CACHE_MAX, DEFAULT_MAX_BLOCK_SIZE, DEFAULT_NEGATIVE_TTL, DEFAULT_TEMP_LEASE,
+    Publish, Sharing, StoreConfig, VerifyMode,
 };
 pub(crate) use stats::Latency;
 pub use stats::{ErrorCounts, LatencySummary, StoreStats};
@@ -313,7 +313,8 @@ impl Store {
                         holder: ns.holder(),
                     });
                 }
-                Err(e) => return Err(Error::from_io(&dir, io_err(e))),
+                // The directory's own flock does not fail: the lock file did.
+                Err(e) => return Err(Error::from_io(ns.full(FLOCK_FILE), io_err(e))),
             }
             if let Err(e) = ns.record_holder(config.sharing == Sharing::Shared) {
                 let _ = ns.unlock();
@@ -1033,7 +1034,11 @@ impl Inner {
             }
         }
         let stale = self.index.forget_absent(&found);
-        tracing::debug!(learned, stale, "scanned the shared tree for blocks of other stores");
+        tracing::debug!(
+            learned,
+            stale,
+            "scanned the shared tree for blocks of other stores"
+        );
         true
     }
 
@@ -1082,7 +1087,10 @@ impl Inner {
     fn contains_in_tree(&self, key: &BlockKey) -> Result<bool> {
         let rel = self.layout.rel_path(&key.hash);
         match self.ns.stat(rel.as_str()) {
-            Ok(st) if FileKind::of_stat(&st) == FileKind::File && st.st_size as u64 >= PAYLOAD_OFFSET => {
+            Ok(st)
+                if FileKind::of_stat(&st) == FileKind::File
+                    && st.st_size as u64 >= PAYLOAD_OFFSET =>
+            {
                 Counters::add(&self.counters.tree_hits, 1);
                 self.index.load(key.hash, st.st_blocks as u64 * 512);
                 Ok(true)

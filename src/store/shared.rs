@@ -191,8 +191,13 @@ impl Shared {
     }
 
     fn fits(&self, u: Usage, bytes: u64, files: u64) -> bool {
-        self.limits.max_bytes.is_none_or(|m| u.bytes.saturating_add(bytes) <= m)
-            && self.limits.max_files.is_none_or(|m| u.files.saturating_add(files) <= m)
+        self.limits
+            .max_bytes
+            .is_none_or(|m| u.bytes.saturating_add(bytes) <= m)
+            && self
+                .limits
+                .max_files
+                .is_none_or(|m| u.files.saturating_add(files) <= m)
     }
 
     /// Reserves room for a batch's new files (`estimates`, in chain order) under the shared

@@ -136,7 +136,10 @@ impl Inner {
             node: format!("{:016x}", crate::ns::node_id()),
             stats: self.snapshot(),
         };
-        let name = self.shared.as_ref().map_or(STATS_FILE, |s| s.stats_name.as_str());
+        let name = self
+            .shared
+            .as_ref()
+            .map_or(STATS_FILE, |s| s.stats_name.as_str());
         let result = serde_json::to_vec_pretty(&doc)
             .map_err(|e| crate::Error::Config(format!("counters as JSON: {e}")))
             .and_then(|bytes| self.ns.write_control(name, &bytes));

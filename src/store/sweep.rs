@@ -104,7 +104,12 @@ pub fn sweep(ns: &BlockDir, layout: Layout, remove_temp: bool, stat_blocks: bool
 }
 
 /// As [`sweep`], removing the temp files `temps` says.
-pub fn sweep_with(ns: &BlockDir, layout: Layout, temps: TempRule, stat_blocks: bool) -> SweepReport {
+pub fn sweep_with(
+    ns: &BlockDir,
+    layout: Layout,
+    temps: TempRule,
+    stat_blocks: bool,
+) -> SweepReport {
     let mode = Mode {
         layout,
         temps,

@@ -131,7 +131,8 @@ impl Inner {
                 Ok(r) => r,
                 Err(e) => {
                     let msg = e.to_string();
-                    for (slot, (offer, (hash, _))) in valid.iter().zip(offers.iter().zip(&offered)) {
+                    for (slot, (offer, (hash, _))) in valid.iter().zip(offers.iter().zip(&offered))
+                    {
                         if matches!(offer, Offer::Reserved | Offer::Replace { .. }) {
                             self.index.abort(hash, *offer);
                             results[*slot] = Some(Err(Error::Io {
@@ -142,7 +143,10 @@ impl Inner {
                             results[*slot] = Some(Ok(()));
                         }
                     }
-                    return results.into_iter().map(|r| r.expect("every item has a result")).collect();
+                    return results
+                        .into_iter()
+                        .map(|r| r.expect("every item has a result"))
+                        .collect();
                 }
             },
             None => (0, 0),
@@ -516,7 +520,10 @@ impl Inner {
             }
             let mut tries = 0;
             return loop {
-                match self.ns.publish_noreplace_in(&plan.parent, &plan.temp_name, name) {
+                match self
+                    .ns
+                    .publish_noreplace_in(&plan.parent, &plan.temp_name, name)
+                {
                     Ok(true) => break Ok(Published::Ours),
                     Ok(false) => {
                         // Linked: the temp name goes.

@@ -320,7 +320,9 @@ fn is_block_temp(name: &str) -> bool {
         return false;
     };
     rest.len() > 65
-        && rest[..64].bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+        && rest[..64]
+            .bytes()
+            .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
         && rest.as_bytes()[64] == b'.'
         && is_owner_suffix(&rest[65..])
 }

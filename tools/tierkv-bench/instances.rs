@@ -110,7 +110,14 @@ pub(crate) fn run_instances(args: &Args, n: usize) -> Result<(), BoxError> {
             .args(&base)
             .arg("--dir")
             .arg(&root)
-            .args(["--sharing", "shared", "--output-format", "json", "--progress", "never"])
+            .args([
+                "--sharing",
+                "shared",
+                "--output-format",
+                "json",
+                "--progress",
+                "never",
+            ])
             .arg(format!("--instance={i}/{n}"))
             .arg(format!("--start-at-ms={start_at}"))
             .stdout(Stdio::piped())
@@ -136,9 +143,7 @@ pub(crate) fn run_instances(args: &Args, n: usize) -> Result<(), BoxError> {
         }));
     }
     let sum = |f: &dyn Fn(&Value) -> Option<f64>| -> f64 {
-        docs.iter()
-            .filter_map(|d| f(&d["result"]))
-            .sum::<f64>()
+        docs.iter().filter_map(|d| f(&d["result"])).sum::<f64>()
     };
     let num = |v: &Value, path: &[&str]| -> Option<f64> {
         let mut v = v;

@@ -334,13 +334,14 @@ fn instances_of(vdir: &Path, worker: &str, ns: &BlockDir, wr: &mut WorkerReport)
         });
     }
     let live_mode = |m: &str| wr.instances.iter().any(|i| i.live && i.sharing == m);
-    wr.sharing = if live_mode("shared") || (wr.live && ns.holder().starts_with("stores in shared mode")) {
-        Some("shared".into())
-    } else if wr.live || live_mode("exclusive") {
-        Some("exclusive".into())
-    } else {
-        None
-    };
+    wr.sharing =
+        if live_mode("shared") || (wr.live && ns.holder().starts_with("stores in shared mode")) {
+            Some("shared".into())
+        } else if wr.live || live_mode("exclusive") {
+            Some("exclusive".into())
+        } else {
+            None
+        };
     if let Ok(Some(text)) = ns.read_control(layout::USAGE_FILE) {
         let text = String::from_utf8_lossy(&text);
         let field = |k: &str| {
@@ -1281,9 +1282,19 @@ fn live(args: &Args, vdir: &Path, workers: &[String]) -> Result<ExitCode, BoxErr
     let mut prev: BTreeMap<String, (LiveStats, u64)> = BTreeMap::new();
     let mut n = 0u64;
     loop {
+        // One entry per store: the worker's id, or for each shared store `<worker>/<host>:<pid>`.
         let snaps: Vec<(String, LiveStats)> = workers
             .iter()
-            .filter_map(|w| read_live(vdir, w).map(|l| (w.clone(), l)))
+            .flat_map(|w| {
+                read_all_live(vdir, w).into_iter().map(move |(file, l)| {
+                    let key = if file == STATS_FILE {
+                        w.clone()
+                    } else {
+                        format!("{w}/{}:{}", l.host, l.pid)
+                    };
+                    (key, l)
+                })
+            })
             .collect();
         if snaps.is_empty() && args.watch.is_none() {
             return Err(format!("no live counters under {} (is a store running? it writes {STATS_FILE} every second)", vdir.display()).into());
@@ -1332,9 +1343,20 @@ fn live(args: &Args, vdir: &Path, workers: &[String]) -> Result<ExitCode, BoxErr
                     };
                     writeln!(
                         out,
-                        "worker {w}: {state}, pid {}, policy {}, engine {}",
-                        l.pid, l.policy, l.engine
+                        "worker {w}: {state}, pid {}, policy {}, engine {}, {}",
+                        l.pid, l.policy, l.engine, l.sharing
                     )?;
+                    if let (Some(b), Some(f)) = (s.shared_bytes, s.shared_files) {
+                        writeln!(
+                            out,
+                            "  shared: ledger {} in {f} files; tree lookups {} (hits {}), negative-cache answers {}, published by others {}",
+                            human(b),
+                            s.tree_lookups,
+                            s.tree_hits,
+                            s.negative_hits,
+                            s.published_by_others
+                        )?;
+                    }
                     let lookups = s.hits + s.misses;
                     writeln!(
                         out,
