@@ -495,6 +495,7 @@ fn a_capacity_shared_by_three_processes_holds_while_they_run() {
     // Sample with tierkv-stat while they run.
     let mut samples = 0;
     let mut max_files = 0;
+    let mut saw_all = 0;
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(8) && bench.try_wait().unwrap().is_none() {
         let out = Command::new(STAT)
@@ -510,9 +511,22 @@ fn a_capacity_shared_by_three_processes_holds_while_they_run() {
                 max_files = max_files.max(seen);
                 samples += 1;
             }
+            // tierkv-stat names the mode and the three running stores (host, pid).
+            let running: Vec<&serde_json::Value> = w["instances"]
+                .as_array()
+                .map(|v| v.iter().filter(|i| i["live"] == true).collect())
+                .unwrap_or_default();
+            if running.len() == 3 {
+                assert_eq!(w["sharing"], "shared", "{w}");
+                assert!(running.iter().all(|i| i["sharing"] == "shared"
+                    && i["pid"].as_u64().is_some()
+                    && !i["host"].as_str().unwrap().is_empty()));
+                saw_all += 1;
+            }
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    assert!(saw_all > 0, "tierkv-stat never listed the three running stores");
     let out = bench.wait_with_output().unwrap();
     assert!(out.status.success());
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

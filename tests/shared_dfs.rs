@@ -407,9 +407,10 @@ fn a_capacity_shared_by_two_nodes_holds_while_they_run() {
     // The ledger is the bound, checked exactly at every sample above. A scan of the volume
     // takes about a second while both nodes put and evict tens of blocks, so what it counts
     // is no snapshot (files made after their directory was read and files removed before are
-    // both counted): only a gross excess (no bound at all reaches the 800 blocks) is refused.
+    // both counted), so it is allowed a quarter of the capacity over (a ledger read through
+    // a client's cache, before it was opened O_DIRECT, let scans count 146-157 here).
     assert!(
-        max_seen <= 2 * cap,
+        max_seen <= cap + cap / 4,
         "{max_seen} files and temp files counted, capacity {cap}"
     );
     for (n, r) in [(1, &a), (2, &b)] {

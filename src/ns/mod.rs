@@ -149,6 +149,8 @@ impl Inode {
 pub struct Ledger {
     fd: OwnedFd,
     path: PathBuf,
+    /// Opened `O_DIRECT`: reads and writes are whole aligned [`LEDGER_LEN`] blocks.
+    direct: bool,
     /// Threads of this process: `flock` on one open file does not exclude them.
     local: std::sync::Mutex<()>,
 }
@@ -185,42 +187,53 @@ impl Ledger {
     }
 }
 
+/// The ledger file's length: one 4 KiB block (the record, then NUL bytes), so it can be read
+/// and written `O_DIRECT`.
+pub const LEDGER_LEN: usize = 4096;
+
 impl LedgerGuard<'_> {
-    /// The ledger's bytes (at most [`MAX_CONTROL_LEN`]).
+    /// The ledger's record: its bytes up to the first NUL (at most [`LEDGER_LEN`]).
     pub fn read(&self) -> Result<Vec<u8>> {
-        let mut out = vec![0u8; 256];
+        let mut buf = crate::buf::AlignedBuf::zeroed(LEDGER_LEN);
         let mut n = 0;
         loop {
-            if n == out.len() {
-                if out.len() >= MAX_CONTROL_LEN {
-                    break;
-                }
-                out.resize(out.len() * 2, 0);
-            }
-            match rustix::io::pread(&self.ledger.fd, &mut out[n..], n as u64) {
+            match rustix::io::pread(&self.ledger.fd, &mut buf[n..], n as u64) {
                 Ok(0) => break,
-                Ok(k) => n += k,
+                Ok(k) => {
+                    n += k;
+                    // O_DIRECT reads whole blocks: one read is the file.
+                    if n == LEDGER_LEN || self.ledger.direct {
+                        break;
+                    }
+                }
                 Err(Errno::INTR) => {}
                 Err(e) => return Err(Error::from_io(&self.ledger.path, io_err(e))),
             }
         }
-        out.truncate(n);
-        Ok(out)
+        let end = buf[..n].iter().position(|&b| b == 0).unwrap_or(n);
+        Ok(buf[..end].to_vec())
     }
 
-    /// Rewrites the ledger with `bytes` (in place, then truncated to their length).
+    /// Rewrites the ledger with the record `bytes` (at most [`LEDGER_LEN`]), padded with NULs
+    /// to one block, in place, and `fdatasync`s it so the next holder on any client reads it.
     pub fn write(&self, bytes: &[u8]) -> Result<()> {
-        let fd = self.ledger.fd.as_fd();
-        let n = crate::engine::write_full(fd, 0, &mut [std::io::IoSlice::new(bytes)])
-            .map_err(|e| Error::from_io(&self.ledger.path, e))?;
-        if n != bytes.len() {
-            return Err(Error::from_io(
-                &self.ledger.path,
-                std::io::ErrorKind::WriteZero.into(),
-            ));
+        let path = &self.ledger.path;
+        if bytes.len() > LEDGER_LEN {
+            return Err(Error::Config(format!(
+                "{}: a ledger record of {} bytes",
+                path.display(),
+                bytes.len()
+            )));
         }
-        rustix::fs::ftruncate(fd, bytes.len() as u64)
-            .map_err(|e| Error::from_io(&self.ledger.path, io_err(e)))
+        let mut buf = crate::buf::AlignedBuf::zeroed(LEDGER_LEN);
+        buf[..bytes.len()].copy_from_slice(bytes);
+        let fd = self.ledger.fd.as_fd();
+        let n = crate::engine::write_full(fd, 0, &mut [std::io::IoSlice::new(&buf)])
+            .map_err(|e| Error::from_io(path, e))?;
+        if n != LEDGER_LEN {
+            return Err(Error::from_io(path, std::io::ErrorKind::WriteZero.into()));
+        }
+        rustix::fs::fdatasync(fd).map_err(|e| Error::from_io(path, io_err(e)))
     }
 }
 
@@ -789,29 +802,33 @@ impl BlockDir {
 
     /// Opens (creating it if missing) the shared worker's usage ledger [`USAGE_FILE`], a
     /// regular file beneath the worker directory (a symlink or FIFO there is refused).
+    ///
+    /// It is opened `O_DIRECT` where the filesystem allows it: no page cache of this client
+    /// (nor a distributed filesystem's client caches) may serve another client's older record
+    /// (GlusterFS's did, until it was; docs/shared.md).
     pub fn open_ledger(&self) -> Result<Ledger> {
         let path = self.full(USAGE_FILE);
-        let fd = match self.open_file(USAGE_FILE, OFlags::RDWR) {
+        let open = |flags: OFlags| match self.open_file(USAGE_FILE, flags) {
             Err(Errno::NOENT) => {
                 let top = Parent::Top(self.fd.as_fd());
-                match self.create_in(
-                    &top,
-                    USAGE_FILE,
-                    OFlags::RDWR,
-                    Mode::from_raw_mode(FILE_MODE),
-                ) {
-                    Ok(fd) => regular_only(fd, OFlags::RDWR),
+                match self.create_in(&top, USAGE_FILE, flags, Mode::from_raw_mode(FILE_MODE)) {
+                    Ok(fd) => regular_only(fd, flags),
                     // Created by another store meanwhile.
-                    Err(Errno::EXIST) => self.open_file(USAGE_FILE, OFlags::RDWR),
+                    Err(Errno::EXIST) => self.open_file(USAGE_FILE, flags),
                     Err(e) => Err(e),
                 }
             }
             r => r,
         };
+        let (fd, direct) = match open(OFlags::RDWR | OFlags::DIRECT) {
+            Err(Errno::INVAL | Errno::OPNOTSUPP) => (open(OFlags::RDWR), false),
+            r => (r, true),
+        };
         match fd {
             Ok(Opened::File(fd, _)) => Ok(Ledger {
                 fd,
                 path,
+                direct,
                 local: std::sync::Mutex::new(()),
             }),
             Ok(Opened::NotRegular(kind)) => Err(Error::Corrupt {
