@@ -526,7 +526,10 @@ fn a_capacity_shared_by_three_processes_holds_while_they_run() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(saw_all > 0, "tierkv-stat never listed the three running stores");
+    assert!(
+        saw_all > 0,
+        "tierkv-stat never listed the three running stores"
+    );
     let out = bench.wait_with_output().unwrap();
     assert!(out.status.success());
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -89,18 +89,7 @@ pub(crate) fn run_instances(args: &Args, n: usize) -> Result<(), BoxError> {
         )
         .into());
     }
-    let tmp;
-    let root = match &args.dir {
-        Some(d) => d.clone(),
-        None => {
-            tmp = tempfile::Builder::new().prefix("tierkv-bench.").tempdir()?;
-            if args.keep {
-                tmp.keep()
-            } else {
-                tmp.path().to_path_buf()
-            }
-        }
-    };
+    let (root, _tmp) = crate::run_root(args)?;
     let exe = std::env::current_exe()?;
     let start_at = now_ms() + START_DELAY.as_millis() as u64;
     let base = child_args();

@@ -536,6 +536,20 @@ fn check_usage(args: &Args) -> Result<(), UsageError> {
     Ok(())
 }
 
+/// The cache root of a run: `--dir`, or a fresh temporary directory (removed when the guard
+/// drops, and by the signal handler's last resort; kept with `--keep`).
+fn run_root(args: &Args) -> Result<(PathBuf, Option<tempfile::TempDir>), BoxError> {
+    if let Some(d) = &args.dir {
+        return Ok((d.clone(), None));
+    }
+    let tmp = tempfile::Builder::new().prefix("tierkv-bench.").tempdir()?;
+    if args.keep {
+        return Ok((tmp.keep(), None));
+    }
+    let _ = TEMP_ROOT.set(tmp.path().to_path_buf());
+    Ok((tmp.path().to_path_buf(), Some(tmp)))
+}
+
 fn run(args: &Args) -> Result<(), BoxError> {
     check_usage(args)?;
     if let Some(n) = args.instances {
@@ -568,19 +582,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
     if !matches!(args.rw, Rw::Replay) {
         check_memory(&memory_need(args, bs, nblocks, nranks))?;
     }
-    let tmp;
-    let root = match &args.dir {
-        Some(d) => d.clone(),
-        None => {
-            tmp = tempfile::Builder::new().prefix("tierkv-bench.").tempdir()?;
-            if args.keep {
-                tmp.keep()
-            } else {
-                let _ = TEMP_ROOT.set(tmp.path().to_path_buf());
-                tmp.path().to_path_buf()
-            }
-        }
-    };
+    let (root, _tmp) = run_root(args)?;
     let mut config = StoreConfig::new()
         .with_verify(args.verify)
         .with_direct_io(args.direct)
