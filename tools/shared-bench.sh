@@ -14,8 +14,9 @@ BS=${2:-262144}
 BLOCKS=${3:-256}
 ROUNDS=${TIERKV_SHARED_ROUNDS:-5}
 echo "machine: $(uname -r), $(nproc) cores; local: $(df -T "$LOCAL" | awk 'NR==2 {print $2, $1}')"
+source tools/bench-common.sh
 cargo bench --bench shared --no-run -q 2>/dev/null
-BIN=$(ls -t target/release/deps/shared-* | grep -v '\.d$' | head -1)
+BIN=$(ls -t "$(target_dir)"/release/deps/shared-* | grep -v '\.d$' | head -1)
 
 # fio: create + write BLOCKS files of BS with N jobs (each its own files), then read them.
 fio_puts() {
