@@ -867,6 +867,14 @@ impl BlockDir {
         )
     }
 
+    /// True if `.lock` names stores in shared mode (`mode=shared`, [`BlockDir::record_holder`]).
+    pub fn holder_is_shared(&self) -> bool {
+        self.read_control(LOCK_FILE)
+            .ok()
+            .flatten()
+            .is_some_and(|t| lock_field(&String::from_utf8_lossy(&t), "mode") == Some("shared"))
+    }
+
     /// Releases the worker lock.
     pub fn unlock(&self) -> rustix::io::Result<()> {
         if let Some(fd) = &*self.lock_file.lock().unwrap_or_else(|e| e.into_inner()) {
@@ -958,14 +966,21 @@ impl BlockDir {
         Ok(Some(out))
     }
 
-    /// The temp name a control file is written under: `.tmp.<name>.<node>.<pid>.<seq>`.
-    pub fn control_temp_name(&self, name: &str) -> String {
+    /// A temp name for `stem` (a block's file name or a control file's):
+    /// `.tmp.<stem>.<node>.<pid>.<seq>`. The sequence is this directory handle's, starting at
+    /// an unpredictable number, so two stores of one process (one node, one pid) differ.
+    pub fn temp_name(&self, stem: &str) -> String {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         format!(
-            "{TEMP_PREFIX}{name}.{:016x}.{}.{seq}",
+            "{TEMP_PREFIX}{stem}.{:016x}.{}.{seq}",
             node_id(),
             std::process::id()
         )
+    }
+
+    /// The temp name a control file is written under: `.tmp.<name>.<node>.<pid>.<seq>`.
+    pub fn control_temp_name(&self, name: &str) -> String {
+        self.temp_name(name)
     }
 
     /// Writes the control file `name` atomically: a new `O_EXCL | O_NOFOLLOW` temp file
@@ -1018,14 +1033,17 @@ fn regular_only(fd: OwnedFd, flags: OFlags) -> rustix::io::Result<Opened> {
     Ok(Opened::File(fd, Box::new(st)))
 }
 
+/// The value of the `key=value` line `k` of a `.lock` record (trimmed, 1 to 256 bytes).
+fn lock_field<'a>(text: &'a str, k: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
+        .map(str::trim)
+        .filter(|v| !v.is_empty() && v.len() <= 256)
+}
+
 /// Who holds a worker lock, from the `.lock` file's text (`pid=N` and `host=H` lines).
 fn lock_holder(text: &str) -> String {
-    let field = |k: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
-            .map(str::trim)
-            .filter(|v| !v.is_empty() && v.len() <= 256)
-    };
+    let field = |k: &str| lock_field(text, k);
     let who = match (field("pid"), field("host")) {
         (Some(p), Some(h)) => format!("pid {p} on {h}"),
         (Some(p), None) => format!("pid {p}"),

@@ -4,7 +4,7 @@
 //! `fdcache.rs` the open-file cache, `sweep.rs` the scan that rebuilds the index on open.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustix::fs::OFlags;
@@ -176,12 +176,11 @@ struct IoOptions {
     sharing: Sharing,
 }
 
-/// How puts publish: what the filesystem turned out to support, and the temp-name sequence.
+/// How puts publish: what the filesystem turned out to support.
 #[derive(Debug)]
 struct Publisher {
     tmpfile: AtomicBool,
     link_empty_path: AtomicBool,
-    temp_seq: AtomicU64,
 }
 
 /// The store's background threads.
@@ -448,14 +447,6 @@ impl Store {
             publish: Publisher {
                 tmpfile: AtomicBool::new(config.publish == Publish::Tmpfile),
                 link_empty_path: AtomicBool::new(true),
-                // Unpredictable per store: stores of one process share node and pid.
-                temp_seq: AtomicU64::new({
-                    use std::hash::{BuildHasher, Hasher};
-                    std::collections::hash_map::RandomState::new()
-                        .build_hasher()
-                        .finish()
-                        % 1_000_000_000_000
-                }),
             },
             threads: Background {
                 evictor: Mutex::new(None),
@@ -721,7 +712,7 @@ fn lock_shared_waiting(ns: &BlockDir) -> rustix::io::Result<bool> {
         if ns.try_lock_shared()? {
             return Ok(true);
         }
-        let shared_holder = ns.holder().starts_with("stores in shared mode");
+        let shared_holder = ns.holder_is_shared();
         let waited = start.elapsed();
         if waited > SHARED_OPEN_WAIT || (!shared_holder && waited > HOLDER_RECORD_GRACE) {
             return Ok(false);

@@ -224,10 +224,7 @@ impl Shared {
         let mut granted = 0;
         let (mut need_b, mut need_f) = (0u64, 0u64);
         for &est in estimates {
-            loop {
-                if self.fits(u, need_b + est, need_f + 1) {
-                    break;
-                }
+            while !self.fits(u, need_b + est, need_f + 1) {
                 let over_b = self
                     .limits
                     .max_bytes

@@ -253,13 +253,12 @@ fn scan_dir(
             EntryName::Temp if is_leaf => remove_temp(ns, &parent, rel, name, mode, r),
             EntryName::ControlTemp if level == 0 => remove_temp(ns, &parent, rel, name, mode, r),
             EntryName::Meta if level == 0 => {
-                if let Some(owner) = crate::layout::instance_stats_owner(name) {
-                    if mode.temps != TempRule::Keep
-                        && owner_gone(ns, &parent, name, owner, mode.temps)
-                        && ns.unlink_in(&parent, name, None).is_ok()
-                    {
-                        r.stale_instances += 1;
-                    }
+                let owner = crate::layout::instance_stats_owner(name);
+                if owner.is_some()
+                    && abandoned(ns, &parent, name, owner, mode.temps)
+                    && ns.unlink_in(&parent, name, None).is_ok()
+                {
+                    r.stale_instances += 1;
                 }
             }
             _ => r.foreign += 1,
@@ -267,22 +266,24 @@ fn scan_dir(
     }
 }
 
-/// True if the writer of `name` (owned by `owner`) is gone under `rule`.
-fn owner_gone(
+/// True if the file `name` (a temp file or a shared store's stats file), written by `owner`
+/// as its name says (`None`: a name of an earlier version, which says no owner), is abandoned
+/// under `rule`: under `OwnerGone`, its owner is a process of this node that is not alive, or
+/// the file is older than the lease.
+fn abandoned(
     ns: &BlockDir,
     parent: &Parent<'_>,
     name: &str,
-    owner: crate::layout::Owner,
+    owner: Option<crate::layout::Owner>,
     rule: TempRule,
 ) -> bool {
     match rule {
         TempRule::Keep => false,
         TempRule::All => true,
         TempRule::OwnerGone { lease } => {
-            if owner.node == Some(crate::ns::node_id()) && !crate::ns::pid_alive(owner.pid) {
-                return true;
-            }
-            older_than(ns, parent, name, lease)
+            owner.is_some_and(|o| {
+                o.node == Some(crate::ns::node_id()) && !crate::ns::pid_alive(o.pid)
+            }) || older_than(ns, parent, name, lease)
         }
     }
 }
@@ -302,15 +303,7 @@ fn older_than(ns: &BlockDir, parent: &Parent<'_>, name: &str, lease: std::time::
 /// True if the temp file `name` in `parent` is abandoned under `rule`: what a sweep would
 /// remove (for tools that clean a tree, e.g. `tierkv-stat --repair --sharing shared`).
 pub fn temp_abandoned(ns: &BlockDir, parent: &Parent<'_>, name: &str, rule: TempRule) -> bool {
-    match rule {
-        TempRule::Keep => false,
-        TempRule::All => true,
-        TempRule::OwnerGone { lease } => match Layout::temp_owner(name) {
-            Some(owner) => owner_gone(ns, parent, name, owner, rule),
-            // Control temps of earlier versions: by age alone.
-            None => older_than(ns, parent, name, lease),
-        },
-    }
+    abandoned(ns, parent, name, Layout::temp_owner(name), rule)
 }
 
 /// Counts a temp file, and removes it (if it is still a regular file) when the rule says
@@ -323,12 +316,11 @@ fn remove_temp(
     mode: Mode,
     r: &mut SweepReport,
 ) {
-    let gone = temp_abandoned(ns, parent, name, mode.temps);
     if mode.temps == TempRule::Keep {
         r.temp += 1;
         return;
     }
-    if !gone {
+    if !temp_abandoned(ns, parent, name, mode.temps) {
         r.temp_kept += 1;
         return;
     }

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::format::{HEADER_LEN, Header, PADDING, PAYLOAD_OFFSET};
 use crate::index::Offer;
 use crate::key::{BlockHash, BlockKey};
-use crate::layout::{RelPath, TEMP_PREFIX};
+use crate::layout::RelPath;
 use crate::ns::{Parent, join};
 
 /// A put in progress: its temp file and what it will be published as.
@@ -383,7 +383,7 @@ impl Inner {
         // A name that exists already (planted, or left by a crash): another sequence number.
         let mut tries = 0;
         let (temp_name, (parent, fd, anonymous)) = loop {
-            let name = self.temp_name(&rel);
+            let name = self.ns.temp_name(rel.file_name());
             match self.create_temp(&rel, &name, direct, mode) {
                 Err(Error::Io { source, .. })
                     if source.raw_os_error() == Some(Errno::EXIST.raw_os_error()) && tries < 16 =>
@@ -415,19 +415,6 @@ impl Inner {
             len: data.len(),
             device,
         })
-    }
-
-    /// A temp name for a put of the block at `rel`: `<prefix><64 hex>.<node>.<pid>.<seq>`,
-    /// the sequence starting at an unpredictable number per store (two stores of one process
-    /// share the node and pid).
-    fn temp_name(&self, rel: &RelPath) -> String {
-        let seq = self.publish.temp_seq.fetch_add(1, Ordering::Relaxed);
-        format!(
-            "{TEMP_PREFIX}{}.{:016x}.{}.{seq}",
-            rel.file_name(),
-            crate::ns::node_id(),
-            std::process::id()
-        )
     }
 
     /// Creates the file a put writes: an anonymous `O_TMPFILE` inode in the block's directory

@@ -334,14 +334,13 @@ fn instances_of(vdir: &Path, worker: &str, ns: &BlockDir, wr: &mut WorkerReport)
         });
     }
     let live_mode = |m: &str| wr.instances.iter().any(|i| i.live && i.sharing == m);
-    wr.sharing =
-        if live_mode("shared") || (wr.live && ns.holder().starts_with("stores in shared mode")) {
-            Some("shared".into())
-        } else if wr.live || live_mode("exclusive") {
-            Some("exclusive".into())
-        } else {
-            None
-        };
+    wr.sharing = if live_mode("shared") || (wr.live && ns.holder_is_shared()) {
+        Some("shared".into())
+    } else if wr.live || live_mode("exclusive") {
+        Some("exclusive".into())
+    } else {
+        None
+    };
     if let Ok(Some(text)) = ns.read_control(layout::USAGE_FILE) {
         let text = String::from_utf8_lossy(&text);
         let field = |k: &str| {
