@@ -374,7 +374,9 @@ impl Inner {
                 let check = match self.opts.verify {
                     VerifyMode::Always => true,
                     VerifyMode::Never => false,
-                    VerifyMode::OnOpen => !block.verified.load(Ordering::Relaxed),
+                    VerifyMode::OnOpen | VerifyMode::AfterReboot => {
+                        !block.verified.load(Ordering::Relaxed)
+                    }
                 };
                 if check {
                     if !block.header.verify(&buf[..len]) {
@@ -447,10 +449,33 @@ impl Inner {
                 if let Some(b) = &bounce {
                     buf[..len].copy_from_slice(&b[PAYLOAD_OFFSET as usize..expect]);
                 }
-                let verified = self.opts.verify != VerifyMode::Never;
-                if verified && !header.verify(&buf[..len]) {
-                    return Ok(self.corrupt(&key.hash, &rel, &fd, None, CorruptReason::Checksum));
-                }
+                let verified = match self.opts.verify {
+                    VerifyMode::Never => false,
+                    VerifyMode::Always | VerifyMode::OnOpen => {
+                        if !header.verify(&buf[..len]) {
+                            return Ok(self.corrupt(
+                                &key.hash,
+                                &rel,
+                                &fd,
+                                None,
+                                CorruptReason::Checksum,
+                            ));
+                        }
+                        true
+                    }
+                    VerifyMode::AfterReboot => {
+                        if !self.trusts(&header) && !header.verify(&buf[..len]) {
+                            return Ok(self.corrupt(
+                                &key.hash,
+                                &rel,
+                                &fd,
+                                None,
+                                CorruptReason::Checksum,
+                            ));
+                        }
+                        true
+                    }
+                };
                 self.fds.insert(
                     key.hash,
                     Arc::new(OpenBlock {
@@ -463,6 +488,17 @@ impl Inner {
                 Ok(Lookup::Hit(len))
             }
         }
+    }
+
+    /// True when `header`'s file needs no payload hash under [`VerifyMode::AfterReboot`]: it
+    /// was written on this machine since its current boot (counted in
+    /// `StoreStats::checksums_skipped`).
+    pub(super) fn trusts(&self, header: &crate::format::Header) -> bool {
+        let trusted = header.written_in_boot(self.boot.as_ref());
+        if trusted {
+            Counters::add(&self.counters.checksums_skipped, 1);
+        }
+        trusted
     }
 
     /// Handles a corrupt file: removes it if the path still names the same file, counts it,

@@ -239,7 +239,7 @@ impl Inner {
         if got != plan.len {
             return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
         }
-        let header = Header::for_payload(plan.hash, &payload[..plan.len]).encode();
+        let header = Header::for_payload(plan.hash, &payload[..plan.len], self.boot).encode();
         let mut head = self.bufs.take(PAYLOAD_OFFSET as usize);
         head[..HEADER_LEN].copy_from_slice(&header);
         head[HEADER_LEN..PAYLOAD_OFFSET as usize].fill(0);
@@ -309,7 +309,7 @@ impl Inner {
     fn plan_write<D: Source>(&self, key: &BlockKey, data: &D) -> Result<WritePlan<'_>> {
         // From GPU memory, the header is written once the payload is in the file.
         let header = match data.host() {
-            Some(d) => Header::for_payload(key.hash, d).encode(),
+            Some(d) => Header::for_payload(key.hash, d, self.boot).encode(),
             None => [0; HEADER_LEN],
         };
         let rel = self.layout.rel_path(&key.hash);
