@@ -31,6 +31,9 @@ pub(super) enum ReadPlan {
         head: Vec<u8>,
         tail: [u8; 1],
         bounce: Option<PooledBuf>,
+        /// `O_DIRECT` into an aligned caller's buffer: the header page goes here, the payload
+        /// straight into the caller's buffer (no bounce buffer, no copy).
+        direct_head: Option<PooledBuf>,
     },
 }
 
@@ -150,10 +153,16 @@ impl Inner {
                         head,
                         tail,
                         bounce,
+                        direct_head,
                         ..
-                    } => match bounce {
-                        Some(b) => IoRequest::read((*fd).as_fd(), 0, vec![IoSliceMut::new(b)]),
-                        None => IoRequest::read(
+                    } => match (bounce, direct_head) {
+                        (Some(b), _) => IoRequest::read((*fd).as_fd(), 0, vec![IoSliceMut::new(b)]),
+                        (None, Some(h)) => IoRequest::read(
+                            (*fd).as_fd(),
+                            0,
+                            vec![IoSliceMut::new(h), IoSliceMut::new(buf)],
+                        ),
+                        (None, None) => IoRequest::read(
                             (*fd).as_fd(),
                             0,
                             vec![
@@ -311,13 +320,25 @@ impl Inner {
             }
             Ok(Opened::File(fd, st)) => {
                 let size = st.st_size as u64;
-                let (head, bounce) = if self.opts.direct {
+                // O_DIRECT into a caller's buffer whose address and length are aligned: the
+                // header page into a pooled page, the payload in place. The file's length
+                // (from fstat, checked against the header) stands in for the spare byte
+                // that buffered reads use to see a file longer than its header says.
+                let in_place = buf_addr % DIRECT_ALIGN == 0 && buf_len % DIRECT_ALIGN == 0;
+                let (head, bounce, direct_head) = if !self.opts.direct {
+                    (vec![0u8; PAYLOAD_OFFSET as usize], None, None)
+                } else if in_place {
+                    (
+                        Vec::new(),
+                        None,
+                        Some(self.bufs.take(PAYLOAD_OFFSET as usize)),
+                    )
+                } else {
                     (
                         Vec::new(),
                         Some(self.bufs.take(PAYLOAD_OFFSET as usize + buf_len + 1)),
+                        None,
                     )
-                } else {
-                    (vec![0u8; PAYLOAD_OFFSET as usize], None)
                 };
                 ReadPlan::Fresh {
                     fd,
@@ -326,6 +347,7 @@ impl Inner {
                     head,
                     tail: [0],
                     bounce,
+                    direct_head,
                 }
             }
             Err(Errno::NOENT | Errno::NOTDIR) => {
@@ -399,11 +421,12 @@ impl Inner {
                 head,
                 tail,
                 bounce,
+                direct_head,
             } => {
                 let n = io.map_err(|e| Error::from_io(self.path(rel.as_str()), e))?;
-                let head_bytes: &[u8] = match &bounce {
-                    Some(b) => &b[..n.min(PAYLOAD_OFFSET as usize)],
-                    None => &head[..n.min(PAYLOAD_OFFSET as usize)],
+                let head_bytes: &[u8] = match (&bounce, &direct_head) {
+                    (Some(b), _) | (None, Some(b)) => &b[..n.min(PAYLOAD_OFFSET as usize)],
+                    (None, None) => &head[..n.min(PAYLOAD_OFFSET as usize)],
                 };
                 let header = match check_head(&key.hash, head_bytes) {
                     Ok(h) => h,

@@ -31,6 +31,9 @@ pub(super) struct WritePlan<'a> {
     pub fd: OwnedFd,
     pub header: [u8; HEADER_LEN],
     pub bounce: Option<PooledBuf>,
+    /// `O_DIRECT` from an aligned payload: the header and padding in an aligned page of the
+    /// store's, the payload written from the caller's memory (no bounce buffer, no copy).
+    pub head_page: Option<PooledBuf>,
     pub hash: BlockHash,
     pub len: usize,
     /// The payload comes from GPU memory: the engine writes it, then the header is computed
@@ -140,6 +143,14 @@ impl Inner {
                 let data = &items[which[*slot]].1;
                 reqs.push(match (&p.bounce, data.host(), data.device()) {
                     (Some(b), _, _) => IoRequest::write(p.fd.as_fd(), 0, vec![IoSlice::new(b)]),
+                    (None, Some(data), _) if p.head_page.is_some() => IoRequest::write(
+                        p.fd.as_fd(),
+                        0,
+                        vec![
+                            IoSlice::new(p.head_page.as_deref().expect("checked")),
+                            IoSlice::new(data),
+                        ],
+                    ),
                     (None, Some(data), _) => IoRequest::write(
                         p.fd.as_fd(),
                         0,
@@ -326,15 +337,34 @@ impl Inner {
         };
         let mode = Mode::from_raw_mode(FILE_MODE);
         let (parent, fd, anonymous) = self.create_temp(&rel, &temp_name, direct, mode)?;
-        let bounce = data.host().filter(|_| self.opts.direct).map(|data| {
-            let total = PAYLOAD_OFFSET as usize + data.len();
-            let mut b = self.bufs.take(total);
-            b[..HEADER_LEN].copy_from_slice(&header);
-            // A reused buffer holds old bytes: the padding must be zero.
-            b[HEADER_LEN..PAYLOAD_OFFSET as usize].fill(0);
-            b[PAYLOAD_OFFSET as usize..total].copy_from_slice(data);
-            b
-        });
+        // O_DIRECT from a payload whose address and length are page-aligned (an engine's KV
+        // pool): only the header page is the store's; else the whole file is copied into an
+        // aligned bounce buffer.
+        let aligned = |d: &[u8]| {
+            d.as_ptr() as usize % crate::buf::DIRECT_ALIGN == 0
+                && d.len() % crate::buf::DIRECT_ALIGN == 0
+        };
+        let head_page = data
+            .host()
+            .filter(|d| self.opts.direct && aligned(d))
+            .map(|_| {
+                let mut b = self.bufs.take(PAYLOAD_OFFSET as usize);
+                b[..HEADER_LEN].copy_from_slice(&header);
+                b[HEADER_LEN..].fill(0);
+                b
+            });
+        let bounce = data
+            .host()
+            .filter(|_| self.opts.direct && head_page.is_none())
+            .map(|data| {
+                let total = PAYLOAD_OFFSET as usize + data.len();
+                let mut b = self.bufs.take(total);
+                b[..HEADER_LEN].copy_from_slice(&header);
+                // A reused buffer holds old bytes: the padding must be zero.
+                b[HEADER_LEN..PAYLOAD_OFFSET as usize].fill(0);
+                b[PAYLOAD_OFFSET as usize..total].copy_from_slice(data);
+                b
+            });
         let device = data.device().is_some();
         Ok(WritePlan {
             rel,
@@ -344,6 +374,7 @@ impl Inner {
             fd,
             header,
             bounce,
+            head_page,
             hash: key.hash,
             len: data.len(),
             device,
