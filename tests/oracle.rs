@@ -151,6 +151,51 @@ fn corruptions(hex: &str, data: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
             ),
         ),
         (
+            "version 2, no checksum bit",
+            edit(
+                &|b| {
+                    b[8] = 2;
+                    b[12] = 2;
+                },
+                true,
+            ),
+        ),
+        (
+            "version 2, both checksum bits",
+            edit(
+                &|b| {
+                    b[8] = 2;
+                    b[12] = 5;
+                },
+                true,
+            ),
+        ),
+        (
+            "version 2, XXH3 with a checksum tail",
+            edit(
+                &|b| {
+                    b[8] = 2;
+                    b[12] = 4;
+                    let x = xxhash_rust::xxh3::xxh3_128(&b[4096..]).to_le_bytes();
+                    b[32..48].copy_from_slice(&x);
+                    b[48..64].fill(0);
+                    b[63] = 1;
+                },
+                true,
+            ),
+        ),
+        (
+            "version 2, XXH3 flag over a blake3 checksum",
+            edit(
+                &|b| {
+                    b[8] = 2;
+                    b[12] = 4;
+                    b[48..64].fill(0);
+                },
+                true,
+            ),
+        ),
+        (
             "version 2, reserved 112..120",
             edit(
                 &|b| {
@@ -261,6 +306,14 @@ fn the_default_mode_catches_a_block_torn_before_this_boot() {
             "version 2 from another boot",
             oracle::encode_block_v2(&hex, &data, other_boot),
         ),
+        ("version 2, blake3, from another boot", {
+            let mut b = oracle::encode_block(&hex, &data);
+            b[8] = 2;
+            b[12] = 3;
+            b[96..112].copy_from_slice(&other_boot);
+            reseal(&mut b);
+            b
+        }),
         ("version 1 (no boot id)", oracle::encode_block(&hex, &data)),
         ("version 2 without a boot id", {
             let mut b = oracle::encode_block(&hex, &data);

@@ -19,20 +19,35 @@ pub const OLDEST_BLOCK_VERSION: u16 = 1;
 pub const HEADER_LEN: usize = 128;
 /// Where the payload starts: 4 KiB, the `O_DIRECT` alignment of every common device.
 pub const PAYLOAD_OFFSET: u64 = 4096;
-/// Flag bit 0: the header carries the blake3 checksum of the payload (always set by writers).
+/// Flag bit 0: the header's checksum field is the blake3 of the payload (32 bytes): every
+/// version 1 file, and version 2 files of writers that chose it.
 pub const FLAG_PAYLOAD_BLAKE3: u32 = 1;
+/// Flag bit 2 (version 2): the header's checksum field is the XXH3-128 of the payload (seed 0,
+/// 16 bytes little-endian, then 16 zero bytes). What version 2 writers write: a torn payload
+/// (zeros or stale pages) is caught as surely, at several times blake3's speed; the key is the
+/// content address already, so the checksum needs no cryptographic strength.
+pub const FLAG_PAYLOAD_XXH3: u32 = 4;
 /// Flag bit 1 (version 2): bytes 96..112 hold the boot id of the machine that wrote the file
 /// (`/proc/sys/kernel/random/boot_id`). A file written since the current boot cannot have
 /// been torn by a machine crash (docs/format.md#which-crashes-need-the-checksum).
 pub const FLAG_WRITER_BOOT: u32 = 2;
-/// Flags a reader of this version understands (version 1 files know bit 0 alone).
-pub const KNOWN_FLAGS: u32 = FLAG_PAYLOAD_BLAKE3 | FLAG_WRITER_BOOT;
+/// Flags a reader of this version understands (version 1 files know bit 0 alone). Exactly one
+/// checksum bit (0 or 2) is set.
+pub const KNOWN_FLAGS: u32 = FLAG_PAYLOAD_BLAKE3 | FLAG_WRITER_BOOT | FLAG_PAYLOAD_XXH3;
 /// Payloads from this size up are hashed on several threads (blake3's `rayon` support): on
 /// the 2-core VM of docs/benchmarks.md it was faster from 256 KiB up.
 pub const PARALLEL_HASH_MIN: usize = 256 * 1024;
 
+/// The checksum field of a payload as version 2 writers write it: its XXH3-128
+/// ([`FLAG_PAYLOAD_XXH3`]).
+pub fn payload_xxh3(payload: &[u8]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out[..16].copy_from_slice(&twox_hash::XxHash3_128::oneshot(payload).to_le_bytes());
+    out
+}
+
 /// blake3 of a payload: on several threads for large payloads ([`PARALLEL_HASH_MIN`]).
-pub fn payload_hash(payload: &[u8]) -> [u8; 32] {
+pub fn payload_blake3(payload: &[u8]) -> [u8; 32] {
     if payload.len() >= PARALLEL_HASH_MIN {
         *blake3::Hasher::new()
             .update_rayon(payload)
@@ -104,9 +119,9 @@ impl Header {
     /// `writer_boot` (see [`crate::ns::boot_id`]).
     pub fn for_payload(key: BlockHash, payload: &[u8], writer_boot: Option<[u8; 16]>) -> Header {
         Header {
-            flags: FLAG_PAYLOAD_BLAKE3 | writer_boot.map_or(0, |_| FLAG_WRITER_BOOT),
+            flags: FLAG_PAYLOAD_XXH3 | writer_boot.map_or(0, |_| FLAG_WRITER_BOOT),
             payload_len: payload.len() as u64,
-            checksum: payload_hash(payload),
+            checksum: payload_xxh3(payload),
             key,
             writer_boot,
         }
@@ -170,7 +185,8 @@ impl Header {
         } else {
             KNOWN_FLAGS
         };
-        if flags & !known != 0 || flags & FLAG_PAYLOAD_BLAKE3 == 0 {
+        let sums = flags & (FLAG_PAYLOAD_BLAKE3 | FLAG_PAYLOAD_XXH3);
+        if flags & !known != 0 || (sums != FLAG_PAYLOAD_BLAKE3 && sums != FLAG_PAYLOAD_XXH3) {
             return Err(HeaderError::Field("flags"));
         }
         if u32::from_le_bytes(b[16..20].try_into().expect("4 bytes")) as u64 != PAYLOAD_OFFSET {
@@ -179,6 +195,9 @@ impl Header {
         let has_boot = flags & FLAG_WRITER_BOOT != 0;
         if b[20..24] != [0; 4] || b[112..120] != [0; 8] || (!has_boot && b[96..112] != [0; 16]) {
             return Err(HeaderError::Field("reserved"));
+        }
+        if sums == FLAG_PAYLOAD_XXH3 && b[48..64] != [0; 16] {
+            return Err(HeaderError::Field("checksum"));
         }
         let payload_len = u64::from_le_bytes(b[24..32].try_into().expect("8 bytes"));
         if payload_len > u64::MAX - PAYLOAD_OFFSET {
@@ -195,7 +214,62 @@ impl Header {
 
     /// True when `payload` matches the checksum.
     pub fn verify(&self, payload: &[u8]) -> bool {
-        payload.len() as u64 == self.payload_len && payload_hash(payload) == self.checksum
+        payload.len() as u64 == self.payload_len
+            && if self.flags & FLAG_PAYLOAD_XXH3 != 0 {
+                payload_xxh3(payload) == self.checksum
+            } else {
+                payload_blake3(payload) == self.checksum
+            }
+    }
+
+    /// A hasher for this file's checksum, for payloads read in pieces
+    /// ([`PayloadHasher::matches`] compares).
+    pub fn hasher(&self) -> PayloadHasher {
+        if self.flags & FLAG_PAYLOAD_XXH3 != 0 {
+            PayloadHasher::Xxh3(Box::new(twox_hash::XxHash3_128::new()))
+        } else {
+            PayloadHasher::Blake3(Box::default())
+        }
+    }
+}
+
+/// The checksum of a payload fed in pieces, of the kind a header names ([`Header::hasher`]).
+#[derive(Clone)]
+pub enum PayloadHasher {
+    /// blake3 ([`FLAG_PAYLOAD_BLAKE3`]).
+    Blake3(Box<blake3::Hasher>),
+    /// XXH3-128 ([`FLAG_PAYLOAD_XXH3`]).
+    Xxh3(Box<twox_hash::XxHash3_128>),
+}
+
+impl PayloadHasher {
+    /// Feeds the next bytes of the payload.
+    pub fn update(&mut self, bytes: &[u8]) {
+        match self {
+            PayloadHasher::Blake3(h) => {
+                h.update(bytes);
+            }
+            PayloadHasher::Xxh3(h) => h.write(bytes),
+        }
+    }
+
+    /// True when the bytes fed match `header`'s checksum.
+    pub fn matches(&self, header: &Header) -> bool {
+        let mut sum = [0u8; 32];
+        match self {
+            PayloadHasher::Blake3(h) => sum = *h.finalize().as_bytes(),
+            PayloadHasher::Xxh3(h) => sum[..16].copy_from_slice(&h.finish_128().to_le_bytes()),
+        }
+        sum == header.checksum
+    }
+}
+
+impl std::fmt::Debug for PayloadHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PayloadHasher::Blake3(_) => "PayloadHasher::Blake3",
+            PayloadHasher::Xxh3(_) => "PayloadHasher::Xxh3",
+        })
     }
 }
 
@@ -219,7 +293,12 @@ mod tests {
         let b = h.encode();
         assert_eq!(&b[..8], b"TKVBLOCK");
         assert_eq!(b[8..10], [2, 0]);
-        assert_eq!(b[12..16], 3u32.to_le_bytes());
+        assert_eq!(b[12..16], 6u32.to_le_bytes());
+        assert_eq!(
+            b[32..48],
+            twox_hash::XxHash3_128::oneshot(b"hello world").to_le_bytes()
+        );
+        assert_eq!(b[48..64], [0; 16]);
         assert_eq!(b[16..20], 4096u32.to_le_bytes());
         assert_eq!(b[96..112], [9; 16]);
         assert_eq!(b[112..120], [0; 8]);
@@ -232,10 +311,10 @@ mod tests {
         assert!(h.written_in_boot(Some(&[9; 16])));
         assert!(!h.written_in_boot(Some(&[8; 16])));
         assert!(!h.written_in_boot(None));
-        // A writer without a boot id writes flag bit 0 alone and zeros.
+        // A writer without a boot id writes the checksum bit alone and zeros.
         let anon = Header::for_payload(BlockHash([7; 32]), b"x", None);
         let b = anon.encode();
-        assert_eq!(b[12..16], 1u32.to_le_bytes());
+        assert_eq!(b[12..16], 4u32.to_le_bytes());
         assert_eq!(b[96..120], [0; 24]);
         assert_eq!(Header::decode(&b).unwrap(), anon);
         assert!(!anon.written_in_boot(Some(&[0; 16])));
@@ -244,12 +323,38 @@ mod tests {
     #[test]
     fn large_payloads_hash_on_threads_to_the_same_blake3() {
         let big: Vec<u8> = (0..PARALLEL_HASH_MIN * 3 + 17).map(|i| i as u8).collect();
-        assert_eq!(payload_hash(&big), *blake3::hash(&big).as_bytes());
-        let h = Header::for_payload(BlockHash([1; 32]), &big, None);
+        assert_eq!(payload_blake3(&big), *blake3::hash(&big).as_bytes());
+        // A blake3 file (version 1, or 2 with bit 0) verifies with blake3.
+        let mut h = Header::for_payload(BlockHash([1; 32]), &big, None);
+        h.flags = FLAG_PAYLOAD_BLAKE3;
+        h.checksum = *blake3::hash(&big).as_bytes();
         assert!(h.verify(&big));
         let mut bad = big.clone();
         bad[PARALLEL_HASH_MIN * 2 + 5] ^= 1;
         assert!(!h.verify(&bad));
+    }
+
+    #[test]
+    fn both_checksums_verify_whole_and_streamed() {
+        let data: Vec<u8> = (0..300_001u32).map(|i| (i * 7) as u8).collect();
+        let x = Header::for_payload(BlockHash([1; 32]), &data, None);
+        let mut b = x;
+        b.flags = FLAG_PAYLOAD_BLAKE3;
+        b.checksum = *blake3::hash(&data).as_bytes();
+        let mut torn = data.clone();
+        torn[8192..12288].fill(0);
+        for h in [x, b] {
+            assert!(h.verify(&data));
+            assert!(!h.verify(&torn));
+            assert!(!h.verify(&data[..data.len() - 1]));
+            for (bytes, good) in [(&data, true), (&torn, false)] {
+                let mut s = h.hasher();
+                for piece in bytes.chunks(65_536) {
+                    s.update(piece);
+                }
+                assert_eq!(s.matches(&h), good, "{:?}", h.hasher());
+            }
+        }
     }
 
     #[test]
@@ -324,12 +429,14 @@ mod tests {
             if self.header_len != 128 {
                 return Err(HeaderError::Field("header_len"));
             }
-            // Version 1 knows flag bit 0 alone (always set); version 2 bit 1 too.
-            let flags_ok = self.flags == 1 || (self.version == 2 && self.flags == 3);
+            // Version 1 knows flag bit 0 alone (always set); version 2 bits 1 and 2 too, with
+            // exactly one checksum bit (0: blake3, 2: XXH3-128).
+            let flags_ok =
+                self.flags == 1 || (self.version == 2 && [3, 4, 6].contains(&self.flags));
             if !flags_ok {
                 return Err(HeaderError::Field("flags"));
             }
-            let has_boot = self.flags == 3;
+            let has_boot = self.flags & 2 != 0;
             if self.payload_offset != 4096 {
                 return Err(HeaderError::Field("payload_offset"));
             }
@@ -338,6 +445,9 @@ mod tests {
                 || (!has_boot && self.boot != [0; 16])
             {
                 return Err(HeaderError::Field("reserved"));
+            }
+            if self.flags & 4 != 0 && self.checksum[16..] != [0; 16] {
+                return Err(HeaderError::Field("checksum"));
             }
             if self.payload_len > u64::MAX - 4096 {
                 return Err(HeaderError::Field("payload_len"));
@@ -382,14 +492,24 @@ mod tests {
         (
             field(2u16, vec![0, 1, 3, 256, 258, u16::MAX]),
             field(128u16, vec![0, 64, 127, 129, 256, 128 + 256]),
-            field(3u32, vec![0, 1, 2, 7, 1 << 31, 3 | 1 << 31, u32::MAX]),
+            field(
+                6u32,
+                vec![0, 1, 2, 3, 4, 5, 7, 1 << 31, 6 | 1 << 31, u32::MAX],
+            ),
             field(4096u32, vec![0, 128, 4095, 4097, 8192, 4096 + (1 << 24)]),
             one_byte_set::<4>(),
             field(
                 100u64,
                 vec![0, 1 << 40, u64::MAX - 4096, u64::MAX - 4095, u64::MAX],
             ),
-            any::<[u8; 32]>(),
+            prop_oneof![
+                3 => any::<[u8; 16]>().prop_map(|a| {
+                    let mut c = [0u8; 32];
+                    c[..16].copy_from_slice(&a);
+                    c
+                }),
+                1 => any::<[u8; 32]>(),
+            ],
             any::<[u8; 32]>(),
             prop_oneof![Just([0u8; 16]), any::<[u8; 16]>()],
             one_byte_set::<8>(),

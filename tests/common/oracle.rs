@@ -1,5 +1,6 @@
 //! An independent reader of a tierkv tree, written from docs/format.md alone: it does not use
-//! `tierkv::format`, `tierkv::layout` or `tierkv::key` (only the blake3 crate), so a change of
+//! `tierkv::format`, `tierkv::layout` or `tierkv::key` (only the blake3 crate, and xxhash-rust
+//! for XXH3-128, another implementation than the library's twox-hash), so a change of
 //! the store's writer *and* its reader (fields swapped in both, a wrong shard width in both)
 //! still fails the tests that inspect trees with it.
 //!
@@ -237,8 +238,9 @@ pub fn check_block_bytes(b: &[u8], name: &str) -> Result<(), String> {
     if &b[0..8] != MAGIC {
         return Err(format!("magic {:02x?}", &b[0..8]));
     }
-    // Version 1: flags 1, bytes 96..120 zero. Version 2: flags 1, or 3 with the writer's boot
-    // id in 96..112 (zero without bit 1), 112..120 zero.
+    // Version 1: flags 1 (blake3), bytes 96..120 zero. Version 2: one checksum bit (1 blake3,
+    // 4 XXH3-128), bit 2 (value 2) with the writer's boot id in 96..112 (zero without it),
+    // 112..120 zero.
     let version = u16_at(8);
     if version != 1 && version != 2 {
         return Err(format!("format version {version}"));
@@ -250,7 +252,7 @@ pub fn check_block_bytes(b: &[u8], name: &str) -> Result<(), String> {
         return Err(format!("header length {}", u16_at(10)));
     }
     let flags = u32_at(12);
-    if !(flags == 1 || (version == 2 && flags == 3)) {
+    if !(flags == 1 || (version == 2 && [3, 4, 6].contains(&flags))) {
         return Err(format!("flags {flags:#x} in version {version}"));
     }
     if u32_at(16) != 4096 {
@@ -264,6 +266,10 @@ pub fn check_block_bytes(b: &[u8], name: &str) -> Result<(), String> {
     }
     if b[112..120] != [0; 8] {
         return Err(format!("reserved bytes 112..120 {:02x?}", &b[112..120]));
+    }
+    let xxh3 = flags & 4 != 0;
+    if xxh3 && b[48..64] != [0; 16] {
+        return Err(format!("XXH3 checksum tail 48..64 {:02x?}", &b[48..64]));
     }
     let len = u64_at(24);
     if b.len() as u64 != PAYLOAD_AT as u64 + len {
@@ -284,7 +290,12 @@ pub fn check_block_bytes(b: &[u8], name: &str) -> Result<(), String> {
     if let Some(i) = b[HEADER_END..PAYLOAD_AT].iter().position(|&x| x != 0) {
         return Err(format!("padding byte {} is not zero", HEADER_END + i));
     }
-    if blake3::hash(&b[PAYLOAD_AT..]).as_bytes()[..] != b[32..64] {
+    let sum_ok = if xxh3 {
+        xxhash_rust::xxh3::xxh3_128(&b[PAYLOAD_AT..]).to_le_bytes()[..] == b[32..48]
+    } else {
+        blake3::hash(&b[PAYLOAD_AT..]).as_bytes()[..] == b[32..64]
+    };
+    if !sum_ok {
         return Err("payload checksum mismatch".into());
     }
     Ok(())
@@ -401,12 +412,14 @@ pub fn this_boot() -> [u8; 16] {
     id
 }
 
-/// A version 2 block file for `payload` under `hex`, written on the machine booted as
-/// `boot` (flags 3, the boot id in bytes 96..112).
+/// A version 2 block file for `payload` under `hex` as tierkv writes it, on the machine
+/// booted as `boot`: flags 6 (XXH3-128 in bytes 32..48, 48..64 zero; the boot id in 96..112).
 pub fn encode_block_v2(hex: &str, payload: &[u8], boot: [u8; 16]) -> Vec<u8> {
     let mut b = encode_block(hex, payload);
     b[8..10].copy_from_slice(&2u16.to_le_bytes());
-    b[12..16].copy_from_slice(&3u32.to_le_bytes());
+    b[12..16].copy_from_slice(&6u32.to_le_bytes());
+    b[32..48].copy_from_slice(&xxhash_rust::xxh3::xxh3_128(payload).to_le_bytes());
+    b[48..64].fill(0);
     b[96..112].copy_from_slice(&boot);
     let check = *blake3::hash(&b[0..120]).as_bytes();
     b[120..128].copy_from_slice(&check[..8]);
