@@ -30,7 +30,7 @@ t_json() {
 for bs in "${SIZES[@]}"; do
   bytes=$(python3 -c "s='$bs'; m={'k':1<<10,'m':1<<20}; print(int(s[:-1])*m[s[-1]])")
   n=$(( (1 << 30) / bytes ))
-  batch=64; [ "$bytes" -ge $((32 << 20)) ] && batch=16
+  batch=64; [ "$bytes" -ge $((32 << 20)) ] && batch=32
   d="$W/tree"; rm -rf "$d" "$W/big"
   $B --dir "$d" --rw write --bs "$bs" --nblocks "$n" --output-format json >/dev/null
   fio --name=lay --filename="$W/big" --size=1g --rw=write --bs=2m --direct=1 >/dev/null
