@@ -3,7 +3,8 @@
 # ring of depth 32 (each block: a temp file created, header and payload written in one
 # vectored write, renamed into place), buffered and O_DIRECT, against fio writing the same
 # files (one per block, created when fio opens it: --create_on_open, the same size as a block
-# file, one write each, io_uring at iodepth 32) and fio writing one large file of the same
+# file, one write each, io_uring at iodepth 32, from a page-aligned buffer as the store's are:
+# --iomem_align=4096) and fio writing one large file of the same
 # total size. Interleaved round by round; fio writes into a fresh directory, tierkv into a tree
 # whose shard directories exist (a store in steady state: the previous round's block files
 # removed, the directories kept); a last column gives tierkv into a fresh tree (each block's
@@ -46,10 +47,10 @@ for bs in "${SIZES[@]}"; do
       rm -rf "$W/f" "$W/big" "$W/fresh"; mkdir -p "$W/f"; sync
       same=$(fio --name=files --directory="$W/f" --nrfiles="$n" --filesize="${file_kib}k" \
                --bs="${file_kib}k" --rw=write --create_on_open=1 --fallocate=none \
-               --ioengine=io_uring --iodepth=32 --direct=$direct --output-format=json 2>/dev/null | fio_json)
+               --ioengine=io_uring --iodepth=32 --direct=$direct --iomem_align=4096 --output-format=json 2>/dev/null | fio_json)
       rm -rf "$W/f"; sync
       big=$(fio --name=big --filename="$W/big" --size="$(( n * file_kib ))k" --bs="${file_kib}k" \
-              --rw=write --fallocate=none --ioengine=io_uring --iodepth=32 --direct=$direct \
+              --rw=write --fallocate=none --ioengine=io_uring --iodepth=32 --direct=$direct --iomem_align=4096 \
               --output-format=json 2>/dev/null | fio_json)
       rm -f "$W/big"; sync
       t=$($B --dir "$W/t" --rw write --bs "$bs" --nblocks "$n" --batch "$batch" --iodepth 32 \

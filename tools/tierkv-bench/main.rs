@@ -203,6 +203,15 @@ struct Args {
     /// path, and fails the run. Off by default (it costs a comparison per byte read).
     #[arg(long)]
     verify_data: bool,
+    /// Block i of the run is block i + N of the worker's key space: a run with
+    /// `--key-offset N` after one with N blocks writes new blocks, not replacements (a full
+    /// store then evicts on every put).
+    #[arg(long, default_value_t = 0, conflicts_with = "verify_data")]
+    key_offset: u64,
+    /// fdatasync each block file before it is published, and its directory after (fio's
+    /// `--fdatasync=1`; the store's `sync_writes`).
+    #[arg(long)]
+    sync_writes: bool,
 }
 
 /// Blocks per store call unless `--batch` says otherwise: one request's worth of 16-token
@@ -560,6 +569,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
     let mut config = StoreConfig::new()
         .with_verify(args.verify)
         .with_direct_io(args.direct)
+        .with_sync_writes(args.sync_writes)
         .with_publish(args.publish)
         .with_engine(args.ioengine);
     if let Some(q) = args.iodepth {
@@ -654,7 +664,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
         let mut keys = Vec::new();
         keys.try_reserve_exact(usize::try_from(nblocks)?)
             .map_err(|_| UsageError(format!("no memory for the keys of {nblocks} blocks")))?;
-        keys.extend((0..nblocks).map(|i| store.key(block_hash(&namespace, i))));
+        keys.extend((0..nblocks).map(|i| store.key(block_hash(&namespace, i + args.key_offset))));
         let gens = verify::Gens::new(&root, id.as_str(), keys.len(), args.verify_data);
         ranks.push(Rank { store, keys, gens });
     }
