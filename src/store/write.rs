@@ -80,6 +80,10 @@ impl Source for DeviceMem {
 /// flight (docs/benchmarks.md#puts).
 pub(crate) const PARALLEL_PUT_MIN_BYTES: usize = 8 << 20;
 
+/// What steps 3 to 5 of a put batch made of one item: its slot, its offer, and its written
+/// temp file with the bytes it takes on disk, or the error.
+type FileOutcome<'s> = (usize, Offer, Result<(WritePlan<'s>, u64)>);
+
 /// A put's payload as the batch's threads share it: host bytes or GPU memory.
 #[derive(Clone, Copy)]
 pub(super) enum Payload<'a> {
@@ -254,7 +258,7 @@ impl Inner {
         &'s self,
         payloads: &[(&BlockKey, Payload<'_>)],
         todo: &[(usize, Offer)],
-    ) -> Vec<(usize, Offer, Result<(WritePlan<'s>, u64)>)> {
+    ) -> Vec<FileOutcome<'s>> {
         let mut out = Vec::with_capacity(todo.len());
         let mut plans: Vec<(usize, Offer, WritePlan)> = Vec::with_capacity(todo.len());
         for &(slot, offer) in todo {
