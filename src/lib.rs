@@ -55,4 +55,4 @@ pub use index::policy::PolicyKind;
 pub use key::{BlockHash, BlockKey, MAX_WORKER_ID_LEN, WorkerId};
 pub use layout::Layout;
 pub use offload::{OffloadConfig, Offloader, Payload};
-pub use store::{Lookup, Parts, Publish, Store, StoreConfig, StoreStats, VerifyMode};
+pub use store::{Lookup, Parts, Publish, Sharing, Store, StoreConfig, StoreStats, VerifyMode};

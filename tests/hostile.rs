@@ -106,24 +106,47 @@ fn item01_stats_temp_symlinks_never_write_outside() {
     std::os::unix::fs::symlink(&target, w.join(".STATS.json.tmp")).unwrap();
     std::os::unix::fs::symlink(&target, w.join("STATS.json")).unwrap();
     let pid = std::process::id();
+    // A shared store writes its own stats file, STATS.<node>.<pid>.json.
+    let node = format!("{:016x}", tierkv::ns::node_id());
+    let stats = if is_shared() {
+        format!("STATS.{node}.{pid}.json")
+    } else {
+        "STATS.json".to_string()
+    };
+    std::os::unix::fs::symlink(&target, w.join(&stats)).ok();
     for seq in 0..64 {
-        std::os::unix::fs::symlink(&target, w.join(format!(".tmp.STATS.json.{pid}.{seq}")))
-            .unwrap();
+        for name in [
+            format!(".tmp.{stats}.{pid}.{seq}"),
+            format!(".tmp.{stats}.{node}.{pid}.{seq}"),
+        ] {
+            std::os::unix::fs::symlink(&target, w.join(name)).unwrap();
+        }
     }
     let store = Store::open(
         root.path(),
         worker("0"),
-        StoreConfig::new().with_stats_interval(Some(Duration::from_millis(5))),
+        common::cfg().with_stats_interval(Some(Duration::from_millis(5))),
     )
     .unwrap();
     fill(&store, 10, 1000);
     std::thread::sleep(Duration::from_millis(50));
+    if is_shared() {
+        // Replaced by the store's own file while it runs (it is removed at close).
+        assert!(is_regular(&w.join(&stats)), "{stats} replaced by a file");
+    }
     drop(store);
     assert_eq!(
         std::fs::read(&target).unwrap(),
         b"keep",
         "outside file written"
     );
+    if is_shared() {
+        assert!(
+            !w.join(&stats).exists(),
+            "a shared store's stats file goes at close"
+        );
+        return;
+    }
     assert!(
         is_regular(&w.join("STATS.json")),
         "STATS.json replaced by a file"
@@ -349,7 +372,7 @@ fn item05_fifos_and_devices_are_never_read_nor_removed() {
     assert_ne!(o.status.code(), Some(0), "{}", text(&o));
     let rp = root.path().to_path_buf();
     within(10, "Store::open with a FIFO at STATS.json", move || {
-        Store::open(&rp, worker("0"), StoreConfig::new()).map(drop)
+        Store::open(&rp, worker("0"), common::cfg()).map(drop)
     })
     .unwrap();
     std::fs::remove_file(w.join("LAYOUT")).unwrap();
@@ -703,6 +726,16 @@ fn item13_deleting_the_lock_file_does_not_unlock() {
     let root = tempfile::tempdir().unwrap();
     let store = Store::open(root.path(), worker("0"), quiet()).unwrap();
     std::fs::remove_file(store.dir().join(".lock")).unwrap();
+    if is_shared() {
+        // Shared stores share the worker; an exclusive one is still kept out.
+        drop(Store::open(root.path(), worker("0"), quiet()).unwrap());
+        let exclusive = quiet().with_sharing(tierkv::Sharing::Exclusive);
+        assert!(matches!(
+            Store::open(root.path(), worker("0"), exclusive),
+            Err(Error::WorkerBusy { .. })
+        ));
+        return;
+    }
     match Store::open(root.path(), worker("0"), quiet()) {
         Err(Error::WorkerBusy { holder, .. }) => {
             assert!(
@@ -871,11 +904,7 @@ fn item18_a_read_only_tree_serves_reads() {
     drop(store);
     fs.remount(true);
     let r = Store::open(fs.path(), worker("0"), quiet());
-    let ro = Store::open(
-        fs.path(),
-        worker("0"),
-        StoreConfig::new().with_read_only(true),
-    );
+    let ro = Store::open(fs.path(), worker("0"), common::cfg().with_read_only(true));
     let hit = ro
         .as_ref()
         .map(|s| s.get(&ks[2], &mut vec![0u8; 3000]).unwrap().is_hit())
@@ -1023,12 +1052,24 @@ fn ns_faults_surface_as_errors_that_name_their_path() {
         other => panic!("{other:?}"),
     }
     assert!(store.get(&ks[2], &mut buf).unwrap().is_hit());
-    // EIO on rename: the put fails, its temp file is gone, the old block is kept.
+    // EIO on rename: the put fails, its temp file is gone, the old block is kept. (Shared,
+    // a present block is never rewritten: the put of a new one fails, and it stays absent.)
     faults.fail(NsOp::Rename, rustix::io::Errno::IO, 0, 1);
-    assert!(matches!(
-        store.put(&ks[3], &payload(3, 9, 1000)),
-        Err(Error::Io { .. })
-    ));
+    if is_shared() {
+        let fresh = store.key(hash(1000));
+        assert!(matches!(
+            store.put(&fresh, &payload(1000, 0, 1000)),
+            Err(Error::Io { .. })
+        ));
+        assert!(temp_files_under(store.dir()).is_empty());
+        assert_eq!(store.get(&fresh, &mut buf).unwrap(), Lookup::Miss);
+    }
+    assert!(
+        matches!(
+            store.put(&ks[3], &payload(3, 9, 1000)),
+            Err(Error::Io { .. })
+        ) || is_shared()
+    );
     assert!(temp_files_under(store.dir()).is_empty());
     assert!(store.get(&ks[3], &mut buf).unwrap().is_hit());
     assert_eq!(buf, payload(3, 0, 1000));

@@ -12,6 +12,7 @@ cd "$(dirname "$0")/.."
 if [ "${CI:-}" = "true" ]; then
   export TIERKV_REQUIRE_PRIVILEGED_TESTS=1
   export TIERKV_REQUIRE_NIXL=1
+  export TIERKV_REQUIRE_DFS=1
 fi
 
 for c in rustfmt clippy; do
@@ -48,7 +49,24 @@ echo "== tests"
 # Skipped tests append a line here (tests/common's `skip`): printed below, never silent.
 SKIPS=target/test-skips.txt
 rm -f "$SKIPS"
+# The multi-node tests (tests/shared_dfs.rs) run on a GlusterFS volume that two network
+# namespaces mount (tools/dfs.sh, root only); it is torn down whatever happens.
+if [ "$(id -u)" = 0 ]; then
+  trap 'tools/dfs.sh down >/dev/null 2>&1 || true' EXIT
+  tools/dfs.sh down >/dev/null 2>&1 || true
+  DFS_MOUNTS=$(tools/dfs.sh up)
+  TIERKV_DFS_N1=$(awk '$1 == "n1" { print $2 }' <<<"$DFS_MOUNTS")
+  TIERKV_DFS_N2=$(awk '$1 == "n2" { print $2 }' <<<"$DFS_MOUNTS")
+  TIERKV_DFS_SH="$PWD/tools/dfs.sh"
+  export TIERKV_DFS_N1 TIERKV_DFS_N2 TIERKV_DFS_SH
+fi
 cargo test -q --all-features
+if [ "$(id -u)" = 0 ]; then
+  tools/dfs.sh down
+  trap - EXIT
+fi
+echo "== the hostile-tree and semantics suites against shared stores (TIERKV_TEST_SHARING=shared)"
+TIERKV_TEST_SHARING=shared cargo test -q --all-features --test hostile --test semantics
 echo "== whole-trace policy replays (optimised: src/index/policy)"
 cargo test -q --release --lib index::policy
 echo "== python (python/: the tierkv package built by maturin, its pytest suite)"

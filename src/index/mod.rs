@@ -146,10 +146,20 @@ pub(crate) struct IndexCounts {
 pub(crate) struct Index {
     state: Mutex<State>,
     limits: Limits,
+    /// False for a shared store: the capacity is the tree's (its ledger's), so the index
+    /// evicts only when asked ([`Index::evict_some`]); `limits` still size the policy.
+    enforce: bool,
 }
 
 impl Index {
-    pub fn new(limits: Limits, mut policy: Box<dyn Policy>) -> Self {
+    #[cfg(test)]
+    pub fn new(limits: Limits, policy: Box<dyn Policy>) -> Self {
+        Self::with_enforcement(limits, policy, true)
+    }
+
+    /// An index whose bound is kept elsewhere (`enforce: false`, a shared worker's ledger):
+    /// it never evicts by itself, and `limits` only tell the policy the capacity.
+    pub fn with_enforcement(limits: Limits, mut policy: Box<dyn Policy>, enforce: bool) -> Self {
         if let Some(files) = limits.max_files {
             policy.set_capacity_hint(files as usize);
         }
@@ -167,6 +177,7 @@ impl Index {
                 mean_bytes: 0.0,
             }),
             limits,
+            enforce,
         }
     }
 
@@ -478,6 +489,13 @@ impl Index {
         }
     }
 
+    /// A reserved put that must not be written after all (a shared capacity declined it):
+    /// dropped as by [`Index::abort`], and counted as not admitted.
+    pub fn decline(&self, hash: &BlockHash, offer: Offer) {
+        self.abort(hash, offer);
+        self.lock().not_admitted += 1;
+    }
+
     /// Adds a block found on disk (the rebuild on open; call oldest first).
     pub fn load(&self, hash: BlockHash, bytes: u64) {
         let mut st = self.lock();
@@ -533,6 +551,9 @@ impl Index {
     /// evicted files not yet unlinked, less `credit` (the victims the caller itself unlinks
     /// before it creates any file).
     fn over_disk(&self, st: &State, bytes: u64, files: u64, credit: (u64, u64)) -> bool {
+        if !self.enforce {
+            return false;
+        }
         let (max_b, max_f) = self.limits.scaled(1.0);
         let on_disk_b = (st.bytes + st.draining_bytes).saturating_sub(credit.0);
         let on_disk_f =
@@ -567,6 +588,21 @@ impl Index {
             }
         }
         true
+    }
+
+    /// Forgets the present blocks (not pinned, not being written) that are not in `found`
+    /// (a scan of the tree found their files gone: another store evicted them). Returns how
+    /// many.
+    pub fn forget_absent(&self, found: &std::collections::HashSet<BlockHash>) -> usize {
+        let gone: Vec<BlockHash> = {
+            let st = self.lock();
+            st.map
+                .iter()
+                .filter(|(h, e)| !found.contains(*h) && e.pins == 0 && !e.pending)
+                .map(|(h, _)| *h)
+                .collect()
+        };
+        gone.iter().filter(|h| self.forget(h)).count()
     }
 
     /// Removes a block (the user's `remove_many`) and, since they can no longer be reached,
@@ -616,6 +652,9 @@ impl Index {
 
     /// True when usage is above the high watermark.
     pub fn over_high(&self) -> bool {
+        if !self.enforce {
+            return false;
+        }
         let (hb, hf) = self.limits.scaled(self.limits.high);
         let st = self.lock();
         st.bytes > hb || st.map.len() as u64 > hf
@@ -642,8 +681,15 @@ impl Index {
     /// Evicts at least `bytes` (for ENOSPC below the configured capacity), never the blocks
     /// in `keep` (the ones the room is for).
     pub fn evict_bytes(&self, bytes: u64, keep: &[BlockHash]) -> Vec<Victim> {
+        self.evict_some(bytes, 0, keep)
+    }
+
+    /// Evicts at least `bytes` and `files` (or all it can), never the blocks in `keep`: room
+    /// under a capacity kept elsewhere (a shared worker's ledger).
+    pub fn evict_some(&self, bytes: u64, files: u64, keep: &[BlockHash]) -> Vec<Victim> {
         let mut st = self.lock();
         let target = st.bytes.saturating_sub(bytes);
+        let target_files = (st.map.len() as u64).saturating_sub(files);
         let mut pinned = Vec::new();
         for h in keep {
             if let Some(e) = st.map.get_mut(h) {
@@ -651,7 +697,9 @@ impl Index {
                 pinned.push(*h);
             }
         }
-        let out = self.evict_locked(&mut st, (0, 0), |_, st, _| st.bytes > target);
+        let out = self.evict_locked(&mut st, (0, 0), |_, st, _| {
+            st.bytes > target || st.map.len() as u64 > target_files
+        });
         for h in pinned {
             if let Some(e) = st.map.get_mut(&h) {
                 e.pins -= 1;

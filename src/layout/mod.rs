@@ -19,13 +19,86 @@ pub const LAYOUT_FILE: &str = "LAYOUT";
 pub const LOCK_FILE: &str = ".lock";
 /// Live counters of the open store (JSON, rewritten atomically; docs/stat.md).
 pub const STATS_FILE: &str = "STATS.json";
-/// Prefix of temporary files: `<prefix><64 hex>.<pid>.<seq>` for a block being put, and
-/// `<prefix><control file>.<pid>.<seq>` for a control file being rewritten.
+/// Prefix of temporary files: `<prefix><64 hex>.<node>.<pid>.<seq>` for a block being put,
+/// and `<prefix><control file>.<node>.<pid>.<seq>` for a control file being rewritten (`node`:
+/// 16 hex characters, [`crate::ns::node_id`]; names without it are of earlier versions).
 pub const TEMP_PREFIX: &str = ".tmp.";
 /// The control files of a worker directory, which the store rewrites through temp names.
-pub const CONTROL_FILES: [&str; 3] = [LAYOUT_FILE, LOCK_FILE, STATS_FILE];
+pub const CONTROL_FILES: [&str; 5] = [LAYOUT_FILE, LOCK_FILE, STATS_FILE, USAGE_FILE, FLOCK_FILE];
+/// The empty file the worker lock is held on besides the worker directory (`flock`), for
+/// filesystems whose directory locks do not reach other clients (docs/format.md).
+pub const FLOCK_FILE: &str = "FLOCK";
 /// Temp names of control files written by earlier versions (swept like any temp file).
 const LEGACY_CONTROL_TEMPS: [&str; 2] = [".STATS.json.tmp", ".tmp.layout."];
+/// The ledger of a shared worker's usage (bytes and files of its blocks), kept under a lock
+/// by every store that shares the worker (docs/format.md).
+pub const USAGE_FILE: &str = "USAGE";
+/// Prefix of a shared store's live counters: `STATS.<node>.<pid>.json`, one per store.
+pub const INSTANCE_STATS_PREFIX: &str = "STATS.";
+
+/// The process that wrote a temp file or an instance's stats file, as its name says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// The node ([`crate::ns::node_id`]): 16 hex characters. `None` for names of earlier
+    /// versions.
+    pub node: Option<u64>,
+    /// Its pid on that node.
+    pub pid: u32,
+}
+
+fn digits(x: &str) -> bool {
+    !x.is_empty() && x.len() <= 20 && x.bytes().all(|c| c.is_ascii_digit())
+}
+
+fn node_field(x: &str) -> Option<u64> {
+    (x.len() == 16 && x.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')))
+        .then(|| u64::from_str_radix(x, 16).ok())
+        .flatten()
+}
+
+/// `<TEMP_PREFIX><stem>.<node>.<pid>.<seq>` or `<TEMP_PREFIX><stem>.<pid>.<seq>`: the stem
+/// and the owner.
+fn parse_temp(name: &str) -> Option<(&str, Owner)> {
+    let rest = name.strip_prefix(TEMP_PREFIX)?;
+    let (rest, seq) = rest.rsplit_once('.')?;
+    let (rest, pid) = rest.rsplit_once('.')?;
+    if !digits(seq) || !digits(pid) {
+        return None;
+    }
+    let pid: u32 = pid.parse().ok()?;
+    if let Some((stem, node)) = rest.rsplit_once('.') {
+        if let Some(node) = node_field(node) {
+            return (!stem.is_empty()).then_some((
+                stem,
+                Owner {
+                    node: Some(node),
+                    pid,
+                },
+            ));
+        }
+    }
+    (!rest.is_empty()).then_some((rest, Owner { node: None, pid }))
+}
+
+/// The owner of a shared store's stats file `STATS.<node>.<pid>.json`, if `name` is one.
+pub fn instance_stats_owner(name: &str) -> Option<Owner> {
+    let rest = name
+        .strip_prefix(INSTANCE_STATS_PREFIX)?
+        .strip_suffix(".json")?;
+    let (node, pid) = rest.split_once('.')?;
+    let node = node_field(node)?;
+    digits(pid).then_some(())?;
+    Some(Owner {
+        node: Some(node),
+        pid: pid.parse().ok()?,
+    })
+}
+
+/// The name of the stats file of the shared store `pid` on `node`.
+pub fn instance_stats_name(node: u64, pid: u32) -> String {
+    format!("{INSTANCE_STATS_PREFIX}{node:016x}.{pid}.json")
+}
+
 /// Deepest supported shard tree.
 pub const MAX_DEPTH: u8 = 4;
 
@@ -132,7 +205,7 @@ impl Layout {
 
     /// Classifies a file name found in the tree.
     pub fn classify(name: &str) -> EntryName {
-        if CONTROL_FILES.contains(&name) {
+        if CONTROL_FILES.contains(&name) || instance_stats_owner(name).is_some() {
             return EntryName::Meta;
         }
         if name == LEGACY_CONTROL_TEMPS[0]
@@ -142,39 +215,29 @@ impl Layout {
         {
             return EntryName::ControlTemp;
         }
-        if let Some(rest) = name.strip_prefix(TEMP_PREFIX) {
-            // <control file>.<pid>.<seq>
-            for c in CONTROL_FILES {
-                if let Some((pid, seq)) = rest
-                    .strip_prefix(c)
-                    .and_then(|r| r.strip_prefix('.'))
-                    .and_then(|r| r.split_once('.'))
+        if name.starts_with(TEMP_PREFIX) {
+            return match parse_temp(name) {
+                Some((stem, _)) if BlockHash::from_hex(stem).is_ok() => EntryName::Temp,
+                Some((stem, _))
+                    if CONTROL_FILES.contains(&stem) || instance_stats_owner(stem).is_some() =>
                 {
-                    let digits = |x: &str| !x.is_empty() && x.bytes().all(|c| c.is_ascii_digit());
-                    if digits(pid) && digits(seq) {
-                        return EntryName::ControlTemp;
-                    }
+                    EntryName::ControlTemp
                 }
-            }
-            // <64 hex>.<pid>.<seq>
-            let mut parts = rest.split('.');
-            let ok = matches!(
-                (parts.next(), parts.next(), parts.next(), parts.next()),
-                (Some(h), Some(pid), Some(seq), None)
-                    if BlockHash::from_hex(h).is_ok()
-                        && !pid.is_empty() && pid.bytes().all(|c| c.is_ascii_digit())
-                        && !seq.is_empty() && seq.bytes().all(|c| c.is_ascii_digit())
-            );
-            return if ok {
-                EntryName::Temp
-            } else {
-                EntryName::Foreign
+                _ => EntryName::Foreign,
             };
         }
         match BlockHash::from_hex(name) {
             Ok(h) => EntryName::Block(h),
             Err(_) => EntryName::Foreign,
         }
+    }
+
+    /// Who wrote a temp file (a block's or a control file's), from its name: the node (for
+    /// names written since shared mode, `<stem>.<node>.<pid>.<seq>`) and the pid. `None` for
+    /// a name that is not a temp file, or an old one (`<stem>.<pid>.<seq>`, `.STATS.json.tmp`,
+    /// `.tmp.layout.<pid>`) that says no node.
+    pub fn temp_owner(name: &str) -> Option<Owner> {
+        parse_temp(name).map(|(_, owner)| owner)
     }
 
     /// The text of the layout file.
@@ -356,6 +419,50 @@ mod tests {
         assert_eq!(Layout::classify(".STATS.json.tmp"), EntryName::ControlTemp);
         assert_eq!(Layout::classify(".tmp.LAYOUT.1."), EntryName::Foreign);
         assert_eq!(Layout::classify(".tmp.notes.1.2"), EntryName::Foreign);
+    }
+
+    #[test]
+    fn names_of_shared_stores_say_their_owner() {
+        let hex = "0123456789abcdef".repeat(4);
+        let node = "00ff00ff00ff00ff";
+        let t = format!(".tmp.{hex}.{node}.12.3");
+        assert_eq!(Layout::classify(&t), EntryName::Temp);
+        let owner = Layout::temp_owner(&t).unwrap();
+        assert_eq!(owner.node, Some(0x00ff00ff00ff00ff));
+        assert_eq!(owner.pid, 12);
+        // Earlier names: no node.
+        let old = Layout::temp_owner(&format!(".tmp.{hex}.12.3")).unwrap();
+        assert_eq!((old.node, old.pid), (None, 12));
+        // A node field that is not 16 lowercase hex characters is not one.
+        for bad in ["00FF00FF00FF00FF", "00ff00ff00ff00f", "00ff00ff00ff00ffa"] {
+            let n = format!(".tmp.{hex}.{bad}.12.3");
+            assert_eq!(Layout::classify(&n), EntryName::Foreign, "{n}");
+        }
+        let stats = instance_stats_name(0x00ff00ff00ff00ff, 77);
+        assert_eq!(stats, format!("STATS.{node}.77.json"));
+        assert_eq!(Layout::classify(&stats), EntryName::Meta);
+        assert_eq!(
+            instance_stats_owner(&stats),
+            Some(Owner {
+                node: Some(0x00ff00ff00ff00ff),
+                pid: 77
+            })
+        );
+        assert_eq!(
+            Layout::classify(&format!(".tmp.{stats}.{node}.77.0")),
+            EntryName::ControlTemp
+        );
+        assert_eq!(
+            Layout::classify(&format!(".tmp.USAGE.{node}.7.0")),
+            EntryName::ControlTemp
+        );
+        assert_eq!(Layout::classify("USAGE"), EntryName::Meta);
+        assert_eq!(Layout::classify("STATS.x.77.json"), EntryName::Foreign);
+        assert_eq!(
+            Layout::classify("STATS.00ff00ff00ff00ff.json"),
+            EntryName::Foreign
+        );
+        assert_eq!(Layout::temp_owner("notes"), None);
     }
 
     #[test]

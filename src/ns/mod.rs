@@ -38,7 +38,7 @@ pub use fault::{NsFaults, NsOp};
 
 use crate::error::{Error, Result};
 use crate::format::FORMAT_VERSION;
-use crate::layout::{LOCK_FILE, TEMP_PREFIX};
+use crate::layout::{FLOCK_FILE, LOCK_FILE, TEMP_PREFIX, USAGE_FILE};
 
 /// Mode of directories the layer creates, as passed to `mkdir` (the umask applies).
 pub const DIR_MODE: u32 = 0o755;
@@ -143,6 +143,106 @@ impl Inode {
     }
 }
 
+/// The open usage ledger of a shared worker ([`BlockDir::open_ledger`]): a small file read
+/// and rewritten in place while its `flock` is held.
+#[derive(Debug)]
+pub struct Ledger {
+    fd: OwnedFd,
+    path: PathBuf,
+    /// Opened `O_DIRECT`: reads and writes are whole aligned [`LEDGER_LEN`] blocks.
+    direct: bool,
+    /// Threads of this process: `flock` on one open file does not exclude them.
+    local: std::sync::Mutex<()>,
+}
+
+/// A held ledger lock; released when dropped.
+#[derive(Debug)]
+pub struct LedgerGuard<'a> {
+    ledger: &'a Ledger,
+    _local: std::sync::MutexGuard<'a, ()>,
+}
+
+impl Ledger {
+    /// The ledger's path, for messages.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Takes the ledger's exclusive lock (blocking: every holder keeps it for one short
+    /// update).
+    pub fn lock(&self) -> Result<LedgerGuard<'_>> {
+        let local = self.local.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            match rustix::fs::flock(&self.fd, FlockOperation::LockExclusive) {
+                Ok(()) => {
+                    return Ok(LedgerGuard {
+                        ledger: self,
+                        _local: local,
+                    });
+                }
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(Error::from_io(&self.path, io_err(e))),
+            }
+        }
+    }
+}
+
+/// The ledger file's length: one 4 KiB block (the record, then NUL bytes), so it can be read
+/// and written `O_DIRECT`.
+pub const LEDGER_LEN: usize = 4096;
+
+impl LedgerGuard<'_> {
+    /// The ledger's record: its bytes up to the first NUL (at most [`LEDGER_LEN`]).
+    pub fn read(&self) -> Result<Vec<u8>> {
+        let mut buf = crate::buf::AlignedBuf::zeroed(LEDGER_LEN);
+        let mut n = 0;
+        loop {
+            match rustix::io::pread(&self.ledger.fd, &mut buf[n..], n as u64) {
+                Ok(0) => break,
+                Ok(k) => {
+                    n += k;
+                    // O_DIRECT reads whole blocks: one read is the file.
+                    if n == LEDGER_LEN || self.ledger.direct {
+                        break;
+                    }
+                }
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(Error::from_io(&self.ledger.path, io_err(e))),
+            }
+        }
+        let end = buf[..n].iter().position(|&b| b == 0).unwrap_or(n);
+        Ok(buf[..end].to_vec())
+    }
+
+    /// Rewrites the ledger with the record `bytes` (at most [`LEDGER_LEN`]), padded with NULs
+    /// to one block, in place, and `fdatasync`s it so the next holder on any client reads it.
+    pub fn write(&self, bytes: &[u8]) -> Result<()> {
+        let path = &self.ledger.path;
+        if bytes.len() > LEDGER_LEN {
+            return Err(Error::Config(format!(
+                "{}: a ledger record of {} bytes",
+                path.display(),
+                bytes.len()
+            )));
+        }
+        let mut buf = crate::buf::AlignedBuf::zeroed(LEDGER_LEN);
+        buf[..bytes.len()].copy_from_slice(bytes);
+        let fd = self.ledger.fd.as_fd();
+        let n = crate::engine::write_full(fd, 0, &mut [std::io::IoSlice::new(&buf)])
+            .map_err(|e| Error::from_io(path, e))?;
+        if n != LEDGER_LEN {
+            return Err(Error::from_io(path, std::io::ErrorKind::WriteZero.into()));
+        }
+        rustix::fs::fdatasync(fd).map_err(|e| Error::from_io(path, io_err(e)))
+    }
+}
+
+impl Drop for LedgerGuard<'_> {
+    fn drop(&mut self) {
+        let _ = rustix::fs::flock(&self.ledger.fd, FlockOperation::Unlock);
+    }
+}
+
 /// A parent directory of a name: the worker directory itself or a shard directory opened
 /// beneath it.
 #[derive(Debug)]
@@ -173,8 +273,48 @@ pub struct BlockDir {
     fd: OwnedFd,
     path: PathBuf,
     has_openat2: AtomicBool,
+    has_noreplace: AtomicBool,
     faults: Option<Arc<NsFaults>>,
     seq: AtomicU64,
+    /// The open [`FLOCK_FILE`], once the worker lock was taken.
+    lock_file: std::sync::Mutex<Option<OwnedFd>>,
+}
+
+/// This node's identity in names of temp and stats files: 64 bits of the blake3 hash of the
+/// host name, the kernel's boot id and the pid namespace. Processes with equal ids see each
+/// other's pids (so a temp file's owner can be checked with `kill(pid, 0)`); a reboot, another
+/// host or another pid namespace (a container) is another node.
+pub fn node_id() -> u64 {
+    static ID: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *ID.get_or_init(|| {
+        let mut h = blake3::Hasher::new();
+        h.update(host_name().as_bytes());
+        h.update(b"\0");
+        h.update(
+            std::fs::read("/proc/sys/kernel/random/boot_id")
+                .unwrap_or_default()
+                .as_slice(),
+        );
+        h.update(b"\0");
+        if let Ok(p) = std::fs::read_link("/proc/self/ns/pid") {
+            h.update(p.as_os_str().as_encoded_bytes());
+        }
+        let b = h.finalize();
+        u64::from_le_bytes(b.as_bytes()[..8].try_into().expect("8 bytes"))
+    })
+}
+
+/// True if a process `pid` exists on this node (`kill(pid, 0)`: alive unless `ESRCH`).
+pub fn pid_alive(pid: u32) -> bool {
+    let Ok(p) = i32::try_from(pid) else {
+        return false;
+    };
+    if p <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 sends nothing; kill only checks that the process exists.
+    let rc = unsafe { libc::kill(p, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// Splits `rel` into its directory part and its last component.
@@ -253,8 +393,10 @@ impl BlockDir {
             fd,
             path: wpath,
             has_openat2: AtomicBool::new(true),
+            has_noreplace: AtomicBool::new(true),
             faults,
             seq: AtomicU64::new(seed % 1_000_000_000_000),
+            lock_file: std::sync::Mutex::new(None),
         })
     }
 
@@ -460,18 +602,30 @@ impl BlockDir {
         name: &str,
         judged: Option<Inode>,
     ) -> rustix::io::Result<Unlinked> {
+        self.unlink_in_sized(parent, name, judged).map(|(u, _)| u)
+    }
+
+    /// As [`BlockDir::unlink_in`], with the bytes the removed file took on disk
+    /// (`st_blocks * 512` of the `fstatat` just before the unlink; 0 unless removed): what a
+    /// shared store's usage ledger gives back.
+    pub fn unlink_in_sized(
+        &self,
+        parent: &Parent<'_>,
+        name: &str,
+        judged: Option<Inode>,
+    ) -> rustix::io::Result<(Unlinked, u64)> {
         let st = match rustix::fs::statat(parent.as_fd(), name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) => st,
-            Err(Errno::NOENT) => return Ok(Unlinked::Missing),
+            Err(Errno::NOENT | Errno::STALE) => return Ok((Unlinked::Missing, 0)),
             Err(e) => return Err(e),
         };
         if FileKind::of_stat(&st) != FileKind::File || judged.is_some_and(|j| j != Inode::of(&st)) {
-            return Ok(Unlinked::Refused);
+            return Ok((Unlinked::Refused, 0));
         }
         self.check(NsOp::Unlink)?;
         match rustix::fs::unlinkat(parent.as_fd(), name, AtFlags::empty()) {
-            Ok(()) => Ok(Unlinked::Removed),
-            Err(Errno::NOENT) => Ok(Unlinked::Missing),
+            Ok(()) => Ok((Unlinked::Removed, st.st_blocks as u64 * 512)),
+            Err(Errno::NOENT | Errno::STALE) => Ok((Unlinked::Missing, 0)),
             Err(e) => Err(e),
         }
     }
@@ -479,14 +633,55 @@ impl BlockDir {
     /// Unlinks the regular file `rel` (see [`BlockDir::unlink_in`]). A missing directory on
     /// the way is [`Unlinked::Missing`]; a symlink on the way is [`Unlinked::Refused`].
     pub fn unlink_file(&self, rel: &str, judged: Option<Inode>) -> rustix::io::Result<Unlinked> {
+        self.unlink_file_sized(rel, judged).map(|(u, _)| u)
+    }
+
+    /// As [`BlockDir::unlink_file`], with the bytes the removed file took (see
+    /// [`BlockDir::unlink_in_sized`]).
+    pub fn unlink_file_sized(
+        &self,
+        rel: &str,
+        judged: Option<Inode>,
+    ) -> rustix::io::Result<(Unlinked, u64)> {
         let (dir, name) = split(rel);
         let parent = match self.parent(dir) {
             Ok(p) => p,
-            Err(Errno::NOENT | Errno::NOTDIR) => return Ok(Unlinked::Missing),
-            Err(Errno::LOOP | Errno::XDEV) => return Ok(Unlinked::Refused),
+            Err(Errno::NOENT | Errno::NOTDIR | Errno::STALE) => return Ok((Unlinked::Missing, 0)),
+            Err(Errno::LOOP | Errno::XDEV) => return Ok((Unlinked::Refused, 0)),
             Err(e) => return Err(e),
         };
-        self.unlink_in(&parent, name, judged)
+        self.unlink_in_sized(&parent, name, judged)
+    }
+
+    /// Links the name `from` as `to` in `parent`, failing with `EEXIST` if `to` exists: how
+    /// a shared store publishes a named temp file without replacing a block another store
+    /// published first (`renameat2(RENAME_NOREPLACE)` where the filesystem has it, else
+    /// `linkat` and the caller unlinks `from`). True if `from` is gone (renamed).
+    pub fn publish_noreplace_in(
+        &self,
+        parent: &Parent<'_>,
+        from: &str,
+        to: &str,
+    ) -> rustix::io::Result<bool> {
+        if self.has_noreplace.load(Ordering::Relaxed) {
+            self.check(NsOp::Rename)?;
+            match rustix::fs::renameat_with(
+                parent.as_fd(),
+                from,
+                parent.as_fd(),
+                to,
+                rustix::fs::RenameFlags::NOREPLACE,
+            ) {
+                Ok(()) => return Ok(true),
+                Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
+                    self.has_noreplace.store(false, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.check(NsOp::Link)?;
+        rustix::fs::linkat(parent.as_fd(), from, parent.as_fd(), to, AtFlags::empty())?;
+        Ok(false)
     }
 
     /// Lists the directory `dir` (relative; `""` = the worker directory), without `.` and
@@ -536,21 +731,131 @@ impl BlockDir {
     }
 
     /// Tries to take the worker lock: `flock(LOCK_EX | LOCK_NB)` on the worker directory
-    /// itself, which cannot be unlinked or replaced behind the holder's back. False if
-    /// another open descriptor holds it.
+    /// itself, which cannot be unlinked or replaced behind the holder's back, and on the
+    /// regular file [`FLOCK_FILE`] in it (created if missing, never rewritten): a distributed
+    /// filesystem may keep directory locks to one client (GlusterFS does) while it honours
+    /// file locks across clients. False if another open descriptor holds either.
     pub fn try_lock(&self) -> rustix::io::Result<bool> {
+        self.flock_both(FlockOperation::NonBlockingLockExclusive)
+    }
+
+    /// Tries to take the worker lock shared (`flock(LOCK_SH | LOCK_NB)` on the directory and
+    /// on [`FLOCK_FILE`]), as stores in shared mode do: they exclude an exclusive store, not
+    /// each other. False if an exclusive lock is held. A held exclusive lock is converted.
+    pub fn try_lock_shared(&self) -> rustix::io::Result<bool> {
+        self.flock_both(FlockOperation::NonBlockingLockShared)
+    }
+
+    fn flock_both(&self, op: FlockOperation) -> rustix::io::Result<bool> {
         self.check(NsOp::Lock)?;
-        match rustix::fs::flock(&self.fd, FlockOperation::NonBlockingLockExclusive) {
+        match rustix::fs::flock(&self.fd, op) {
+            Ok(()) => {}
+            Err(Errno::WOULDBLOCK) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        let mut lf = self.lock_file.lock().unwrap_or_else(|e| e.into_inner());
+        if lf.is_none() {
+            match self.open_lock_file() {
+                Ok(fd) => *lf = Some(fd),
+                Err(e) => {
+                    let _ = rustix::fs::flock(&self.fd, FlockOperation::Unlock);
+                    return Err(e);
+                }
+            }
+        }
+        let fd = lf.as_ref().expect("opened above");
+        match rustix::fs::flock(fd, op) {
             Ok(()) => Ok(true),
-            Err(Errno::WOULDBLOCK) => Ok(false),
-            Err(e) => Err(e),
+            Err(e) => {
+                let _ = rustix::fs::flock(&self.fd, FlockOperation::Unlock);
+                if e == Errno::WOULDBLOCK {
+                    Ok(false)
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+
+    /// Opens (creating) [`FLOCK_FILE`], a regular file: a symlink or FIFO there is `ELOOP` /
+    /// refused.
+    fn open_lock_file(&self) -> rustix::io::Result<OwnedFd> {
+        let top = Parent::Top(self.fd.as_fd());
+        let fd = match self.open_file(FLOCK_FILE, OFlags::RDONLY) {
+            Err(Errno::NOENT) => match self.create_in(
+                &top,
+                FLOCK_FILE,
+                OFlags::RDONLY,
+                Mode::from_raw_mode(FILE_MODE),
+            ) {
+                Ok(fd) => return Ok(fd),
+                Err(Errno::EXIST) => self.open_file(FLOCK_FILE, OFlags::RDONLY)?,
+                Err(e) => return Err(e),
+            },
+            r => r?,
+        };
+        match fd {
+            Opened::File(fd, _) => Ok(fd),
+            Opened::NotRegular(_) => Err(Errno::INVAL),
+        }
+    }
+
+    /// Opens (creating it if missing) the shared worker's usage ledger [`USAGE_FILE`], a
+    /// regular file beneath the worker directory (a symlink or FIFO there is refused).
+    ///
+    /// It is opened `O_DIRECT` where the filesystem allows it: no page cache of this client
+    /// (nor a distributed filesystem's client caches) may serve another client's older record
+    /// (GlusterFS's did, until it was; docs/shared.md).
+    pub fn open_ledger(&self) -> Result<Ledger> {
+        let path = self.full(USAGE_FILE);
+        let open = |flags: OFlags| match self.open_file(USAGE_FILE, flags) {
+            Err(Errno::NOENT) => {
+                let top = Parent::Top(self.fd.as_fd());
+                match self.create_in(&top, USAGE_FILE, flags, Mode::from_raw_mode(FILE_MODE)) {
+                    Ok(fd) => regular_only(fd, flags),
+                    // Created by another store meanwhile.
+                    Err(Errno::EXIST) => self.open_file(USAGE_FILE, flags),
+                    Err(e) => Err(e),
+                }
+            }
+            r => r,
+        };
+        let (fd, direct) = match open(OFlags::RDWR | OFlags::DIRECT) {
+            Err(Errno::INVAL | Errno::OPNOTSUPP) => (open(OFlags::RDWR), false),
+            r => (r, true),
+        };
+        match fd {
+            Ok(Opened::File(fd, _)) => Ok(Ledger {
+                fd,
+                path,
+                direct,
+                local: std::sync::Mutex::new(()),
+            }),
+            Ok(Opened::NotRegular(kind)) => Err(Error::Corrupt {
+                path,
+                reason: crate::error::CorruptReason::NotRegular(kind),
+            }),
+            Err(Errno::LOOP) => Err(Error::Corrupt {
+                path,
+                reason: crate::error::CorruptReason::NotRegular(FileKind::Symlink),
+            }),
+            Err(e) => Err(Error::from_io(path, io_err(e))),
         }
     }
 
     /// Records this process as the lock's holder in `.lock` (`pid=` and `host=` lines), for
     /// the next opener's `WorkerBusy` and for tierkv-stat.
-    pub fn record_holder(&self) -> Result<()> {
-        let who = format!("pid={}\nhost={}\n", std::process::id(), host_name());
+    ///
+    /// A store in shared mode adds `mode=shared` (the record names the last shared store to
+    /// open; each shared store also has its own stats file).
+    pub fn record_holder(&self, shared: bool) -> Result<()> {
+        let mode = if shared { "mode=shared\n" } else { "" };
+        let who = format!(
+            "pid={}\nhost={}\nnode={:016x}\n{mode}",
+            std::process::id(),
+            host_name(),
+            node_id()
+        );
         self.write_control(LOCK_FILE, who.as_bytes())
     }
 
@@ -564,14 +869,29 @@ impl BlockDir {
 
     /// Releases the worker lock.
     pub fn unlock(&self) -> rustix::io::Result<()> {
+        if let Some(fd) = &*self.lock_file.lock().unwrap_or_else(|e| e.into_inner()) {
+            let _ = rustix::fs::flock(fd, FlockOperation::Unlock);
+        }
         rustix::fs::flock(&self.fd, FlockOperation::Unlock)
     }
 
-    /// True if some other descriptor holds the worker lock (a store is running), checked
-    /// with a shared lock that is released at once.
+    /// True if some other descriptor holds the worker lock exclusively (an exclusive store
+    /// is running), checked with shared locks (on the directory and on [`FLOCK_FILE`]) that
+    /// are released at once. Stores in shared mode are seen by their stats files instead.
     pub fn is_locked_by_other(&self) -> rustix::io::Result<bool> {
         let probe = self.open_raw(".", OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
         match rustix::fs::flock(&probe, FlockOperation::NonBlockingLockShared) {
+            Ok(()) => {}
+            Err(Errno::WOULDBLOCK) => return Ok(true),
+            Err(e) => return Err(e),
+        }
+        let file = match self.open_file(FLOCK_FILE, OFlags::RDONLY) {
+            Ok(Opened::File(fd, _)) => fd,
+            // No lock file (a tree of an earlier version), or not ours: the directory said.
+            Ok(Opened::NotRegular(_)) | Err(Errno::NOENT | Errno::LOOP) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        match rustix::fs::flock(&file, FlockOperation::NonBlockingLockShared) {
             Ok(()) => Ok(false),
             Err(Errno::WOULDBLOCK) => Ok(true),
             Err(e) => Err(e),
@@ -638,10 +958,14 @@ impl BlockDir {
         Ok(Some(out))
     }
 
-    /// The temp name a control file is written under: `.tmp.<name>.<pid>.<seq>`.
+    /// The temp name a control file is written under: `.tmp.<name>.<node>.<pid>.<seq>`.
     pub fn control_temp_name(&self, name: &str) -> String {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        format!("{TEMP_PREFIX}{name}.{}.{seq}", std::process::id())
+        format!(
+            "{TEMP_PREFIX}{name}.{:016x}.{}.{seq}",
+            node_id(),
+            std::process::id()
+        )
     }
 
     /// Writes the control file `name` atomically: a new `O_EXCL | O_NOFOLLOW` temp file
@@ -702,14 +1026,20 @@ fn lock_holder(text: &str) -> String {
             .map(str::trim)
             .filter(|v| !v.is_empty() && v.len() <= 256)
     };
-    match (field("pid"), field("host")) {
+    let who = match (field("pid"), field("host")) {
         (Some(p), Some(h)) => format!("pid {p} on {h}"),
         (Some(p), None) => format!("pid {p}"),
         _ => "holder unknown".into(),
+    };
+    if field("mode") == Some("shared") {
+        format!("stores in shared mode (the last to open: {who})")
+    } else {
+        who
     }
 }
 
-fn host_name() -> String {
+/// The host name (`gethostname`), for messages and lock records.
+pub fn host_name() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: `buf` is valid for `buf.len()` bytes; gethostname writes at most that many and
     // we read only up to the first NUL within the buffer.

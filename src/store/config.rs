@@ -93,6 +93,54 @@ impl fmt::Display for Publish {
     }
 }
 
+/// Whether a store owns its worker directory alone or shares it with other stores (other
+/// processes, on this node or on other nodes that mount the same filesystem): docs/shared.md.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Sharing {
+    /// One store per worker directory (an exclusive `flock` on it): the index is the tree's
+    /// owner, so a key it does not hold is a miss without a system call. The default, for a
+    /// private local tree: it is the faster mode (docs/shared.md).
+    #[default]
+    Exclusive,
+    /// Many stores on one worker directory (each holds a shared `flock` on it). The index is
+    /// a cache of the tree: a key it does not hold is looked up in the tree (negative answers
+    /// are kept for [`StoreConfig::negative_ttl`]); puts never replace a present block (keys
+    /// are content addresses: the first file published wins); the capacity is one for the
+    /// tree, kept in the `USAGE` ledger file under a lock; temp files carry their owner's
+    /// node and pid, and a sweep removes only those whose owner is gone.
+    Shared,
+}
+
+impl FromStr for Sharing {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "exclusive" => Ok(Sharing::Exclusive),
+            "shared" => Ok(Sharing::Shared),
+            _ => Err(Error::Config(format!(
+                "unknown sharing mode {s:?}; use exclusive or shared"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Sharing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Sharing::Exclusive => "exclusive",
+            Sharing::Shared => "shared",
+        })
+    }
+}
+
+/// How long a shared store remembers that a key was absent from the tree (default 1 s): a
+/// block another store publishes is a hit here at most this long after it appears.
+pub const DEFAULT_NEGATIVE_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+/// How old a temp file of another node must be before a shared store's sweep removes it
+/// (default 10 minutes; a temp file of this node goes as soon as its process is gone).
+pub const DEFAULT_TEMP_LEASE: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Default largest block: 256 MiB.
 pub const DEFAULT_MAX_BLOCK_SIZE: usize = 256 << 20;
 /// Largest default open-file cache.
@@ -152,6 +200,14 @@ pub struct StoreConfig {
     /// evicts and removes nothing, writes no `STATS.json`; puts fail with
     /// [`Error::ReadOnly`]. The index holds the blocks present when the store opened.
     pub read_only: bool,
+    /// Alone or shared with other stores (default [`Sharing::Exclusive`]).
+    pub sharing: Sharing,
+    /// Shared mode: how long an absent key is remembered as absent (default
+    /// [`DEFAULT_NEGATIVE_TTL`]; zero: every miss asks the tree).
+    pub negative_ttl: std::time::Duration,
+    /// Shared mode: the age after which another node's temp files are taken as abandoned
+    /// (default [`DEFAULT_TEMP_LEASE`]).
+    pub temp_lease: std::time::Duration,
 }
 
 impl Default for StoreConfig {
@@ -174,6 +230,9 @@ impl Default for StoreConfig {
             stats_interval: Some(std::time::Duration::from_secs(1)),
             keep_temp_files: false,
             read_only: false,
+            sharing: Sharing::default(),
+            negative_ttl: DEFAULT_NEGATIVE_TTL,
+            temp_lease: DEFAULT_TEMP_LEASE,
         }
     }
 }
@@ -274,6 +333,24 @@ impl StoreConfig {
     /// Opens the tree read-only (see [`StoreConfig::read_only`]).
     pub fn with_read_only(mut self, on: bool) -> Self {
         self.read_only = on;
+        self
+    }
+
+    /// Shares the worker directory with other stores, or owns it alone (see [`Sharing`]).
+    pub fn with_sharing(mut self, sharing: Sharing) -> Self {
+        self.sharing = sharing;
+        self
+    }
+
+    /// Shared mode: how long a key found absent in the tree is taken as absent.
+    pub fn with_negative_ttl(mut self, ttl: std::time::Duration) -> Self {
+        self.negative_ttl = ttl;
+        self
+    }
+
+    /// Shared mode: the age after which another node's temp files are swept.
+    pub fn with_temp_lease(mut self, lease: std::time::Duration) -> Self {
+        self.temp_lease = lease;
         self
     }
 

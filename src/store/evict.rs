@@ -115,9 +115,10 @@ impl Inner {
             }
             self.fds.invalidate(&v.hash);
             let rel = self.layout.rel_path(&v.hash);
-            match self.ns.unlink_file(rel.as_str(), None) {
-                Ok(Unlinked::Removed | Unlinked::Missing) => {}
-                Ok(Unlinked::Refused) => tracing::warn!(
+            match self.ns.unlink_file_sized(rel.as_str(), None) {
+                Ok((Unlinked::Removed, bytes)) => self.freed(bytes),
+                Ok((Unlinked::Missing, _)) => {}
+                Ok((Unlinked::Refused, _)) => tracing::warn!(
                     path = %self.path(rel.as_str()).display(),
                     "an evicted block's name holds something else: left alone"
                 ),

@@ -16,7 +16,7 @@ use crate::format::PAYLOAD_OFFSET;
 use crate::index::Index;
 use crate::index::policy::Policy;
 use crate::key::{BlockHash, BlockKey, WorkerId};
-use crate::layout::{self, EntryName, LAYOUT_FILE, Layout};
+use crate::layout::{self, EntryName, FLOCK_FILE, LAYOUT_FILE, Layout};
 use crate::ns::{BlockDir, FileKind, NsFaults, Opened, Unlinked};
 
 mod async_api;
@@ -25,12 +25,16 @@ mod device;
 mod evict;
 mod fdcache;
 mod read;
+mod shared;
 mod stats;
 mod statsfile;
 pub mod sweep;
 mod write;
 
-pub use config::{DEFAULT_FD_CACHE_MAX, DEFAULT_MAX_BLOCK_SIZE, Publish, StoreConfig, VerifyMode};
+pub use config::{
+    DEFAULT_FD_CACHE_MAX, DEFAULT_MAX_BLOCK_SIZE, DEFAULT_NEGATIVE_TTL, DEFAULT_TEMP_LEASE,
+    Publish, Sharing, StoreConfig, VerifyMode,
+};
 pub(crate) use stats::Latency;
 pub use stats::{ErrorCounts, LatencySummary, StoreStats};
 pub use statsfile::LiveStats;
@@ -140,6 +144,8 @@ struct Inner {
     ns: BlockDir,
     /// Every data transfer goes through it.
     engine: Arc<dyn IoEngine>,
+    /// Shared mode's ledger and negative answers (`None`: exclusive).
+    shared: Option<shared::Shared>,
     /// Open descriptors of block files.
     fds: FdCache,
     /// What is stored, capacity, chains, the policy.
@@ -169,6 +175,8 @@ struct IoOptions {
     max_block: usize,
     /// Read-only: no worker lock is held, nothing is written.
     read_only: bool,
+    /// Exclusive or shared.
+    sharing: Sharing,
 }
 
 /// How puts publish: what the filesystem turned out to support, and the temp-name sequence.
@@ -204,10 +212,21 @@ impl Inner {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
+        if let Some(sh) = &self.shared {
+            if let Err(e) = sh.flush() {
+                tracing::warn!(error = %e, "could not write the usage ledger");
+            }
+        }
         if writer.is_some() {
             drop(writer);
-            // The last snapshot, marked closed.
-            self.write_live_stats(false, self.threads.stats_interval);
+            match &self.shared {
+                // The last snapshot, marked closed.
+                None => self.write_live_stats(false, self.threads.stats_interval),
+                // One file per shared store: it goes with the store.
+                Some(sh) => {
+                    let _ = self.ns.unlink_file(&sh.stats_name, None);
+                }
+            }
         }
         if !self.opts.read_only {
             if let Err(e) = self.ns.unlock() {
@@ -273,8 +292,23 @@ impl Store {
             BlockDir::open_with_faults(root.as_ref(), worker.as_str(), !read_only, parts.ns_faults)
                 .map_err(read_only_hint)?;
         let dir = ns.path().to_path_buf();
+        // Shared: alone if the exclusive lock is free (no store holds the worker, on any node
+        // that honours flock): then the tree's temp files are all abandoned and the ledger is
+        // set from the scan; the lock becomes shared once the store is open.
+        let mut alone = true;
         if !read_only {
-            match ns.try_lock() {
+            let got = match config.sharing {
+                Sharing::Exclusive => ns.try_lock(),
+                Sharing::Shared => ns.try_lock().and_then(|ex| {
+                    alone = ex;
+                    if ex {
+                        Ok(true)
+                    } else {
+                        lock_shared_waiting(&ns)
+                    }
+                }),
+            };
+            match got {
                 Ok(true) => {}
                 Ok(false) => {
                     return Err(Error::WorkerBusy {
@@ -282,14 +316,15 @@ impl Store {
                         holder: ns.holder(),
                     });
                 }
-                Err(e) => return Err(Error::from_io(&dir, io_err(e))),
+                // The directory's own flock does not fail: the lock file did.
+                Err(e) => return Err(Error::from_io(ns.full(FLOCK_FILE), io_err(e))),
             }
-            if let Err(e) = ns.record_holder() {
+            if let Err(e) = ns.record_holder(config.sharing == Sharing::Shared) {
                 let _ = ns.unlock();
                 return Err(read_only_hint(e));
             }
         }
-        Self::open_locked(ns, worker, &config, engine, policy)
+        Self::open_locked(ns, worker, &config, engine, policy, alone)
     }
 
     fn open_locked(
@@ -298,8 +333,10 @@ impl Store {
         config: &StoreConfig,
         engine: Arc<dyn IoEngine>,
         policy: Box<dyn Policy>,
+        alone: bool,
     ) -> Result<Store> {
         let read_only = config.read_only;
+        let shared_mode = config.sharing == Sharing::Shared && !read_only;
         let unlock = |ns: &BlockDir| {
             if !read_only {
                 let _ = ns.unlock();
@@ -313,7 +350,16 @@ impl Store {
             }
         };
         let started = std::time::Instant::now();
-        let mut report = sweep::sweep(&ns, layout, !config.keep_temp_files && !read_only, true);
+        let temps = if config.keep_temp_files || read_only {
+            sweep::TempRule::Keep
+        } else if shared_mode && !alone {
+            sweep::TempRule::OwnerGone {
+                lease: config.temp_lease,
+            }
+        } else {
+            sweep::TempRule::All
+        };
+        let mut report = sweep::sweep_with(&ns, layout, temps, true);
         for (p, e) in &report.errors {
             tracing::warn!(path = %p.display(), error = %e, "could not scan part of the tree");
         }
@@ -341,7 +387,8 @@ impl Store {
 
         // The index, oldest block first, so the policy's recency order is the files'.
         let limits = config.limits();
-        let index = Index::new(limits, policy);
+        // Shared, the capacity is the tree's: the ledger decides when the index evicts.
+        let index = Index::with_enforcement(limits, policy, !shared_mode);
         report
             .entries
             .sort_unstable_by_key(|e| (e.recency_ns, e.hash));
@@ -354,6 +401,32 @@ impl Store {
             "index rebuilt"
         );
 
+        let shared = if shared_mode {
+            let sh = match shared::Shared::new(&ns, limits, config.negative_ttl, config.temp_lease)
+                .and_then(|sh| {
+                    let found = shared::Usage {
+                        bytes: report.entries.iter().map(|e| e.bytes).sum(),
+                        files: report.entries.len() as u64,
+                    };
+                    match sh.read()? {
+                        // Another store keeps it: the temp files swept here were reserved.
+                        Some(_) if !alone => sh.freed(report.temp_bytes, report.temp),
+                        // Alone (or no valid record): the tree is what the scan found.
+                        _ => sh.reset(found)?,
+                    }
+                    sh.flush()?;
+                    Ok(sh)
+                }) {
+                Ok(sh) => sh,
+                Err(e) => {
+                    unlock(&ns);
+                    return Err(e);
+                }
+            };
+            Some(sh)
+        } else {
+            None
+        };
         let fd_cap = config.fd_cache_capacity();
         tracing::debug!(worker = %worker, %layout, fd_cache = fd_cap, engine = engine.name(), "store open");
         let stats_interval = config.stats_interval.filter(|_| !read_only);
@@ -362,6 +435,7 @@ impl Store {
             layout,
             ns,
             engine,
+            shared,
             fds: FdCache::new(fd_cap),
             index,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
@@ -372,11 +446,19 @@ impl Store {
                 sync_writes: config.sync_writes,
                 max_block: config.max_block_size(),
                 read_only,
+                sharing: config.sharing,
             },
             publish: Publisher {
                 tmpfile: AtomicBool::new(config.publish == Publish::Tmpfile),
                 link_empty_path: AtomicBool::new(true),
-                temp_seq: AtomicU64::new(0),
+                // Unpredictable per store: stores of one process share node and pid.
+                temp_seq: AtomicU64::new({
+                    use std::hash::{BuildHasher, Hasher};
+                    std::collections::hash_map::RandomState::new()
+                        .build_hasher()
+                        .finish()
+                        % 1_000_000_000_000
+                }),
             },
             threads: Background {
                 evictor: Mutex::new(None),
@@ -393,7 +475,7 @@ impl Store {
             path: inner.ns.path().to_path_buf(),
             source: std::io::Error::new(e.kind(), format!("could not start a store thread: {e}")),
         };
-        if !read_only && limits.is_bounded() && limits.high < 1.0 {
+        if !read_only && !shared_mode && limits.is_bounded() && limits.high < 1.0 {
             let ev = Evictor::spawn(Arc::downgrade(&inner)).map_err(thread_err)?;
             *inner
                 .threads
@@ -419,6 +501,20 @@ impl Store {
         }
         if stats_interval.is_some() {
             inner.write_live_stats(true, inner.threads.stats_interval);
+        }
+        if shared_mode && alone {
+            // Others may join now. flock converts a lock by dropping it first: a store that
+            // took the worker meanwhile is waited for, as at any shared open.
+            match lock_shared_waiting(&inner.ns) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(Error::WorkerBusy {
+                        path: inner.ns.path().to_path_buf(),
+                        holder: inner.ns.holder(),
+                    });
+                }
+                Err(e) => return Err(Error::from_io(inner.ns.path(), io_err(e))),
+            }
         }
         Ok(Store {
             _open: Arc::new(OpenGuard(inner.clone())),
@@ -612,6 +708,32 @@ impl Store {
     }
 }
 
+/// How long a shared store waits for another shared store that holds the worker lock
+/// exclusively while it opens (it scans the tree alone: on a large tree over a distributed
+/// filesystem, that takes a while).
+const SHARED_OPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+/// How long a lock holder may take to record itself before its record is believed.
+const HOLDER_RECORD_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Takes the worker lock shared. While it is held exclusively by a shared store that is
+/// opening (its `.lock` record says `mode=shared`), waits for it, up to [`SHARED_OPEN_WAIT`];
+/// an exclusive store's lock fails at once (after [`HOLDER_RECORD_GRACE`] for a record that
+/// may be stale).
+fn lock_shared_waiting(ns: &BlockDir) -> rustix::io::Result<bool> {
+    let start = std::time::Instant::now();
+    loop {
+        if ns.try_lock_shared()? {
+            return Ok(true);
+        }
+        let shared_holder = ns.holder().starts_with("stores in shared mode");
+        let waited = start.elapsed();
+        if waited > SHARED_OPEN_WAIT || (!shared_holder && waited > HOLDER_RECORD_GRACE) {
+            return Ok(false);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Reads the layout recorded in the worker directory, or records `wanted` (or the default)
 /// there. A directory that holds anything but control files and has no `LAYOUT` is refused:
 /// its files were laid out by someone else, and adopting a default would make every block
@@ -719,8 +841,14 @@ impl Inner {
 
     /// Opens the block file `rel` for data (regular files only; see [`BlockDir::open_file`]),
     /// retrying on EMFILE.
+    ///
+    /// `ESTALE` (a distributed filesystem's name that another node replaced or removed) is
+    /// retried once.
     fn open_block(&self, rel: &str, flags: OFlags) -> rustix::io::Result<Opened> {
-        self.retry_emfile(|| self.ns.open_file(rel, flags))
+        match self.retry_emfile(|| self.ns.open_file(rel, flags)) {
+            Err(Errno::STALE) => self.retry_emfile(|| self.ns.open_file(rel, flags)),
+            r => r,
+        }
     }
 
     fn read_flags(&self) -> OFlags {
@@ -750,6 +878,9 @@ impl Inner {
                 })
                 .collect();
         }
+        // Shared: a present block is never rewritten (another store may be reading it, and
+        // its key names its content).
+        let replace = replace && self.shared.is_none();
         let started = std::time::Instant::now();
         let all: Vec<usize> = (0..items.len()).collect();
         let mut results = self.put_batch(items, &all, replace, after);
@@ -842,6 +973,12 @@ impl Inner {
             evicted_bytes: ix.evicted_bytes,
             not_admitted: ix.not_admitted,
             nospace_retries: g(&c.nospace_retries),
+            tree_lookups: g(&c.tree_lookups),
+            tree_hits: g(&c.tree_hits),
+            negative_hits: g(&c.negative_hits),
+            published_by_others: g(&c.published_by_others),
+            shared_bytes: self.shared.as_ref().map(|s| s.last_usage().bytes),
+            shared_files: self.shared.as_ref().map(|s| s.last_usage().files),
             errors: c.errors(),
             get_latency: c.get_latency.summary(),
             put_latency: c.put_latency.summary(),
@@ -863,6 +1000,53 @@ impl Inner {
         }
     }
 
+    /// A block file this store removed (shared mode: the ledger counts it no more).
+    fn freed(&self, bytes: u64) {
+        if let Some(sh) = &self.shared {
+            sh.freed(bytes, 1);
+        }
+    }
+
+    /// Shared mode: scans the tree (at most every `shared::RESCAN_INTERVAL`) so the index
+    /// knows the blocks other stores put (as the oldest, by their files' times) and forgets
+    /// those gone; abandoned temp files are swept on the way. True if the scan ran.
+    pub(super) fn learn_tree(&self) -> bool {
+        let Some(sh) = &self.shared else {
+            return false;
+        };
+        if !sh.may_rescan() {
+            return false;
+        }
+        let mut report = sweep::sweep_with(
+            &self.ns,
+            self.layout,
+            sweep::TempRule::OwnerGone {
+                lease: sh.temp_lease,
+            },
+            true,
+        );
+        sh.freed(report.temp_bytes, report.temp);
+        report
+            .entries
+            .sort_unstable_by_key(|e| (e.recency_ns, e.hash));
+        let found: std::collections::HashSet<BlockHash> =
+            report.entries.iter().map(|e| e.hash).collect();
+        let mut learned = 0;
+        for e in &report.entries {
+            if !self.index.contains(&e.hash) {
+                self.index.load(e.hash, e.bytes);
+                learned += 1;
+            }
+        }
+        let stale = self.index.forget_absent(&found);
+        tracing::debug!(
+            learned,
+            stale,
+            "scanned the shared tree for blocks of other stores"
+        );
+        true
+    }
+
     fn stripe_of(&self, hash: &BlockHash) -> usize {
         hash.0[30] as usize % self.stripes.len()
     }
@@ -876,7 +1060,10 @@ impl Inner {
     fn contains(&self, key: &BlockKey) -> Result<bool> {
         self.check_key(key)?;
         if !self.index.contains(&key.hash) {
-            return Ok(false);
+            if !self.ask_tree(&key.hash) {
+                return Ok(false);
+            }
+            return self.contains_in_tree(key);
         }
         if let Some(block) = self.fds.get(&key.hash) {
             if rustix::fs::fstat(&block.fd).is_ok_and(|st| st.st_nlink > 0) {
@@ -900,6 +1087,30 @@ impl Inner {
         }
     }
 
+    /// Shared mode: whether the tree has a block file for a key the index does not hold (one
+    /// `stat`); a found block joins the index, an absent one is remembered as absent.
+    fn contains_in_tree(&self, key: &BlockKey) -> Result<bool> {
+        let rel = self.layout.rel_path(&key.hash);
+        match self.ns.stat(rel.as_str()) {
+            Ok(st)
+                if FileKind::of_stat(&st) == FileKind::File
+                    && st.st_size as u64 >= PAYLOAD_OFFSET =>
+            {
+                Counters::add(&self.counters.tree_hits, 1);
+                self.index.load(key.hash, st.st_blocks as u64 * 512);
+                Ok(true)
+            }
+            Ok(_) | Err(Errno::LOOP | Errno::XDEV) => Ok(false),
+            Err(Errno::NOENT | Errno::NOTDIR | Errno::STALE) => {
+                if let Some(sh) = &self.shared {
+                    sh.absent(key.hash);
+                }
+                Ok(false)
+            }
+            Err(e) => Err(Error::from_io(self.path(rel.as_str()), io_err(e))),
+        }
+    }
+
     fn remove(&self, key: &BlockKey) -> Result<bool> {
         self.check_key(key)?;
         let rel = self.layout.rel_path(&key.hash);
@@ -911,15 +1122,16 @@ impl Inner {
         }
         let removed = {
             let _stripe = self.lock_stripe(self.stripe_of(&key.hash));
-            let r = self.ns.unlink_file(rel.as_str(), None);
+            let r = self.ns.unlink_file_sized(rel.as_str(), None);
             self.fds.invalidate(&key.hash);
             match r {
-                Ok(Unlinked::Removed) => {
+                Ok((Unlinked::Removed, bytes)) => {
                     Counters::add(&self.counters.removes, 1);
+                    self.freed(bytes);
                     true
                 }
-                Ok(Unlinked::Missing) => false,
-                Ok(Unlinked::Refused) => {
+                Ok((Unlinked::Missing, _)) => false,
+                Ok((Unlinked::Refused, _)) => {
                     tracing::warn!(path = %self.path(rel.as_str()).display(), "not a regular file of this store: left alone");
                     false
                 }

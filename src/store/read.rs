@@ -223,11 +223,25 @@ impl Inner {
                     if p {
                         pinned.push(k.hash);
                     }
-                    p
+                    p || self.ask_tree(&k.hash)
                 })
             })
             .collect();
         (found, pinned)
+    }
+
+    /// Shared mode, a key the index does not hold: true if the tree must be asked (it is not
+    /// remembered as absent). Exclusive: false (the index owns the tree).
+    pub(super) fn ask_tree(&self, hash: &BlockHash) -> bool {
+        let Some(sh) = &self.shared else {
+            return false;
+        };
+        if sh.known_absent(hash) {
+            Counters::add(&self.counters.negative_hits, 1);
+            return false;
+        }
+        Counters::add(&self.counters.tree_lookups, 1);
+        true
     }
 
     /// Ends a get batch: counts its outcomes, tells the policy about the hits, unpins.
@@ -350,9 +364,13 @@ impl Inner {
                     direct_head,
                 }
             }
-            Err(Errno::NOENT | Errno::NOTDIR) => {
-                // Deleted behind the store's back.
+            Err(Errno::NOENT | Errno::NOTDIR | Errno::STALE) => {
+                // Deleted behind the store's back (or, shared, never put or evicted by
+                // another store).
                 self.forget_if_missing(&key.hash, &rel);
+                if let Some(sh) = &self.shared {
+                    sh.absent(key.hash);
+                }
                 ReadPlan::Done(Ok(Lookup::Miss))
             }
             Err(Errno::LOOP | Errno::XDEV) => {
@@ -499,6 +517,11 @@ impl Inner {
                         true
                     }
                 };
+                if self.shared.is_some() && !self.index.contains(&key.hash) {
+                    // Put by another store: the index learns it (as just used).
+                    Counters::add(&self.counters.tree_hits, 1);
+                    self.index.load(key.hash, align_up(size as usize) as u64);
+                }
                 self.fds.insert(
                     key.hash,
                     Arc::new(OpenBlock {
@@ -547,11 +570,15 @@ impl Inner {
         if self.opts.read_only {
             self.index.forget(hash);
         } else if let Ok(judged) = rustix::fs::fstat(fd).map(|st| Inode::of(&st)) {
-            match self.ns.unlink_file(rel.as_str(), Some(judged)) {
-                Ok(crate::ns::Unlinked::Removed | crate::ns::Unlinked::Missing) => {
+            match self.ns.unlink_file_sized(rel.as_str(), Some(judged)) {
+                Ok((crate::ns::Unlinked::Removed, bytes)) => {
+                    self.freed(bytes);
                     self.index.forget(hash);
                 }
-                Ok(crate::ns::Unlinked::Refused) => {}
+                Ok((crate::ns::Unlinked::Missing, _)) => {
+                    self.index.forget(hash);
+                }
+                Ok((crate::ns::Unlinked::Refused, _)) => {}
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %e, "could not remove corrupt block file");
                 }

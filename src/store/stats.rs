@@ -71,6 +71,20 @@ pub struct StoreStats {
     pub not_admitted: u64,
     /// Batches retried after ENOSPC below the capacity (after evicting).
     pub nospace_retries: u64,
+    /// Shared mode: lookups of keys the index did not hold that asked the tree.
+    pub tree_lookups: u64,
+    /// Shared mode: those that found a block (published by another store, or before this
+    /// one opened).
+    pub tree_hits: u64,
+    /// Shared mode: lookups answered "absent" by the negative cache, without a system call.
+    pub negative_hits: u64,
+    /// Shared mode: puts that found the block already published by another store (theirs
+    /// is kept; keys are content addresses).
+    pub published_by_others: u64,
+    /// Shared mode: the shared worker's usage as its ledger last said (bytes, files).
+    pub shared_bytes: Option<u64>,
+    /// See `shared_bytes`.
+    pub shared_files: Option<u64>,
     /// Errors returned, by kind.
     pub errors: ErrorCounts,
     /// Latency of `get_many` calls (whole batches).
@@ -202,6 +216,10 @@ pub(crate) struct Counters {
     pub fd_hits: AtomicU64,
     pub fd_misses: AtomicU64,
     pub nospace_retries: AtomicU64,
+    pub tree_lookups: AtomicU64,
+    pub tree_hits: AtomicU64,
+    pub negative_hits: AtomicU64,
+    pub published_by_others: AtomicU64,
     pub err_no_space: AtomicU64,
     pub err_emfile: AtomicU64,
     pub err_io: AtomicU64,

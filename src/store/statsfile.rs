@@ -35,8 +35,21 @@ pub struct LiveStats {
     pub policy: String,
     /// I/O engine.
     pub engine: String,
+    /// `exclusive` or `shared` (documents of earlier versions: exclusive).
+    #[serde(default = "exclusive")]
+    pub sharing: String,
+    /// The host the store runs on.
+    #[serde(default)]
+    pub host: String,
+    /// Its node id (16 hex characters; see `tierkv::ns::node_id`).
+    #[serde(default)]
+    pub node: String,
     /// The counters.
     pub stats: StoreStats,
+}
+
+fn exclusive() -> String {
+    "exclusive".into()
 }
 
 #[derive(Debug, Default)]
@@ -99,6 +112,12 @@ impl Inner {
     /// Writes `STATS.json` (atomically). Failures are logged, never returned: counters are
     /// a view, not data.
     pub(super) fn write_live_stats(&self, open: bool, interval: Duration) {
+        // The ledger's pending corrections go out with each tick too.
+        if let Some(sh) = &self.shared {
+            if let Err(e) = sh.flush() {
+                tracing::debug!(error = %e, "could not write the usage ledger");
+            }
+        }
         let doc = LiveStats {
             format: 1,
             worker: self.worker.to_string(),
@@ -112,11 +131,18 @@ impl Inner {
             layout_fanout: self.layout.fanout,
             policy: self.index.policy_name().to_string(),
             engine: self.engine.name().to_string(),
+            sharing: self.opts.sharing.to_string(),
+            host: crate::ns::host_name(),
+            node: format!("{:016x}", crate::ns::node_id()),
             stats: self.snapshot(),
         };
+        let name = self
+            .shared
+            .as_ref()
+            .map_or(STATS_FILE, |s| s.stats_name.as_str());
         let result = serde_json::to_vec_pretty(&doc)
             .map_err(|e| crate::Error::Config(format!("counters as JSON: {e}")))
-            .and_then(|bytes| self.ns.write_control(STATS_FILE, &bytes));
+            .and_then(|bytes| self.ns.write_control(name, &bytes));
         if let Err(e) = result {
             tracing::debug!(error = %e, "could not publish live counters");
         }

@@ -29,6 +29,12 @@ pub struct SweepReport {
     pub blocks: u64,
     /// Temp files removed (or found, when not removing).
     pub temp: u64,
+    /// Bytes on disk of the temp files removed.
+    pub temp_bytes: u64,
+    /// Temp files kept because their owner may still be writing them (shared mode).
+    pub temp_kept: u64,
+    /// Stats files of shared stores that are gone, removed.
+    pub stale_instances: u64,
     /// Files or directories that do not belong to the layout (left alone).
     pub foreign: u64,
     /// Symlinks anywhere in the tree (never followed, left alone).
@@ -47,6 +53,9 @@ impl SweepReport {
     fn merge(&mut self, o: SweepReport) {
         self.blocks += o.blocks;
         self.temp += o.temp;
+        self.temp_bytes += o.temp_bytes;
+        self.temp_kept += o.temp_kept;
+        self.stale_instances += o.stale_instances;
         self.foreign += o.foreign;
         self.symlinks += o.symlinks;
         self.misplaced += o.misplaced;
@@ -56,11 +65,28 @@ impl SweepReport {
     }
 }
 
+/// Which temp files a scan removes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TempRule {
+    /// None (they are counted).
+    Keep,
+    /// All of them: no other store can be writing (the worker lock is held exclusively).
+    All,
+    /// Those whose owner is gone (shared mode): a temp file of this node whose process is not
+    /// alive, and any temp file older than `lease` (another node's, or of a name without a
+    /// node). Stats files of shared stores that are gone go by the same rule.
+    OwnerGone {
+        /// The age after which a temp file is abandoned whoever wrote it.
+        lease: std::time::Duration,
+    },
+}
+
 /// How a scan treats what it finds.
 #[derive(Clone, Copy, Debug)]
 struct Mode {
     layout: Layout,
-    remove_temp: bool,
+    temps: TempRule,
     stat_blocks: bool,
 }
 
@@ -69,9 +95,24 @@ struct Mode {
 /// when `remove_temp`; stats every block file (size and times, for the index) when
 /// `stat_blocks`. Top-level shard directories are scanned by parallel threads.
 pub fn sweep(ns: &BlockDir, layout: Layout, remove_temp: bool, stat_blocks: bool) -> SweepReport {
+    let temps = if remove_temp {
+        TempRule::All
+    } else {
+        TempRule::Keep
+    };
+    sweep_with(ns, layout, temps, stat_blocks)
+}
+
+/// As [`sweep`], removing the temp files `temps` says.
+pub fn sweep_with(
+    ns: &BlockDir,
+    layout: Layout,
+    temps: TempRule,
+    stat_blocks: bool,
+) -> SweepReport {
     let mode = Mode {
         layout,
-        remove_temp,
+        temps,
         stat_blocks,
     };
     let mut report = SweepReport::default();
@@ -211,13 +252,69 @@ fn scan_dir(
             }
             EntryName::Temp if is_leaf => remove_temp(ns, &parent, rel, name, mode, r),
             EntryName::ControlTemp if level == 0 => remove_temp(ns, &parent, rel, name, mode, r),
-            EntryName::Meta if level == 0 => {}
+            EntryName::Meta if level == 0 => {
+                if let Some(owner) = crate::layout::instance_stats_owner(name) {
+                    if mode.temps != TempRule::Keep
+                        && owner_gone(ns, &parent, name, owner, mode.temps)
+                        && ns.unlink_in(&parent, name, None).is_ok()
+                    {
+                        r.stale_instances += 1;
+                    }
+                }
+            }
             _ => r.foreign += 1,
         }
     }
 }
 
-/// Counts a temp file, and removes it (if it is still a regular file) when asked.
+/// True if the writer of `name` (owned by `owner`) is gone under `rule`.
+fn owner_gone(
+    ns: &BlockDir,
+    parent: &Parent<'_>,
+    name: &str,
+    owner: crate::layout::Owner,
+    rule: TempRule,
+) -> bool {
+    match rule {
+        TempRule::Keep => false,
+        TempRule::All => true,
+        TempRule::OwnerGone { lease } => {
+            if owner.node == Some(crate::ns::node_id()) && !crate::ns::pid_alive(owner.pid) {
+                return true;
+            }
+            older_than(ns, parent, name, lease)
+        }
+    }
+}
+
+/// True if `name`'s modification time is more than `lease` ago.
+fn older_than(ns: &BlockDir, parent: &Parent<'_>, name: &str, lease: std::time::Duration) -> bool {
+    let Ok(st) = ns.stat_in(parent, name) else {
+        return false;
+    };
+    let mtime = std::time::UNIX_EPOCH
+        + std::time::Duration::new(st.st_mtime.max(0) as u64, st.st_mtime_nsec as u32);
+    std::time::SystemTime::now()
+        .duration_since(mtime)
+        .is_ok_and(|age| age > lease)
+}
+
+/// True if the temp file `name` in `parent` is abandoned under `rule`: what a sweep would
+/// remove (for tools that clean a tree, e.g. `tierkv-stat --repair --sharing shared`).
+pub fn temp_abandoned(ns: &BlockDir, parent: &Parent<'_>, name: &str, rule: TempRule) -> bool {
+    match rule {
+        TempRule::Keep => false,
+        TempRule::All => true,
+        TempRule::OwnerGone { lease } => match Layout::temp_owner(name) {
+            Some(owner) => owner_gone(ns, parent, name, owner, rule),
+            // Control temps of earlier versions: by age alone.
+            None => older_than(ns, parent, name, lease),
+        },
+    }
+}
+
+/// Counts a temp file, and removes it (if it is still a regular file) when the rule says
+/// its owner is gone.
 fn remove_temp(
     ns: &BlockDir,
     parent: &Parent<'_>,
@@ -226,14 +323,21 @@ fn remove_temp(
     mode: Mode,
     r: &mut SweepReport,
 ) {
+    let gone = temp_abandoned(ns, parent, name, mode.temps);
+    if mode.temps == TempRule::Keep {
+        r.temp += 1;
+        return;
+    }
+    if !gone {
+        r.temp_kept += 1;
+        return;
+    }
     r.temp += 1;
-    if mode.remove_temp {
-        match ns.unlink_in(parent, name, None) {
-            Ok(_) => {}
-            Err(e) => {
-                r.errors
-                    .push((ns.full(&crate::ns::join(rel, name)), io_err(e).to_string()));
-            }
+    match ns.unlink_in_sized(parent, name, None) {
+        Ok((_, bytes)) => r.temp_bytes += bytes,
+        Err(e) => {
+            r.errors
+                .push((ns.full(&crate::ns::join(rel, name)), io_err(e).to_string()));
         }
     }
 }

@@ -41,6 +41,15 @@ pub(super) struct WritePlan<'a> {
     pub device: bool,
 }
 
+/// How a put's file was published.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Published {
+    /// Under the block's name.
+    Ours,
+    /// Not: another store (shared mode) published the block first.
+    Theirs,
+}
+
 /// What a put writes: host bytes, or GPU memory.
 pub(super) trait Source {
     /// Payload bytes.
@@ -164,8 +173,35 @@ impl Inner {
                 (key.hash, disk_estimate(data.len()))
             })
             .collect();
-        let (offers, victims) = self.index.offer(&offered, replace, after);
+        let (mut offers, victims) = self.index.offer(&offered, replace, after);
         self.unlink_victims(victims);
+        // Shared: room under the tree's one capacity, reserved in its ledger.
+        let reserved = match &self.shared {
+            Some(sh) => match self.reserve_shared(sh, &offered, &mut offers, after) {
+                Ok(r) => r,
+                Err(e) => {
+                    let msg = e.to_string();
+                    for (slot, (offer, (hash, _))) in valid.iter().zip(offers.iter().zip(&offered))
+                    {
+                        if matches!(offer, Offer::Reserved | Offer::Replace { .. }) {
+                            self.index.abort(hash, *offer);
+                            results[*slot] = Some(Err(Error::Io {
+                                path: sh.ledger_path().to_path_buf(),
+                                source: std::io::Error::other(msg.clone()),
+                            }));
+                        } else {
+                            results[*slot] = Some(Ok(()));
+                        }
+                    }
+                    return results
+                        .into_iter()
+                        .map(|r| r.expect("every item has a result"))
+                        .collect();
+                }
+            },
+            None => (0, 0),
+        };
+        let mut published = (0u64, 0u64);
 
         // 3-5. Temp files, one engine batch of writes, sizes and syncs: on two threads for
         //      large batches, so that one half's file creation (and hashing) runs while the
@@ -218,7 +254,19 @@ impl Inner {
         for (slot, offer, plan, bytes) in written.iter() {
             let (slot, offer, bytes) = (*slot, *offer, *bytes);
             match self.publish_file(plan) {
-                Ok(()) => {
+                Ok(Published::Theirs) => {
+                    // Another store published this block first: theirs stays (and is theirs
+                    // in the ledger); ours is gone.
+                    Counters::add(&self.counters.published_by_others, 1);
+                    over_victims.extend(self.index.commit(&plan.hash, bytes, offer));
+                    results[slot] = Some(Ok(()));
+                }
+                Ok(Published::Ours) => {
+                    published.0 += bytes;
+                    published.1 += 1;
+                    if let Some(sh) = &self.shared {
+                        sh.present(&plan.hash);
+                    }
                     // The replaced file (if any) is unlinked: drop its cached descriptor.
                     self.fds.invalidate(&plan.hash);
                     over_victims.extend(self.index.commit(&plan.hash, bytes, offer));
@@ -244,6 +292,18 @@ impl Inner {
         drop(written);
         drop(guards);
         self.unlink_victims(over_victims);
+        if let Some(sh) = &self.shared {
+            // What was reserved, against what this store published.
+            sh.adjust(
+                published.0 as i64 - reserved.0 as i64,
+                published.1 as i64 - reserved.1 as i64,
+            );
+            if sh.owes() {
+                if let Err(e) = sh.flush() {
+                    tracing::warn!(error = %e, "could not write the usage ledger");
+                }
+            }
+        }
         results
             .into_iter()
             .map(|r| r.expect("every item has a result"))
@@ -411,19 +471,26 @@ impl Inner {
             None => [0; HEADER_LEN],
         };
         let rel = self.layout.rel_path(&key.hash);
-        let seq = self.publish.temp_seq.fetch_add(1, Ordering::Relaxed);
-        let temp_name = format!(
-            "{TEMP_PREFIX}{}.{}.{seq}",
-            rel.file_name(),
-            std::process::id()
-        );
+
         let direct = if self.opts.direct {
             OFlags::DIRECT
         } else {
             OFlags::empty()
         };
         let mode = Mode::from_raw_mode(FILE_MODE);
-        let (parent, fd, anonymous) = self.create_temp(&rel, &temp_name, direct, mode)?;
+        // A name that exists already (planted, or left by a crash): another sequence number.
+        let mut tries = 0;
+        let (temp_name, (parent, fd, anonymous)) = loop {
+            let name = self.temp_name(&rel);
+            match self.create_temp(&rel, &name, direct, mode) {
+                Err(Error::Io { source, .. })
+                    if source.raw_os_error() == Some(Errno::EXIST.raw_os_error()) && tries < 16 =>
+                {
+                    tries += 1;
+                }
+                r => break (name, r?),
+            }
+        };
         // O_DIRECT from a payload whose address and length are page-aligned (an engine's KV
         // pool): only the header page is the store's; else the whole file is copied into an
         // aligned bounce buffer.
@@ -466,6 +533,19 @@ impl Inner {
             len: data.len(),
             device,
         })
+    }
+
+    /// A temp name for a put of the block at `rel`: `<prefix><64 hex>.<node>.<pid>.<seq>`,
+    /// the sequence starting at an unpredictable number per store (two stores of one process
+    /// share the node and pid).
+    fn temp_name(&self, rel: &RelPath) -> String {
+        let seq = self.publish.temp_seq.fetch_add(1, Ordering::Relaxed);
+        format!(
+            "{TEMP_PREFIX}{}.{:016x}.{}.{seq}",
+            rel.file_name(),
+            crate::ns::node_id(),
+            std::process::id()
+        )
     }
 
     /// Creates the file a put writes: an anonymous `O_TMPFILE` inode in the block's directory
@@ -544,13 +624,53 @@ impl Inner {
     }
 
     /// Publishes a fully written temp file under its final name, atomically replacing any
-    /// existing block.
-    fn publish_file(&self, plan: &WritePlan<'_>) -> rustix::io::Result<()> {
+    /// existing block; in shared mode never replacing one (another store's block under the
+    /// name stays, and this file goes: [`Published::Theirs`]).
+    fn publish_file(&self, plan: &WritePlan<'_>) -> rustix::io::Result<Published> {
         let name = plan.rel.file_name();
+        let shared = self.shared.is_some();
         if !plan.anonymous {
-            return self.ns.rename_in(&plan.parent, &plan.temp_name, name);
+            if !shared {
+                return self
+                    .ns
+                    .rename_in(&plan.parent, &plan.temp_name, name)
+                    .map(|()| Published::Ours);
+            }
+            let mut tries = 0;
+            return loop {
+                match self
+                    .ns
+                    .publish_noreplace_in(&plan.parent, &plan.temp_name, name)
+                {
+                    Ok(true) => break Ok(Published::Ours),
+                    Ok(false) => {
+                        // Linked: the temp name goes.
+                        self.discard(plan);
+                        break Ok(Published::Ours);
+                    }
+                    Err(Errno::EXIST) => {
+                        self.discard(plan);
+                        break Ok(Published::Theirs);
+                    }
+                    // A distributed filesystem may answer a link that races another
+                    // client's publication of the same name with ENOENT or ESTALE: if the
+                    // name is there now, that client won; else try once more.
+                    Err(e @ (Errno::NOENT | Errno::STALE)) => {
+                        if self.ns.stat_in(&plan.parent, name).is_ok() {
+                            self.discard(plan);
+                            break Ok(Published::Theirs);
+                        }
+                        if tries > 0 {
+                            break Err(e);
+                        }
+                        tries += 1;
+                    }
+                    Err(e) => break Err(e),
+                }
+            };
         }
         match self.link_anonymous(&plan.fd, &plan.parent, name) {
+            Err(Errno::EXIST) if shared => Ok(Published::Theirs),
             Err(Errno::EXIST) => {
                 // Replacing a block: name the inode, then rename over the old one.
                 self.link_anonymous(&plan.fd, &plan.parent, &plan.temp_name)?;
@@ -559,9 +679,60 @@ impl Inner {
                     .inspect_err(|_| {
                         let _ = self.ns.unlink_in(&plan.parent, &plan.temp_name, None);
                     })
+                    .map(|()| Published::Ours)
             }
-            r => r,
+            r => r.map(|()| Published::Ours),
         }
+    }
+
+    /// Shared mode: reserves the batch's new files in the tree's ledger (evicting from this
+    /// store's index until they fit). Offers past what fits are declined, so the chain is cut
+    /// at its tail. Returns the bytes and files reserved.
+    fn reserve_shared(
+        &self,
+        sh: &super::shared::Shared,
+        offered: &[(BlockHash, u64)],
+        offers: &mut [Offer],
+        after: Option<BlockHash>,
+    ) -> Result<(u64, u64)> {
+        let new: Vec<usize> = (0..offers.len())
+            .filter(|&i| matches!(offers[i], Offer::Reserved | Offer::Replace { .. }))
+            .collect();
+        if new.is_empty() {
+            return Ok((0, 0));
+        }
+        let estimates: Vec<u64> = new.iter().map(|&i| offered[i].1).collect();
+        let keep: Vec<BlockHash> = offered.iter().map(|(h, _)| *h).chain(after).collect();
+        let ix = self.index.counts();
+        let fallback = super::shared::Usage {
+            bytes: ix.bytes,
+            files: ix.files,
+        };
+        let granted = sh.reserve(&estimates, fallback, |bytes, files| {
+            self.evict_for_shared(bytes, files, &keep)
+        })?;
+        for &i in &new[granted..] {
+            self.index.decline(&offered[i].0, offers[i]);
+            offers[i] = Offer::NotAdmitted;
+        }
+        Ok((estimates[..granted].iter().sum(), granted as u64))
+    }
+
+    /// Frees at least `bytes` and `files` of the shared tree by evicting blocks of this
+    /// store's index (what it removed reaches the ledger through `Shared::freed`). When the
+    /// index has nothing left to evict, the tree is scanned (at most every
+    /// `shared::RESCAN_INTERVAL`) for blocks other stores put, and eviction tried again. False
+    /// if nothing was evicted.
+    fn evict_for_shared(&self, bytes: u64, files: u64, keep: &[BlockHash]) -> bool {
+        let mut victims = self.index.evict_some(bytes, files, keep);
+        if victims.is_empty() && self.learn_tree() {
+            victims = self.index.evict_some(bytes, files, keep);
+        }
+        if victims.is_empty() {
+            return false;
+        }
+        self.unlink_victims(victims);
+        true
     }
 
     fn sync_dir(&self, plan: &WritePlan<'_>) {

@@ -39,8 +39,29 @@ pub fn items<'a>(keys: &[BlockKey], datas: &'a [Vec<u8>]) -> Vec<(BlockKey, &'a 
         .collect()
 }
 
+/// The store configuration of the behaviour suites: the defaults, in the sharing mode that
+/// `TIERKV_TEST_SHARING` names (`shared` or `exclusive`, the default), so tools/test.sh runs
+/// the hostile-tree and semantics suites against a shared tree too.
+pub fn cfg() -> StoreConfig {
+    StoreConfig::new().with_sharing(sharing())
+}
+
+/// The sharing mode the suites run in (see [`cfg`]).
+pub fn sharing() -> tierkv::Sharing {
+    match std::env::var("TIERKV_TEST_SHARING").as_deref() {
+        Ok("shared") => tierkv::Sharing::Shared,
+        Ok("exclusive") | Err(_) => tierkv::Sharing::Exclusive,
+        Ok(other) => panic!("TIERKV_TEST_SHARING={other:?}: use shared or exclusive"),
+    }
+}
+
+/// True when the suites run against a shared tree.
+pub fn is_shared() -> bool {
+    sharing() == tierkv::Sharing::Shared
+}
+
 pub fn open(root: &Path, w: &str) -> Store {
-    Store::open(root, worker(w), StoreConfig::default()).unwrap()
+    Store::open(root, worker(w), cfg()).unwrap()
 }
 
 /// Every regular file under `dir`, recursively (symlinks not followed).
@@ -194,7 +215,7 @@ impl Drop for Tmpfs {
 
 /// A store config that writes no STATS.json.
 pub fn quiet() -> StoreConfig {
-    StoreConfig::new().with_stats_interval(None)
+    cfg().with_stats_interval(None)
 }
 
 /// Stores `n` blocks of `len` bytes one put each (no chain between them).

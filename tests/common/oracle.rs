@@ -19,7 +19,7 @@ const MAGIC: &[u8; 8] = b"TKVBLOCK";
 const HEADER_END: usize = 128;
 const PAYLOAD_AT: usize = 4096;
 /// Control files of a worker directory.
-const CONTROLS: [&str; 3] = ["LAYOUT", ".lock", "STATS.json"];
+const CONTROLS: [&str; 5] = ["LAYOUT", ".lock", "STATS.json", "USAGE", "FLOCK"];
 
 /// What a tree holds, name by name, as the document classifies it.
 #[derive(Debug, Default)]
@@ -139,7 +139,7 @@ pub fn read_worker(wdir: &Path) -> Tree {
                 let e = e.unwrap();
                 let name = e.file_name().to_string_lossy().into_owned();
                 let regular = e.file_type().unwrap().is_file();
-                if regular && CONTROLS.contains(&name.as_str()) {
+                if regular && is_control(&name) {
                     t.controls.push(e.path());
                 } else if regular && is_control_temp(&name) {
                     t.temps.push(e.path());
@@ -202,7 +202,7 @@ fn walk(dir: &Path, rel: &str, level: usize, depth: usize, width: usize, t: &mut
             } else {
                 t.misplaced.push(path);
             }
-        } else if level == 0 && CONTROLS.contains(&name.as_str()) {
+        } else if level == 0 && is_control(&name) {
             t.controls.push(path);
         } else if (level == 0 && is_control_temp(&name)) || (leaf && is_block_temp(&name)) {
             t.temps.push(path);
@@ -317,20 +317,53 @@ fn is_digits(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit())
 }
 
-/// `.tmp.<64 hex>.<pid>.<seq>`.
+/// A node id in a temp or stats name: 16 lowercase hex characters.
+fn is_node(s: &str) -> bool {
+    s.len() == 16 && is_lower_hex(s)
+}
+
+/// `<pid>.<seq>` or `<node>.<pid>.<seq>` after a temp file's stem and a dot.
+fn is_owner_suffix(rest: &str) -> bool {
+    let parts: Vec<&str> = rest.split('.').collect();
+    match parts.as_slice() {
+        [pid, seq] => is_digits(pid) && is_digits(seq),
+        [node, pid, seq] => is_node(node) && is_digits(pid) && is_digits(seq),
+        _ => false,
+    }
+}
+
+/// `.tmp.<64 hex>.<node>.<pid>.<seq>`, or of earlier versions `.tmp.<64 hex>.<pid>.<seq>`.
 fn is_block_temp(name: &str) -> bool {
     let Some(rest) = name.strip_prefix(".tmp.") else {
         return false;
     };
-    let parts: Vec<&str> = rest.split('.').collect();
-    parts.len() == 3
-        && parts[0].len() == 64
-        && is_lower_hex(parts[0])
-        && is_digits(parts[1])
-        && is_digits(parts[2])
+    rest.len() > 65
+        && rest[..64]
+            .bytes()
+            .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+        && rest.as_bytes()[64] == b'.'
+        && is_owner_suffix(&rest[65..])
 }
 
-/// `.tmp.<control>.<pid>.<seq>`, or a legacy `.STATS.json.tmp` / `.tmp.layout.<pid>`.
+/// A shared store's stats file: `STATS.<node>.<pid>.json`.
+fn is_instance_stats(name: &str) -> bool {
+    let Some(mid) = name
+        .strip_prefix("STATS.")
+        .and_then(|r| r.strip_suffix(".json"))
+    else {
+        return false;
+    };
+    mid.split_once('.')
+        .is_some_and(|(node, pid)| is_node(node) && is_digits(pid))
+}
+
+/// A control file of a worker directory.
+fn is_control(name: &str) -> bool {
+    CONTROLS.contains(&name) || is_instance_stats(name)
+}
+
+/// `.tmp.<control>.<node>.<pid>.<seq>` (or without the node, of earlier versions), or a
+/// legacy `.STATS.json.tmp` / `.tmp.layout.<pid>`.
 fn is_control_temp(name: &str) -> bool {
     if name == ".STATS.json.tmp" {
         return true;
@@ -341,11 +374,10 @@ fn is_control_temp(name: &str) -> bool {
     let Some(rest) = name.strip_prefix(".tmp.") else {
         return false;
     };
-    CONTROLS.iter().any(|c| {
-        rest.strip_prefix(c)
-            .and_then(|r| r.strip_prefix('.'))
-            .and_then(|r| r.split_once('.'))
-            .is_some_and(|(pid, seq)| is_digits(pid) && is_digits(seq))
+    // The control name is everything before the owner suffix; try each split point.
+    rest.match_indices('.').any(|(i, _)| {
+        let (stem, suffix) = (&rest[..i], &rest[i + 1..]);
+        is_control(stem) && is_owner_suffix(suffix)
     })
 }
 

@@ -27,6 +27,7 @@ use tierkv::{
 
 #[path = "../common.rs"]
 mod common;
+mod instances;
 mod metadata;
 mod offload;
 mod replay;
@@ -212,6 +213,26 @@ struct Args {
     /// `--fdatasync=1`; the store's `sync_writes`).
     #[arg(long)]
     sync_writes: bool,
+    /// How the store holds its worker directory: exclusive (alone; the default) or shared
+    /// (with other stores, other processes or nodes: docs/shared.md). Shared, every block's
+    /// payload is its key's alone (no write generations: a put never replaces a block).
+    #[arg(long, default_value = "exclusive")]
+    sharing: tierkv::Sharing,
+    /// Shared mode: how long a key found absent in the tree counts as absent (e.g. 1s, 0s).
+    #[arg(long, value_parser = parse_duration)]
+    negative_ttl: Option<Duration>,
+    /// Runs N processes of this job at once on one worker directory, in shared mode (each
+    /// with --sharing shared): reads go over every block, writes split the blocks between
+    /// them. Reports each instance and the totals (`hits`, `errors`, `verify_errors`).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
+    instances: Option<usize>,
+    /// One instance of an --instances run: I/N (set by the parent process).
+    #[arg(long, hide = true, value_parser = instances::parse_instance)]
+    instance: Option<(usize, usize)>,
+    /// An --instances child starts its job at this time (ms since the epoch), so the
+    /// instances overlap.
+    #[arg(long, hide = true)]
+    start_at_ms: Option<u64>,
 }
 
 /// Blocks per store call unless `--batch` says otherwise: one request's worth of 16-token
@@ -524,8 +545,25 @@ fn check_usage(args: &Args) -> Result<(), UsageError> {
     Ok(())
 }
 
+/// The cache root of a run: `--dir`, or a fresh temporary directory (removed when the guard
+/// drops, and by the signal handler's last resort; kept with `--keep`).
+fn run_root(args: &Args) -> Result<(PathBuf, Option<tempfile::TempDir>), BoxError> {
+    if let Some(d) = &args.dir {
+        return Ok((d.clone(), None));
+    }
+    let tmp = tempfile::Builder::new().prefix("tierkv-bench.").tempdir()?;
+    if args.keep {
+        return Ok((tmp.keep(), None));
+    }
+    let _ = TEMP_ROOT.set(tmp.path().to_path_buf());
+    Ok((tmp.path().to_path_buf(), Some(tmp)))
+}
+
 fn run(args: &Args) -> Result<(), BoxError> {
     check_usage(args)?;
+    if let Some(n) = args.instances {
+        return instances::run_instances(args, n);
+    }
     let bs = usize::try_from(args.bs)?;
     let nblocks = match args.size {
         Some(size) if bs == 0 || size < bs as u64 => {
@@ -553,19 +591,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
     if !matches!(args.rw, Rw::Replay) {
         check_memory(&memory_need(args, bs, nblocks, nranks))?;
     }
-    let tmp;
-    let root = match &args.dir {
-        Some(d) => d.clone(),
-        None => {
-            tmp = tempfile::Builder::new().prefix("tierkv-bench.").tempdir()?;
-            if args.keep {
-                tmp.keep()
-            } else {
-                let _ = TEMP_ROOT.set(tmp.path().to_path_buf());
-                tmp.path().to_path_buf()
-            }
-        }
-    };
+    let (root, _tmp) = run_root(args)?;
     let mut config = StoreConfig::new()
         .with_verify(args.verify)
         .with_direct_io(args.direct)
@@ -574,6 +600,10 @@ fn run(args: &Args) -> Result<(), BoxError> {
         .with_engine(args.ioengine);
     if let Some(q) = args.iodepth {
         config = config.with_queue_depth(q);
+    }
+    config = config.with_sharing(args.sharing);
+    if let Some(t) = args.negative_ttl {
+        config = config.with_negative_ttl(t);
     }
     if let Some(q) = args.nixl_posix_queue {
         config = config.with_nixl_posix_queue(q);
@@ -665,7 +695,11 @@ fn run(args: &Args) -> Result<(), BoxError> {
         keys.try_reserve_exact(usize::try_from(nblocks)?)
             .map_err(|_| UsageError(format!("no memory for the keys of {nblocks} blocks")))?;
         keys.extend((0..nblocks).map(|i| store.key(block_hash(&namespace, i + args.key_offset))));
-        let gens = verify::Gens::new(&root, id.as_str(), keys.len(), args.verify_data);
+        let gens = if args.sharing == tierkv::Sharing::Shared {
+            verify::Gens::content_addressed(keys.len())
+        } else {
+            verify::Gens::new(&root, id.as_str(), keys.len(), args.verify_data)
+        };
         ranks.push(Rank { store, keys, gens });
     }
 
@@ -681,6 +715,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
             invalidate(&r.store, &r.keys)?;
         }
     }
+    instances::wait_for_start(args);
     let limited = args.runtime.is_some() || args.ops.is_some();
     let loops = args.loops();
     let phases = if args.rw == Rw::Main {
@@ -1059,10 +1094,13 @@ fn run_phase(
     let jobs = parallel(ranks.len() * args.numjobs, |j| {
         let rank = &ranks[j / args.numjobs];
         let jr = j % args.numjobs;
-        // Writes split the rank's blocks between its jobs; reads go over all of them.
+        // Writes split the rank's blocks between its jobs (and an --instances run's
+        // instances); reads go over all of them.
         let n = rank.keys.len();
+        let (inst, ninst) = args.instance.unwrap_or((0, 1));
+        let (w, nw) = (inst * args.numjobs + jr, ninst * args.numjobs);
         let (a, b) = match spec.rw {
-            Rw::Write | Rw::Randwrite => (n * jr / args.numjobs, n * (jr + 1) / args.numjobs),
+            Rw::Write | Rw::Randwrite => (n * w / nw, n * (w + 1) / nw),
             _ => (0, n),
         };
         run_job(
@@ -1225,7 +1263,8 @@ fn run_job(
             b
         })
         .collect();
-    let mut rng = fastrand::Rng::with_seed(0x7165_726b + job);
+    let instance = args.instance.map_or(0, |(i, _)| i as u64);
+    let mut rng = fastrand::Rng::with_seed(0x7165_726b + job + (instance << 32));
     let start = Instant::now();
     let mut order: Vec<usize> = (0..keys.len()).collect();
     let mut batch_idx: Vec<usize> = Vec::with_capacity(args.batch);

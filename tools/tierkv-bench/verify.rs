@@ -79,6 +79,8 @@ pub(crate) struct Gens {
     committed: Vec<AtomicU64>,
     /// Where they are kept between runs.
     path: PathBuf,
+    /// Shared mode: every payload is generation 0 (its key's alone), nothing is saved.
+    fixed: bool,
 }
 
 impl Gens {
@@ -100,11 +102,26 @@ impl Gens {
             started: (0..n).map(|i| AtomicU64::new(at(i))).collect(),
             committed: (0..n).map(|i| AtomicU64::new(at(i))).collect(),
             path,
+            fixed: false,
+        }
+    }
+
+    /// Shared mode: a block's payload is its key's (generation 0) whoever wrote it, since a
+    /// put never replaces a present block; a hit of any other generation is wrong.
+    pub(crate) fn content_addressed(n: usize) -> Gens {
+        Gens {
+            started: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            committed: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            path: PathBuf::new(),
+            fixed: true,
         }
     }
 
     /// The generation a new write of block `i` stamps.
     pub(crate) fn next(&self, i: usize) -> u64 {
+        if self.fixed {
+            return 0;
+        }
         self.started[i].fetch_add(1, Ordering::Relaxed) + 1
     }
 
@@ -121,6 +138,15 @@ impl Gens {
     /// Checks a read's generation `g` of block `i` against `floor` (taken before the read)
     /// and the newest write started since.
     pub(crate) fn check(&self, i: usize, floor: u64, g: u64) -> Result<(), String> {
+        if self.fixed {
+            return if g == 0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "generation {g}: in shared mode every block is generation 0"
+                ))
+            };
+        }
         let newest = self.started[i].load(Ordering::Relaxed);
         if g < floor {
             return Err(format!(
@@ -137,6 +163,9 @@ impl Gens {
 
     /// Saves the published generations for the next verifying run.
     pub(crate) fn save(&self) -> std::io::Result<()> {
+        if self.fixed {
+            return Ok(());
+        }
         let mut b = Vec::with_capacity(self.committed.len() * 8);
         for c in &self.committed {
             b.extend_from_slice(&c.load(Ordering::Relaxed).to_le_bytes());
@@ -149,6 +178,9 @@ impl Gens {
 
     /// Forgets the saved generations (a run wrote without tracking them).
     pub(crate) fn forget(&self) -> std::io::Result<()> {
+        if self.fixed {
+            return Ok(());
+        }
         match std::fs::remove_file(&self.path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
@@ -205,5 +237,14 @@ mod tests {
         assert!(g.check(0, g.floor(0), 3).is_err(), "never written");
         g.forget().unwrap();
         assert_eq!(Gens::new(dir.path(), "0", 2, true).floor(0), 0);
+    }
+
+    #[test]
+    fn content_addressed_blocks_have_generation_zero_only() {
+        let g = Gens::content_addressed(2);
+        assert_eq!(g.next(0), 0);
+        assert_eq!(g.next(0), 0, "no generations");
+        assert!(g.check(0, g.floor(0), 0).is_ok());
+        assert!(g.check(0, g.floor(0), 1).is_err());
     }
 }

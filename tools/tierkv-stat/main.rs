@@ -24,7 +24,7 @@ use tierkv::format::PAYLOAD_OFFSET;
 use tierkv::layout::{self, EntryName, LAYOUT_FILE, Layout, STATS_FILE};
 use tierkv::ns::{BlockDir, FileKind, Inode, Opened, Parent, Unlinked, io_err, join};
 use tierkv::store::LiveStats;
-use tierkv::store::sweep::in_parallel;
+use tierkv::store::sweep::{TempRule, in_parallel};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Format {
@@ -63,6 +63,34 @@ struct Args {
     /// With --watch: stop after this many refreshes.
     #[arg(long)]
     iterations: Option<u64>,
+    /// How --repair holds the workers: exclusive (the default: a worker with a running store
+    /// is not repaired) or shared (alongside stores in shared mode: only temp files whose
+    /// owner is gone are removed, as a shared store's sweep does; docs/shared.md).
+    #[arg(long, default_value = "exclusive")]
+    sharing: tierkv::Sharing,
+    /// With --repair --sharing shared: the age after which another node's temp files count
+    /// as abandoned (default 10m).
+    #[arg(long, value_parser = parse_duration)]
+    temp_lease: Option<Duration>,
+}
+
+/// A store that uses a worker, as its stats file says.
+#[derive(Debug, Serialize, Clone)]
+struct Instance {
+    host: String,
+    pid: u32,
+    node: String,
+    sharing: String,
+    /// Its stats file was rewritten within three intervals (it is running).
+    live: bool,
+    updated_unix_ms: u64,
+}
+
+/// A shared worker's usage ledger.
+#[derive(Debug, Serialize, Clone, Copy)]
+struct LedgerUsage {
+    bytes: u64,
+    files: u64,
 }
 
 /// One bar of a histogram.
@@ -137,6 +165,15 @@ struct WorkerReport {
     /// What could not be read, judged or removed, with its path.
     errors: Vec<ScanError>,
     live: bool,
+    /// `exclusive` or `shared` while a store runs (from the stores' stats files and the
+    /// lock record), else `null`.
+    sharing: Option<String>,
+    /// The stores that use the worker (running or not yet swept), from their stats files.
+    instances: Vec<Instance>,
+    /// A shared worker's usage ledger (`USAGE`), if it has one.
+    ledger: Option<LedgerUsage>,
+    /// Temp files kept by a shared repair (their owner may still be writing them).
+    temp_kept: u64,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -250,10 +287,72 @@ fn list_workers(root: &Path, only: Option<&str>) -> Result<Vec<String>, BoxError
 }
 
 fn read_live(vdir: &Path, worker: &str) -> Option<LiveStats> {
-    let root = vdir.parent()?;
-    let ns = BlockDir::open(root, worker, false).ok()?;
-    let bytes = ns.read_control(STATS_FILE).ok()??;
-    serde_json::from_slice(&bytes).ok()
+    read_all_live(vdir, worker)
+        .into_iter()
+        .max_by_key(|(_, l)| (live_fresh(l), l.updated_unix_ms))
+        .map(|(_, l)| l)
+}
+
+/// The stats files of a worker's stores: `STATS.json` (an exclusive store) and
+/// `STATS.<node>.<pid>.json` (one per shared store), with their names.
+fn read_all_live(vdir: &Path, worker: &str) -> Vec<(String, LiveStats)> {
+    let Some(root) = vdir.parent() else {
+        return Vec::new();
+    };
+    let Ok(ns) = BlockDir::open(root, worker, false) else {
+        return Vec::new();
+    };
+    let mut names = vec![STATS_FILE.to_string()];
+    if let Ok(entries) = ns.read_dir("") {
+        names.extend(
+            entries
+                .iter()
+                .map(|e| e.name_str().to_string())
+                .filter(|n| layout::instance_stats_owner(n).is_some()),
+        );
+    }
+    names
+        .into_iter()
+        .filter_map(|n| {
+            let bytes = ns.read_control(&n).ok()??;
+            let l: LiveStats = serde_json::from_slice(&bytes).ok()?;
+            Some((n, l))
+        })
+        .collect()
+}
+
+/// The stores of a worker, its mode, and its ledger.
+fn instances_of(vdir: &Path, worker: &str, ns: &BlockDir, wr: &mut WorkerReport) {
+    for (_, l) in read_all_live(vdir, worker) {
+        wr.instances.push(Instance {
+            host: l.host.clone(),
+            pid: l.pid,
+            node: l.node.clone(),
+            sharing: l.sharing.clone(),
+            live: live_fresh(&l),
+            updated_unix_ms: l.updated_unix_ms,
+        });
+    }
+    let live_mode = |m: &str| wr.instances.iter().any(|i| i.live && i.sharing == m);
+    wr.sharing =
+        if live_mode("shared") || (wr.live && ns.holder().starts_with("stores in shared mode")) {
+            Some("shared".into())
+        } else if wr.live || live_mode("exclusive") {
+            Some("exclusive".into())
+        } else {
+            None
+        };
+    if let Ok(Some(text)) = ns.read_control(layout::USAGE_FILE) {
+        let text = String::from_utf8_lossy(&text);
+        let field = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        if let (Some(bytes), Some(files)) = (field("bytes"), field("files")) {
+            wr.ledger = Some(LedgerUsage { bytes, files });
+        }
+    }
 }
 
 fn now_ms() -> u64 {
@@ -450,10 +549,16 @@ impl WorkerReport {
 }
 
 /// A temp file (of a block or a control file): counted, and removed by repair.
-fn temp_file(ns: &BlockDir, parent: &Parent<'_>, rel: &str, repair: bool, wr: &mut WorkerReport) {
+fn temp_file(ns: &BlockDir, parent: &Parent<'_>, rel: &str, rule: TempRule, wr: &mut WorkerReport) {
     wr.temp += 1;
-    if repair {
+    let (_, name) = tierkv::ns::split(rel);
+    if rule == TempRule::Keep {
+        return;
+    }
+    if tierkv::store::sweep::temp_abandoned(ns, parent, name, rule) {
         repair_remove(ns, parent, rel, None, wr);
+    } else {
+        wr.temp_kept += 1;
     }
 }
 
@@ -508,8 +613,14 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
     };
     // Repair holds the worker lock for the whole scan: no store can open (and write temp
     // files or publish blocks) meanwhile. A worker whose store is running is not repaired.
+    let shared = args.sharing == tierkv::Sharing::Shared;
     let repair = if args.repair {
-        match ns.try_lock() {
+        let locked = if shared {
+            ns.try_lock_shared()
+        } else {
+            ns.try_lock()
+        };
+        match locked {
             Ok(true) => true,
             Ok(false) => {
                 let holder = ns.holder();
@@ -530,8 +641,22 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
     } else {
         false
     };
-    wr.live = !repair && ns.is_locked_by_other().unwrap_or(false);
+    // A store holds the lock (an exclusive one: a shared probe fails), or a shared store's
+    // stats file is fresh.
+    wr.live = (!repair || shared) && ns.is_locked_by_other().unwrap_or(false);
     let live = read_live(&layout::version_dir(&args.dir), worker);
+    instances_of(&layout::version_dir(&args.dir), worker, &ns, &mut wr);
+    wr.live |= wr.instances.iter().any(|i| i.live);
+    // Shared, a temp file is removed only when its owner is gone.
+    let rule = if !repair {
+        TempRule::Keep
+    } else if shared {
+        TempRule::OwnerGone {
+            lease: args.temp_lease.unwrap_or(tierkv::store::DEFAULT_TEMP_LEASE),
+        }
+    } else {
+        TempRule::All
+    };
     wr.capacity_bytes = live.as_ref().and_then(|l| l.stats.capacity_bytes);
     wr.capacity_files = live.as_ref().and_then(|l| l.stats.capacity_files);
     let layout = match ns.read_control(LAYOUT_FILE) {
@@ -583,7 +708,7 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
                 FileKind::File => match Layout::classify(name) {
                     EntryName::Meta if lvl == 0 => {}
                     EntryName::ControlTemp if lvl == 0 => {
-                        temp_file(&ns, &parent, name, repair, &mut wr)
+                        temp_file(&ns, &parent, name, rule, &mut wr)
                     }
                     EntryName::Block(_) => {
                         misplaced(&ns, &parent, &join(&d, name), repair, &mut wr)
@@ -662,9 +787,9 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
                             Err(err) => local.error(ns.full(&rel), io_err(err)),
                         }
                     }
-                    EntryName::Temp => temp_file(&ns, &parent, &rel, repair, local),
+                    EntryName::Temp => temp_file(&ns, &parent, &rel, rule, local),
                     EntryName::ControlTemp if is_root_leaf => {
-                        temp_file(&ns, &parent, &rel, repair, local)
+                        temp_file(&ns, &parent, &rel, rule, local)
                     }
                     EntryName::Meta if is_root_leaf => {}
                     _ => local.foreign += 1,
@@ -809,6 +934,28 @@ fn print_text(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
             "  layout: {}",
             wr.layout.as_deref().unwrap_or("none (no LAYOUT file)")
         )?;
+        if let Some(m) = &wr.sharing {
+            writeln!(out, "  mode: {m}")?;
+        }
+        for i in &wr.instances {
+            writeln!(
+                out,
+                "  store: pid {} on {} (node {}), {}, {}",
+                i.pid,
+                if i.host.is_empty() { "?" } else { &i.host },
+                if i.node.is_empty() { "?" } else { &i.node },
+                i.sharing,
+                if i.live { "running" } else { "not running" }
+            )?;
+        }
+        if let Some(l) = &wr.ledger {
+            writeln!(
+                out,
+                "  shared usage (ledger): {} in {} files",
+                human(l.bytes),
+                l.files
+            )?;
+        }
         let sb = &wr.shard_balance;
         writeln!(
             out,
@@ -1135,9 +1282,19 @@ fn live(args: &Args, vdir: &Path, workers: &[String]) -> Result<ExitCode, BoxErr
     let mut prev: BTreeMap<String, (LiveStats, u64)> = BTreeMap::new();
     let mut n = 0u64;
     loop {
+        // One entry per store: the worker's id, or for each shared store `<worker>/<host>:<pid>`.
         let snaps: Vec<(String, LiveStats)> = workers
             .iter()
-            .filter_map(|w| read_live(vdir, w).map(|l| (w.clone(), l)))
+            .flat_map(|w| {
+                read_all_live(vdir, w).into_iter().map(move |(file, l)| {
+                    let key = if file == STATS_FILE {
+                        w.clone()
+                    } else {
+                        format!("{w}/{}:{}", l.host, l.pid)
+                    };
+                    (key, l)
+                })
+            })
             .collect();
         if snaps.is_empty() && args.watch.is_none() {
             return Err(format!("no live counters under {} (is a store running? it writes {STATS_FILE} every second)", vdir.display()).into());
@@ -1186,9 +1343,20 @@ fn live(args: &Args, vdir: &Path, workers: &[String]) -> Result<ExitCode, BoxErr
                     };
                     writeln!(
                         out,
-                        "worker {w}: {state}, pid {}, policy {}, engine {}",
-                        l.pid, l.policy, l.engine
+                        "worker {w}: {state}, pid {}, policy {}, engine {}, {}",
+                        l.pid, l.policy, l.engine, l.sharing
                     )?;
+                    if let (Some(b), Some(f)) = (s.shared_bytes, s.shared_files) {
+                        writeln!(
+                            out,
+                            "  shared: ledger {} in {f} files; tree lookups {} (hits {}), negative-cache answers {}, published by others {}",
+                            human(b),
+                            s.tree_lookups,
+                            s.tree_hits,
+                            s.negative_hits,
+                            s.published_by_others
+                        )?;
+                    }
                     let lookups = s.hits + s.misses;
                     writeln!(
                         out,

@@ -1,0 +1,324 @@
+//! Shared mode (docs/shared.md): what a store keeps when other stores, in other processes or
+//! on other nodes, use the same worker directory.
+//!
+//! - **The usage ledger** (`USAGE`): the bytes and files of the worker's blocks, for the whole
+//!   tree, read and rewritten under the file's `flock` by every store that shares it. A put
+//!   reserves its batch there before it creates a file (evicting from its own index until the
+//!   batch fits, or declining the chain's tail); what turns out different from the reservation
+//!   (a block another store published first, a failed write, the exact size, an eviction) is a
+//!   correction applied at the next update: at once when the ledger counts too little, else
+//!   with the next reservation, the stats tick or the close.
+//! - **Negative answers**: a key found absent in the tree is taken as absent for the
+//!   configured time, so a request's prefix that misses asks the filesystem once per key and
+//!   period, not once per lookup.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::error::Result;
+use crate::index::Limits;
+use crate::key::BlockHash;
+use crate::ns::{BlockDir, Ledger};
+
+/// Keys remembered as absent at most (the oldest are forgotten first).
+const NEGATIVE_ENTRIES: usize = 1 << 16;
+
+/// The usage the ledger records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Usage {
+    /// Bytes on disk of the worker's block files (and reserved for puts in flight).
+    pub bytes: u64,
+    /// Block files (and reservations).
+    pub files: u64,
+}
+
+impl Usage {
+    /// The ledger's text: `bytes=N` and `files=N` lines, each number 20 digits wide, so
+    /// every record has the same length and a rewrite in place never leaves a tail.
+    pub fn to_text(self) -> String {
+        format!("bytes={:020}\nfiles={:020}\n", self.bytes, self.files)
+    }
+
+    /// Parses the ledger's text; `None` if it is not one (empty, torn or foreign).
+    pub fn from_text(text: &[u8]) -> Option<Usage> {
+        let text = std::str::from_utf8(text).ok()?;
+        let field = |k: &str| -> Option<u64> {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        let lines = text.lines().count();
+        (lines == 2 && text.ends_with('\n')).then_some(())?;
+        Some(Usage {
+            bytes: field("bytes")?,
+            files: field("files")?,
+        })
+    }
+}
+
+/// A change of usage not yet written to the ledger.
+#[derive(Clone, Copy, Debug, Default)]
+struct Delta {
+    bytes: i64,
+    files: i64,
+}
+
+/// A shared store's state.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    ledger: Ledger,
+    limits: Limits,
+    pending: Mutex<Delta>,
+    negative: Mutex<lru::LruCache<BlockHash, Instant>>,
+    negative_ttl: Duration,
+    /// Another node's temp files older than this are abandoned.
+    pub temp_lease: Duration,
+    /// When the tree was last scanned for blocks other stores put (to find victims).
+    last_rescan: Mutex<Option<Instant>>,
+    /// The stats file of this store (`STATS.<node>.<pid>.json`).
+    pub stats_name: String,
+    /// What the ledger said when last read or written here.
+    last: Mutex<Usage>,
+}
+
+/// The least time between two scans of the tree for victims.
+pub(crate) const RESCAN_INTERVAL: Duration = Duration::from_secs(30);
+
+impl Shared {
+    pub fn new(
+        ns: &BlockDir,
+        limits: Limits,
+        negative_ttl: Duration,
+        temp_lease: Duration,
+    ) -> Result<Shared> {
+        Ok(Shared {
+            ledger: ns.open_ledger()?,
+            limits,
+            pending: Mutex::new(Delta::default()),
+            negative: Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(NEGATIVE_ENTRIES).expect("nonzero"),
+            )),
+            negative_ttl,
+            temp_lease,
+            last_rescan: Mutex::new(None),
+            stats_name: crate::layout::instance_stats_name(
+                crate::ns::node_id(),
+                std::process::id(),
+            ),
+            last: Mutex::new(Usage::default()),
+        })
+    }
+
+    /// The ledger's usage, `None` if it holds no valid record.
+    pub fn read(&self) -> Result<Option<Usage>> {
+        let g = self.ledger.lock()?;
+        let u = Usage::from_text(&g.read()?);
+        if let Some(u) = u {
+            self.note(u);
+        }
+        Ok(u)
+    }
+
+    /// What the ledger said when this store last read or wrote it.
+    pub fn last_usage(&self) -> Usage {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn note(&self, u: Usage) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = u;
+    }
+
+    fn write(&self, g: &crate::ns::LedgerGuard<'_>, u: Usage) -> Result<()> {
+        g.write(u.to_text().as_bytes())?;
+        self.note(u);
+        Ok(())
+    }
+
+    /// Sets the ledger to `usage` (a store that found itself alone on the tree, after its
+    /// scan), dropping pending corrections.
+    pub fn reset(&self, usage: Usage) -> Result<()> {
+        let g = self.ledger.lock()?;
+        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Delta::default();
+        self.write(&g, usage)
+    }
+
+    /// Records a change of usage to be written with the next update.
+    pub fn adjust(&self, bytes: i64, files: i64) {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.bytes += bytes;
+        p.files += files;
+    }
+
+    /// Blocks this store removed (evicted, removed, corrupt): they no longer count.
+    pub fn freed(&self, bytes: u64, files: u64) {
+        self.adjust(-(bytes as i64), -(files as i64));
+    }
+
+    /// True if a correction makes the ledger count too little (it must be written at once).
+    pub fn owes(&self) -> bool {
+        let p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.bytes > 0 || p.files > 0
+    }
+
+    /// Writes pending corrections to the ledger.
+    pub fn flush(&self) -> Result<()> {
+        if self.take_pending_is_empty() {
+            return self.read().map(|_| ());
+        }
+        let g = self.ledger.lock()?;
+        let mut u = self.parse_or(&g.read()?, Usage::default());
+        self.apply_pending(&mut u);
+        self.write(&g, u)
+    }
+
+    fn parse_or(&self, text: &[u8], fallback: Usage) -> Usage {
+        Usage::from_text(text).unwrap_or_else(|| {
+            tracing::warn!(path = %self.ledger.path().display(), "the usage ledger holds no valid record: counting this store's own blocks");
+            fallback
+        })
+    }
+
+    fn take_pending_is_empty(&self) -> bool {
+        let p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.bytes == 0 && p.files == 0
+    }
+
+    fn apply_pending(&self, u: &mut Usage) {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        u.bytes = u.bytes.saturating_add_signed(p.bytes);
+        u.files = u.files.saturating_add_signed(p.files);
+        *p = Delta::default();
+    }
+
+    fn fits(&self, u: Usage, bytes: u64, files: u64) -> bool {
+        self.limits
+            .max_bytes
+            .is_none_or(|m| u.bytes.saturating_add(bytes) <= m)
+            && self
+                .limits
+                .max_files
+                .is_none_or(|m| u.files.saturating_add(files) <= m)
+    }
+
+    /// Reserves room for a batch's new files (`estimates`, in chain order) under the shared
+    /// capacity: under the ledger's lock, while the next file does not fit, `evict(bytes,
+    /// files)` is asked to free at least that much (it unlinks blocks of this store's index
+    /// and reports what it removed through [`Shared::freed`]; `Ok(false)` when it found
+    /// nothing more to evict). Returns how many leading estimates are reserved (the rest must
+    /// not be written: the chain's tail is declined).
+    ///
+    /// A ledger that holds no valid record (written over by hand, say) counts as `fallback`
+    /// (this store's own view) and is rewritten.
+    pub fn reserve(
+        &self,
+        estimates: &[u64],
+        fallback: Usage,
+        mut evict: impl FnMut(u64, u64) -> bool,
+    ) -> Result<usize> {
+        if estimates.is_empty() {
+            return Ok(0);
+        }
+        let g = self.ledger.lock()?;
+        let mut u = self.parse_or(&g.read()?, fallback);
+        self.apply_pending(&mut u);
+        let mut granted = 0;
+        let (mut need_b, mut need_f) = (0u64, 0u64);
+        for &est in estimates {
+            loop {
+                if self.fits(u, need_b + est, need_f + 1) {
+                    break;
+                }
+                let over_b = self
+                    .limits
+                    .max_bytes
+                    .map_or(0, |m| (u.bytes + need_b + est).saturating_sub(m));
+                let over_f = self
+                    .limits
+                    .max_files
+                    .map_or(0, |m| (u.files + need_f + 1).saturating_sub(m));
+                if !evict(over_b, over_f) {
+                    break;
+                }
+                self.apply_pending(&mut u);
+            }
+            if !self.fits(u, need_b + est, need_f + 1) {
+                break;
+            }
+            need_b += est;
+            need_f += 1;
+            granted += 1;
+        }
+        u.bytes += need_b;
+        u.files += need_f;
+        self.write(&g, u)?;
+        Ok(granted)
+    }
+
+    /// True if `hash` was found absent less than the negative time ago.
+    pub fn known_absent(&self, hash: &BlockHash) -> bool {
+        if self.negative_ttl.is_zero() {
+            return false;
+        }
+        let mut n = self.negative.lock().unwrap_or_else(|e| e.into_inner());
+        match n.get(hash) {
+            Some(t) if t.elapsed() < self.negative_ttl => true,
+            Some(_) => {
+                n.pop(hash);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Remembers that `hash` is absent from the tree.
+    pub fn absent(&self, hash: BlockHash) {
+        if !self.negative_ttl.is_zero() {
+            self.negative
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .put(hash, Instant::now());
+        }
+    }
+
+    /// Forgets that `hash` was absent (this store just published it).
+    pub fn present(&self, hash: &BlockHash) {
+        self.negative
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop(hash);
+    }
+
+    /// True (and the time noted) if the tree may be scanned again for victims.
+    pub fn may_rescan(&self) -> bool {
+        let mut last = self.last_rescan.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|t| t.elapsed() < RESCAN_INTERVAL) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        true
+    }
+
+    /// The ledger's path, for messages.
+    pub fn ledger_path(&self) -> &std::path::Path {
+        self.ledger.path()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ledger_text_round_trips_and_rejects_torn_records() {
+        let u = Usage {
+            bytes: 123_456,
+            files: 7,
+        };
+        assert_eq!(Usage::from_text(u.to_text().as_bytes()), Some(u));
+        assert_eq!(Usage::from_text(b""), None);
+        assert_eq!(Usage::from_text(b"bytes=12\n"), None);
+        assert_eq!(Usage::from_text(b"bytes=12\nfiles=3"), None);
+        assert_eq!(Usage::from_text(b"bytes=x\nfiles=3\n"), None);
+        assert_eq!(Usage::from_text(b"bytes=1\nfiles=3\nbytes=2\n"), None);
+    }
+}

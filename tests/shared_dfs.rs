@@ -1,0 +1,432 @@
+//! Shared mode across two nodes of a real distributed filesystem (GlusterFS, set up by
+//! `tools/dfs.sh up`: two network namespaces, each a FUSE client of one replica-2 volume, each
+//! with its own host name and pid namespace). tools/test.sh starts the cluster and runs these
+//! with `TIERKV_DFS_N1`, `TIERKV_DFS_N2` (the nodes' mount points) and `TIERKV_DFS_SH` (the
+//! script, whose `exec nN` runs a command on a node); in CI they must run
+//! (`TIERKV_REQUIRE_DFS=1`), elsewhere a missing cluster is a recorded skip.
+//!
+//! Every process of a node is a `tierkv-bench` run through `tools/dfs.sh exec`, checking every
+//! byte it reads (`--verify-data`); the test process itself reads the volume through node
+//! 1's mount for the oracle and `tierkv-stat`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BENCH: &str = env!("CARGO_BIN_EXE_tierkv-bench");
+const STAT: &str = env!("CARGO_BIN_EXE_tierkv-stat");
+
+/// The cluster: each node's mount point and the script.
+struct Dfs {
+    mounts: [PathBuf; 2],
+    script: PathBuf,
+}
+
+/// The tests share one cluster: one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn dfs() -> Option<Dfs> {
+    let var = |k: &str| std::env::var_os(k).map(PathBuf::from);
+    match (
+        var("TIERKV_DFS_N1"),
+        var("TIERKV_DFS_N2"),
+        var("TIERKV_DFS_SH"),
+    ) {
+        (Some(a), Some(b), Some(s)) => Some(Dfs {
+            mounts: [a, b],
+            script: s,
+        }),
+        _ => {
+            let why = "no distributed filesystem (TIERKV_DFS_N1/N2/SH unset: tools/test.sh \
+                       sets them after tools/dfs.sh up)";
+            if std::env::var_os("TIERKV_REQUIRE_DFS").is_some() {
+                panic!("{why}, and TIERKV_REQUIRE_DFS is set");
+            }
+            common::skip(why);
+            None
+        }
+    }
+}
+
+/// A directory of its own on the volume, as each node mounts it; removed at the end.
+struct Tree {
+    name: String,
+    mounts: [PathBuf; 2],
+}
+
+impl Tree {
+    fn new(d: &Dfs, test: &str) -> Tree {
+        let name = format!("{test}.{}", std::process::id());
+        let t = Tree {
+            name,
+            mounts: d.mounts.clone(),
+        };
+        let _ = std::fs::remove_dir_all(t.on(0));
+        std::fs::create_dir_all(t.on(0)).unwrap();
+        t
+    }
+
+    /// The tree's path on node `n` (0 or 1).
+    fn on(&self, n: usize) -> PathBuf {
+        self.mounts[n].join(&self.name)
+    }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.on(0));
+    }
+}
+
+/// `tierkv-bench` on node `n` (0 or 1) in shared mode on `tree`, checking every byte.
+fn bench_on(d: &Dfs, n: usize, tree: &Tree, args: &[&str]) -> Command {
+    let mut c = Command::new(&d.script);
+    c.args(["exec", if n == 0 { "n1" } else { "n2" }, BENCH])
+        .arg("--dir")
+        .arg(tree.on(n))
+        .args([
+            "--sharing",
+            "shared",
+            "--verify-data",
+            "--progress",
+            "never",
+        ])
+        .args(["--layout-depth", "1", "--output-format", "json"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    c
+}
+
+fn json_of(child: Child, what: &str) -> Value {
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{what}: {}", out.status);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+fn run(mut c: Command, what: &str) -> Value {
+    json_of(c.spawn().unwrap(), what)
+}
+
+/// Block files on the tree (read through node 1's mount), checked by the format oracle.
+fn check_tree(tree: &Tree) -> usize {
+    common::check_all_blocks(&tree.on(0))
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[test]
+fn a_block_published_on_one_node_is_a_hit_on_the_other() {
+    let Some(d) = dfs() else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tree = Tree::new(&d, "publish");
+    let n = "10000";
+    let t = Instant::now();
+    let a = run(
+        bench_on(
+            &d,
+            0,
+            &tree,
+            &["--rw", "write", "--bs", "16k", "--nblocks", n],
+        ),
+        "node 1 writes",
+    );
+    assert_eq!(a["errors"], 0);
+    let wrote = t.elapsed();
+    let b = run(
+        bench_on(
+            &d,
+            1,
+            &tree,
+            &["--rw", "read", "--bs", "16k", "--nblocks", n, "--no-layout"],
+        ),
+        "node 2 reads",
+    );
+    eprintln!(
+        "10,000 blocks of 16 KiB: node 1 wrote them in {wrote:?}; node 2 read them in {:.1} s",
+        b["elapsed_s"]
+    );
+    assert_eq!(b["hits"], 10_000, "every block a hit on node 2");
+    assert_eq!(b["misses"], 0);
+    assert_eq!(b["errors"], 0);
+    assert_eq!(b["verify_errors"], 0);
+    // Node 2 opened after node 1's puts: its scan found them all (the lookup of a block
+    // published after a store opened is a_new_block_is_a_hit_on_the_other_node_...).
+    assert_eq!(
+        b["store"]["blocks_at_open"], 10_000,
+        "node 2's scan found every block"
+    );
+    assert_eq!(check_tree(&tree), 10_000);
+}
+
+#[test]
+fn a_new_block_is_a_hit_on_the_other_node_within_the_negative_ttl() {
+    let Some(d) = dfs() else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tree = Tree::new(&d, "visible");
+    // In this process: one store per mount (two FUSE clients of the volume).
+    let ttl = Duration::from_millis(500);
+    let cfg = common::quiet()
+        .with_sharing(tierkv::Sharing::Shared)
+        .with_negative_ttl(ttl);
+    let a = tierkv::Store::open(tree.on(0), common::worker("0"), cfg.clone()).unwrap();
+    let b = tierkv::Store::open(tree.on(1), common::worker("0"), cfg).unwrap();
+    let len = 64 << 10;
+    let mut buf = vec![0u8; len];
+    let mut worst = Duration::ZERO;
+    for i in 0..20u64 {
+        let k = a.key(common::hash(i));
+        assert_eq!(b.get(&k, &mut buf).unwrap(), tierkv::Lookup::Miss);
+        a.put(&k, &common::payload(i, 0, len)).unwrap();
+        let t = Instant::now();
+        loop {
+            match b.get(&k, &mut buf).unwrap() {
+                tierkv::Lookup::Hit(n) => {
+                    assert_eq!(buf[..n], common::payload(i, 0, len)[..]);
+                    break;
+                }
+                tierkv::Lookup::Miss => {
+                    assert!(
+                        t.elapsed() < ttl + Duration::from_secs(2),
+                        "block {i} still a miss on node 2 after {:?}",
+                        t.elapsed()
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+        worst = worst.max(t.elapsed());
+    }
+    eprintln!(
+        "published on node 1, a hit on node 2 after at most {worst:?} (negative TTL {ttl:?})"
+    );
+    assert!(worst <= ttl + Duration::from_secs(1), "{worst:?}");
+}
+
+#[test]
+fn two_nodes_read_and_write_at_once_with_every_byte_checked() {
+    let Some(d) = dfs() else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tree = Tree::new(&d, "concurrent");
+    let start = format!("--start-at-ms={}", now_ms() + 3000);
+    let args = [
+        "--rw",
+        "randrw",
+        "--bs",
+        "64k",
+        "--nblocks",
+        "2000",
+        "--runtime",
+        "60s",
+        "--no-layout",
+        &start,
+    ];
+    let a = bench_on(&d, 0, &tree, &args).spawn().unwrap();
+    let b = bench_on(&d, 1, &tree, &args).spawn().unwrap();
+    let (a, b) = (json_of(a, "node 1"), json_of(b, "node 2"));
+    for (n, r) in [(1, &a), (2, &b)] {
+        eprintln!(
+            "node {n}: {} ops, {} hits ({} from the tree), {} misses, {} published by the other",
+            r["ops"],
+            r["hits"],
+            r["store"]["tree_hits"],
+            r["misses"],
+            r["store"]["published_by_others"]
+        );
+        assert_eq!(r["errors"], 0, "node {n}: {}", r["read"]);
+        assert_eq!(r["verify_errors"], 0, "node {n}");
+        assert_eq!(r["store"]["corrupt"], 0, "node {n}: a torn block was read");
+        assert!(r["hits"].as_u64().unwrap() > 0);
+    }
+    let cross =
+        a["store"]["tree_hits"].as_u64().unwrap() + b["store"]["tree_hits"].as_u64().unwrap();
+    assert!(cross > 0, "each node hits blocks the other wrote");
+    check_tree(&tree);
+}
+
+/// The temp files under a tree, by name.
+fn temps(tree: &Path) -> Vec<String> {
+    common::temp_files_under(tree)
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[test]
+fn sigkill_of_a_writer_on_one_node_never_hurts_the_other() {
+    let Some(d) = dfs() else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tree = Tree::new(&d, "sigkill");
+    // Node 2 reads and writes throughout, every byte checked.
+    let b = bench_on(
+        &d,
+        1,
+        &tree,
+        &[
+            "--rw",
+            "randrw",
+            "--bs",
+            "256k",
+            "--nblocks",
+            "300",
+            "--runtime",
+            "25s",
+            "--no-layout",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let mut left_by_kills = 0;
+    for round in 0..5u64 {
+        // Each new writer on node 1 sweeps the temp files of the one killed before it (its
+        // node's dead process) as it opens.
+        let mut a = bench_on(
+            &d,
+            0,
+            &tree,
+            &[
+                "--rw",
+                "randwrite",
+                "--bs",
+                "256k",
+                "--nblocks",
+                "300",
+                "--runtime",
+                "60s",
+            ],
+        )
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(1500 + 400 * round));
+        // SIGKILL to the node's process chain: the writer dies mid-put.
+        a.kill().unwrap();
+        a.wait().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        left_by_kills += temps(&tree.on(0)).len();
+    }
+    let b = json_of(b, "node 2");
+    assert_eq!(b["errors"], 0, "{}", b["read"]);
+    assert_eq!(b["verify_errors"], 0);
+    assert_eq!(b["store"]["corrupt"], 0, "node 2 read a torn block");
+    assert!(left_by_kills > 0, "no kill landed mid-put in 5 rounds");
+    let killed = temps(&tree.on(0));
+    // A store opening on node 2 leaves node 1's fresh temp files alone (another node's,
+    // younger than the lease)...
+    let reopen = [
+        "--rw",
+        "read",
+        "--bs",
+        "256k",
+        "--nblocks",
+        "1",
+        "--no-layout",
+    ];
+    assert_eq!(
+        run(bench_on(&d, 1, &tree, &reopen), "node 2 reopens")["errors"],
+        0
+    );
+    let left = temps(&tree.on(0));
+    assert!(
+        killed.iter().all(|t| left.contains(t)),
+        "node 2 swept node 1's temp files: {killed:?} then {left:?}"
+    );
+    // ...and the next store on node 1 sweeps them (their processes are gone from that node).
+    assert_eq!(
+        run(bench_on(&d, 0, &tree, &reopen), "node 1 reopens")["errors"],
+        0
+    );
+    let left = temps(&tree.on(0));
+    assert!(
+        left.is_empty(),
+        "node 1's dead writers' temp files: {left:?}"
+    );
+    check_tree(&tree);
+}
+
+#[test]
+fn a_capacity_shared_by_two_nodes_holds_while_they_run() {
+    let Some(d) = dfs() else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tree = Tree::new(&d, "capacity");
+    let cap = 80u64;
+    let start = format!("--start-at-ms={}", now_ms() + 3000);
+    let capacity = cap.to_string();
+    let args = [
+        "--rw",
+        "randrw",
+        "--bs",
+        "16k",
+        "--nblocks",
+        "800",
+        "--runtime",
+        "25s",
+        "--batch",
+        "4",
+        "--capacity-blocks",
+        &capacity,
+        "--no-layout",
+        &start,
+    ];
+    let a = bench_on(&d, 0, &tree, &args).spawn().unwrap();
+    let b = bench_on(&d, 1, &tree, &args).spawn().unwrap();
+    let mut samples = 0;
+    let mut max_seen = 0;
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(30) {
+        let out = Command::new(STAT)
+            .arg("--json")
+            .arg(tree.on(0))
+            .output()
+            .unwrap();
+        if let Ok(doc) = serde_json::from_slice::<Value>(&out.stdout) {
+            let w = &doc["workers"]["0"];
+            if let Some(l) = w["ledger"]["files"].as_u64() {
+                assert!(l <= cap, "ledger {l} > capacity {cap}");
+                let seen = w["files"].as_u64().unwrap() + w["temp"].as_u64().unwrap();
+                max_seen = max_seen.max(seen);
+                samples += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (a, b) = (json_of(a, "node 1"), json_of(b, "node 2"));
+    eprintln!(
+        "{samples} samples: at most {max_seen} block and temp files counted by a scan (capacity {cap})"
+    );
+    assert!(samples >= 5);
+    // The ledger is the bound, checked exactly at every sample above. A scan of the volume
+    // takes about a second while both nodes put and evict tens of blocks, so what it counts
+    // is no snapshot (files made after their directory was read and files removed before are
+    // both counted), so it is allowed a quarter of the capacity over (a ledger read through
+    // a client's cache, before it was opened O_DIRECT, let scans count 146-157 here).
+    assert!(
+        max_seen <= cap + cap / 4,
+        "{max_seen} files and temp files counted, capacity {cap}"
+    );
+    for (n, r) in [(1, &a), (2, &b)] {
+        assert_eq!(r["errors"], 0, "node {n}");
+        assert_eq!(r["verify_errors"], 0, "node {n}");
+        assert!(r["hits"].as_u64().unwrap() > 0, "node {n} keeps hitting");
+    }
+    // Quiet again: the tree itself is within the bound, and the ledger says what it holds.
+    assert!(check_tree(&tree) as u64 <= cap);
+    let out = Command::new(STAT)
+        .arg("--json")
+        .arg(tree.on(0))
+        .output()
+        .unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let w = &doc["workers"]["0"];
+    assert_eq!(w["ledger"]["files"], w["files"], "{w}");
+    assert_eq!(w["ledger"]["bytes"], w["bytes"], "{w}");
+}
