@@ -822,17 +822,22 @@ fn item15_claimed_lengths_are_checked_before_use() {
 
 #[test]
 fn item17_first_open_failures_missing_layout_and_misplaced_blocks() {
-    // ENOSPC when the first open renames its control files: nothing is left behind.
+    // ENOSPC when the first open renames its control files: nothing is left behind but the
+    // empty file the worker lock is held on (FLOCK: removing it could let a store that opened
+    // it meanwhile lock a file nobody else sees).
     let root = tempfile::tempdir().unwrap();
     let faults = Arc::new(NsFaults::new());
     faults.fail(NsOp::Rename, rustix::io::Errno::NOSPC, 0, 1000);
     let r = open_faulty(root.path(), quiet(), &faults);
     assert!(matches!(r, Err(Error::NoSpace { .. })), "{r:?}");
-    let left: Vec<_> = std::fs::read_dir(wdir(root.path(), "0"))
+    let w = wdir(root.path(), "0");
+    let left: Vec<_> = std::fs::read_dir(&w)
         .unwrap()
         .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "FLOCK")
         .collect();
     assert!(left.is_empty(), "{left:?}");
+    assert_eq!(std::fs::metadata(w.join("FLOCK")).unwrap().len(), 0);
 
     // A tree of blocks whose LAYOUT went missing is refused, not re-laid out.
     let (root, ks) = tree_of(20, 100);
