@@ -490,33 +490,16 @@ impl Inner {
                 if let Some(b) = &bounce {
                     buf[..len].copy_from_slice(&b[PAYLOAD_OFFSET as usize..expect]);
                 }
-                let verified = match self.opts.verify {
+                // after-reboot hashes only what a machine crash may have torn.
+                let hash_now = match self.opts.verify {
                     VerifyMode::Never => false,
-                    VerifyMode::Always | VerifyMode::OnOpen => {
-                        if !header.verify(&buf[..len]) {
-                            return Ok(self.corrupt(
-                                &key.hash,
-                                &rel,
-                                &fd,
-                                None,
-                                CorruptReason::Checksum,
-                            ));
-                        }
-                        true
-                    }
-                    VerifyMode::AfterReboot => {
-                        if !self.trusts(&header) && !header.verify(&buf[..len]) {
-                            return Ok(self.corrupt(
-                                &key.hash,
-                                &rel,
-                                &fd,
-                                None,
-                                CorruptReason::Checksum,
-                            ));
-                        }
-                        true
-                    }
+                    VerifyMode::Always | VerifyMode::OnOpen => true,
+                    VerifyMode::AfterReboot => !self.trusts(&header),
                 };
+                if hash_now && !header.verify(&buf[..len]) {
+                    return Ok(self.corrupt(&key.hash, &rel, &fd, None, CorruptReason::Checksum));
+                }
+                let verified = self.opts.verify != VerifyMode::Never;
                 if self.shared.is_some() && !self.index.contains(&key.hash) {
                     // Put by another store: the index learns it (as just used).
                     Counters::add(&self.counters.tree_hits, 1);
