@@ -30,7 +30,7 @@ fn paths_and_headers(c: &mut Criterion) {
     c.bench_function("key_to_path_depth2", |b| {
         b.iter(|| black_box(layout.rel_path(black_box(&h))))
     });
-    let header = Header::for_payload(h, &[7u8; 64]);
+    let header = Header::for_payload(h, &[7u8; 64], None);
     let bytes = header.encode();
     c.bench_function("header_encode", |b| {
         b.iter(|| black_box(black_box(&header).encode()))
@@ -39,13 +39,33 @@ fn paths_and_headers(c: &mut Criterion) {
         b.iter(|| black_box(Header::decode(black_box(&bytes))))
     });
     let payload = vec![3u8; 64 * 1024];
-    let header = Header::for_payload(h, &payload);
+    let header = Header::for_payload(h, &payload, None);
     let mut g = c.benchmark_group("payload_verify");
     g.throughput(Throughput::Bytes(payload.len() as u64));
     g.bench_function("64KiB", |b| {
         b.iter(|| black_box(header.verify(black_box(&payload))))
     });
     g.finish();
+    // blake3 on one thread against blake3's rayon (every core) per payload size: where the
+    // threads win is `format::PARALLEL_HASH_MIN`.
+    for size in [64usize << 10, 256 << 10, 2 << 20, 8 << 20, 32 << 20] {
+        let payload = vec![3u8; size];
+        let mut g = c.benchmark_group(format!("blake3_{}KiB", size >> 10));
+        g.throughput(Throughput::Bytes(size as u64));
+        g.bench_function("one_thread", |b| {
+            b.iter(|| black_box(blake3::hash(black_box(&payload))))
+        });
+        g.bench_function("rayon", |b| {
+            b.iter(|| {
+                black_box(
+                    blake3::Hasher::new()
+                        .update_rayon(black_box(&payload))
+                        .finalize(),
+                )
+            })
+        });
+        g.finish();
+    }
 }
 
 fn hot_get(c: &mut Criterion) {

@@ -1,9 +1,11 @@
 //! The same put-then-random-get workload through tierkv and two peers, side by side:
 //! cacache (a content-addressed file cache with a sharded layout: an index entry and a content
 //! file per key) and foyer (a hybrid cache whose disk tier packs entries into 16 MiB blocks of
-//! large device files, here with its memory tier off so every get reads the disk). 64 KiB and
-//! 256 KiB blocks, 1,000 of each; gets of random hot blocks one at a time; puts in batches of
-//! 16 that return once the bytes are in the filesystem. docs/benchmarks.md has the figures.
+//! large device files, here with its memory tier off so every get reads the disk), and the
+//! seed's naive mode (tierkv with one flat directory, open + read + close per access, no
+//! checksum). 64 KiB and 256 KiB blocks, 1,000 of each, and 2 MiB blocks (a 16-token block of
+//! an 8B Llama), 200 of them; gets of random hot blocks one at a time; puts in batches of 16
+//! that return once the bytes are in the filesystem. docs/benchmarks.md has the figures.
 
 use std::hint::black_box;
 use std::path::Path;
@@ -14,9 +16,12 @@ use foyer::{
     HybridCachePolicy, RecoverMode,
 };
 use tierkv::buf::AlignedBuf;
-use tierkv::{BlockHash, Lookup, Store, StoreConfig, WorkerId};
+use tierkv::{BlockHash, Layout, Lookup, Store, StoreConfig, VerifyMode, WorkerId};
 
-const BLOCKS: u64 = 1000;
+/// Blocks per size: 1,000 of 64 and 256 KiB, 200 of 2 MiB (400 MiB per peer).
+fn blocks_of(size: usize) -> u64 {
+    if size >= 1 << 20 { 200 } else { 1000 }
+}
 /// Blocks per put batch.
 const BATCH: usize = 16;
 /// foyer's disk block (the unit it packs entries into and evicts).
@@ -72,7 +77,8 @@ fn peers(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    for size in [64 * 1024usize, 256 * 1024] {
+    for size in [64 * 1024usize, 256 * 1024, 2 << 20] {
+        let blocks = blocks_of(size);
         let data = vec![0x5Au8; size];
         let mut g = c.benchmark_group(format!("peer_get_{}KiB", size / 1024));
         g.throughput(Throughput::Bytes(size as u64));
@@ -86,7 +92,7 @@ fn peers(c: &mut Criterion) {
             StoreConfig::default(),
         )
         .unwrap();
-        let keys: Vec<_> = (0..BLOCKS)
+        let keys: Vec<_> = (0..blocks)
             .map(|i| store.key(BlockHash::chain(None, &[i as u32])))
             .collect();
         for k in &keys {
@@ -96,7 +102,7 @@ fn peers(c: &mut Criterion) {
         let mut i = 0u64;
         g.bench_function(BenchmarkId::from_parameter("tierkv"), |b| {
             b.iter(|| {
-                i = (i * 7919 + 13) % BLOCKS;
+                i = (i * 7919 + 13) % blocks;
                 assert_eq!(
                     store.get(&keys[i as usize], &mut buf).unwrap(),
                     Lookup::Hit(size)
@@ -105,15 +111,44 @@ fn peers(c: &mut Criterion) {
             })
         });
 
+        // The seed's naive mode: one flat directory, open + read + close per get, no checksum.
+        let ndir = tempfile::tempdir().unwrap();
+        let naive = Store::open(
+            ndir.path(),
+            WorkerId::new("bench").unwrap(),
+            StoreConfig::default()
+                .with_layout(Layout::new(0, 256).unwrap())
+                .with_fd_cache(0)
+                .with_verify(VerifyMode::Never),
+        )
+        .unwrap();
+        let nkeys: Vec<_> = (0..blocks)
+            .map(|i| naive.key(BlockHash::chain(None, &[i as u32])))
+            .collect();
+        for k in &nkeys {
+            naive.put(k, &data).unwrap();
+        }
+        let mut ni = 0u64;
+        g.bench_function(BenchmarkId::from_parameter("naive"), |b| {
+            b.iter(|| {
+                ni = (ni * 7919 + 13) % blocks;
+                assert_eq!(
+                    naive.get(&nkeys[ni as usize], &mut buf).unwrap(),
+                    Lookup::Hit(size)
+                );
+                black_box(&buf);
+            })
+        });
+
         // cacache: key -> index entry -> content file (verified by its integrity hash).
         let cdir = tempfile::tempdir().unwrap();
-        for j in 0..BLOCKS {
+        for j in 0..blocks {
             cacache::write_sync(cdir.path(), name(j), &data).unwrap();
         }
         let mut j = 0u64;
         g.bench_function(BenchmarkId::from_parameter("cacache"), |b| {
             b.iter(|| {
-                j = (j * 7919 + 13) % BLOCKS;
+                j = (j * 7919 + 13) % blocks;
                 let v = cacache::read_sync(cdir.path(), name(j)).unwrap();
                 assert_eq!(v.len(), size);
                 black_box(v);
@@ -122,17 +157,17 @@ fn peers(c: &mut Criterion) {
 
         // foyer: key -> in-memory index -> one aligned read from a device file (checksummed).
         let fdir = tempfile::tempdir().unwrap();
-        let capacity = (BLOCKS as usize * (size + 4096) * 4).max(64 * FOYER_BLOCK);
+        let capacity = (blocks as usize * (size + 4096) * 4).max(64 * FOYER_BLOCK);
         let foyer = rt.block_on(foyer_open(fdir.path(), capacity));
-        rt.block_on(foyer_put(&foyer, 0..BLOCKS, &data));
-        for k in 0..BLOCKS {
+        rt.block_on(foyer_put(&foyer, 0..blocks, &data));
+        for k in 0..blocks {
             let e = rt.block_on(foyer.get(&k)).unwrap();
             assert!(e.is_some(), "foyer lost block {k} while filling");
         }
         let mut f = 0u64;
         g.bench_function(BenchmarkId::from_parameter("foyer"), |b| {
             b.iter(|| {
-                f = (f * 7919 + 13) % BLOCKS;
+                f = (f * 7919 + 13) % blocks;
                 let e = rt.block_on(foyer.get(&f)).unwrap().expect("foyer miss");
                 assert_eq!(e.value().len(), size);
                 black_box(e);
@@ -160,6 +195,23 @@ fn peers(c: &mut Criterion) {
                 }
             })
         });
+        let mut nn = 0u32;
+        g.bench_function(BenchmarkId::from_parameter("naive"), |b| {
+            b.iter(|| {
+                let items: Vec<_> = (0..BATCH)
+                    .map(|_| {
+                        nn += 1;
+                        (
+                            naive.key(BlockHash::chain(None, &[u32::MAX - nn])),
+                            data.as_slice(),
+                        )
+                    })
+                    .collect();
+                for r in naive.put_many(&items) {
+                    r.unwrap();
+                }
+            })
+        });
         let mut m = 0u64;
         g.bench_function(BenchmarkId::from_parameter("cacache"), |b| {
             b.iter(|| {
@@ -169,7 +221,7 @@ fn peers(c: &mut Criterion) {
                 }
             })
         });
-        let mut k = BLOCKS;
+        let mut k = blocks;
         g.bench_function(BenchmarkId::from_parameter("foyer"), |b| {
             b.iter(|| {
                 rt.block_on(foyer_put(&foyer, k..k + BATCH as u64, &data));

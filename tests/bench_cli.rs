@@ -905,3 +905,45 @@ fn verify_data_fails_a_run_that_reads_a_stale_or_swapped_block() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `--key-offset N` names blocks N.. of the key space: after a run of N blocks it writes new
+/// blocks (so a full store evicts on every put), and its reads find only its own.
+#[test]
+fn key_offset_writes_new_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let plain = |line: &str| {
+        let out = Command::new(BENCH)
+            .args(words(line))
+            .args(["--output-format", "json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{line}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    plain(&format!("--dir {d} --rw write --bs 4k --nblocks 4"));
+    plain(&format!(
+        "--dir {d} --rw write --bs 4k --nblocks 4 --key-offset 4"
+    ));
+    assert_eq!(common::oracle::read_tree(dir.path()).blocks.len(), 8);
+    let r = plain(&format!(
+        "--dir {d} --rw read --bs 4k --nblocks 4 --key-offset 8 --no-layout"
+    ));
+    assert_eq!(
+        (r["hits"].as_u64(), r["misses"].as_u64()),
+        (Some(0), Some(4))
+    );
+    // At a bound of 8 blocks, 4 more new blocks evict at least 4.
+    let w = plain(&format!(
+        "--dir {d} --rw write --bs 4k --nblocks 4 --key-offset 8 --capacity-blocks 8 --sync-writes"
+    ));
+    // (the policy may evict one more to leave room below the bound)
+    assert!(w["evictions"].as_u64().unwrap() >= 4, "{w}");
+    // --sync-writes: each block fdatasync'ed before it is published.
+    assert_eq!(w["store"]["syncs"].as_u64(), Some(4), "{w}");
+    assert!(common::oracle::read_tree(dir.path()).blocks.len() <= 8);
+}

@@ -800,7 +800,7 @@ fn item15_claimed_lengths_are_checked_before_use() {
     let k = store.key(hash(9));
     let p = store.path_of(&k.hash);
     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-    let mut h = tierkv::format::Header::for_payload(k.hash, &[0u8; 100]);
+    let mut h = tierkv::format::Header::for_payload(k.hash, &[0u8; 100], None);
     h.payload_len = 1 << 40;
     let mut file = h.encode().to_vec();
     file.resize(4096 + 100, 0);

@@ -42,7 +42,7 @@ class Store:
         policy: str = "adaptive",
         engine: str = "auto",
         read_only: bool = False,
-        verify: str = "on-open",
+        verify: str = "after-reboot",
         direct_io: bool = False,
         sync_writes: bool = False,
         fd_cache: Optional[int] = None,

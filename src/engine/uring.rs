@@ -109,14 +109,25 @@ fn run_job(ring: &mut IoUring, mut ops: Vec<Op>) -> Vec<io::Result<usize>> {
             let op = &mut ops[i];
             op.rest = advance(&op.iov, op.done);
             let fd = types::Fd(op.fd);
-            let entry = if op.write {
-                opcode::Writev::new(fd, op.rest.as_ptr(), op.rest.len() as u32)
-                    .offset(op.offset + op.done as u64)
-                    .build()
-            } else {
-                opcode::Readv::new(fd, op.rest.as_ptr(), op.rest.len() as u32)
-                    .offset(op.offset + op.done as u64)
-                    .build()
+            let at = op.offset + op.done as u64;
+            // One buffer: the plain opcodes (what fio submits), else the vectored ones.
+            let entry = match (op.write, op.rest.as_slice()) {
+                (true, [one]) => {
+                    opcode::Write::new(fd, one.iov_base as *const u8, one.iov_len as u32)
+                        .offset(at)
+                        .build()
+                }
+                (false, [one]) => {
+                    opcode::Read::new(fd, one.iov_base as *mut u8, one.iov_len as u32)
+                        .offset(at)
+                        .build()
+                }
+                (true, _) => opcode::Writev::new(fd, op.rest.as_ptr(), op.rest.len() as u32)
+                    .offset(at)
+                    .build(),
+                (false, _) => opcode::Readv::new(fd, op.rest.as_ptr(), op.rest.len() as u32)
+                    .offset(at)
+                    .build(),
             }
             .user_data(i as u64);
             // SAFETY: the iovec array (op.rest) and the buffers it points to stay valid and

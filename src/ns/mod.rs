@@ -1097,6 +1097,34 @@ fn list(fd: OwnedFd) -> rustix::io::Result<Vec<Entry>> {
     Ok(out)
 }
 
+/// Where the kernel gives the id of its current boot: a random UUID drawn at every boot, the
+/// same for every process and container on this kernel.
+pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+
+/// This machine's boot id (16 bytes of [`BOOT_ID_PATH`]), read once per process; `None` where
+/// it cannot be read or parsed (then every file counts as written before this boot).
+pub fn boot_id() -> Option<[u8; 16]> {
+    static BOOT: std::sync::OnceLock<Option<[u8; 16]>> = std::sync::OnceLock::new();
+    *BOOT.get_or_init(|| {
+        let text = std::fs::read_to_string(BOOT_ID_PATH).ok()?;
+        parse_boot_id(&text)
+    })
+}
+
+/// Parses the kernel's text form of a boot id (`8-4-4-4-12` hex digits and a newline).
+pub fn parse_boot_id(text: &str) -> Option<[u8; 16]> {
+    let hex: Vec<u8> = text.trim().bytes().filter(|&c| c != b'-').collect();
+    if hex.len() != 32 || text.trim().len() != 36 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let s = std::str::from_utf8(pair).ok()?;
+        out[i] = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(out)
+}
+
 /// The worker directories under `<root>/v1` (real directories with valid worker names; a
 /// symlink there is never one), sorted; `v1` itself is opened with `O_NOFOLLOW`.
 pub fn list_workers(root: &Path) -> Result<Vec<String>> {
@@ -1129,6 +1157,20 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let d = BlockDir::open(t.path(), "w", true).unwrap();
         (t, d)
+    }
+
+    #[test]
+    fn boot_ids_parse_from_the_kernels_text() {
+        let id = parse_boot_id("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0\n").unwrap();
+        assert_eq!(id[0], 0x0f);
+        assert_eq!(id[15], 0xf0);
+        assert_eq!(parse_boot_id("0f1e2d3c4b5a69788796a5b4c3d2e1f0"), None);
+        assert_eq!(parse_boot_id("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1fz"), None);
+        assert_eq!(parse_boot_id(""), None);
+        // This machine's, read twice, is the same.
+        let here = boot_id().expect("a Linux kernel gives its boot id");
+        assert_eq!(Some(here), boot_id());
+        assert_ne!(here, [0; 16]);
     }
 
     #[test]

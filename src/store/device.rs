@@ -143,6 +143,10 @@ impl Inner {
             VerifyMode::Always => true,
             VerifyMode::Never => false,
             VerifyMode::OnOpen => !block.verified.load(Ordering::Relaxed),
+            // A file written since this boot is moved to the GPU without a host read.
+            VerifyMode::AfterReboot => {
+                !block.verified.load(Ordering::Relaxed) && !self.trusts(&block.header)
+            }
         };
         if check {
             let mut payload = self.bufs.take(need);

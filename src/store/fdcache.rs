@@ -237,7 +237,7 @@ mod tests {
         Arc::new(OpenBlock {
             engine: Arc::new(crate::engine::PsyncEngine::new()),
             fd: f.into(),
-            header: Header::for_payload(BlockHash([0; 32]), b""),
+            header: Header::for_payload(BlockHash([0; 32]), b"", None),
             verified: AtomicBool::new(false),
         })
     }

@@ -158,6 +158,9 @@ struct Inner {
     publish: Publisher,
     threads: Background,
     counters: Counters,
+    /// This machine's boot id, written into every block header and compared with the one
+    /// read from each file ([`VerifyMode::AfterReboot`]).
+    boot: Option<[u8; 16]>,
     /// The counters of the offloader in front of this store (the latest one attached), part
     /// of its stats.
     offload: Mutex<Option<Arc<crate::offload::OffloadCounters>>>,
@@ -454,6 +457,7 @@ impl Store {
                 stats_interval: stats_interval.unwrap_or_default(),
             },
             counters,
+            boot: crate::ns::boot_id(),
             offload: Mutex::new(None),
         });
         // The background threads; a failure to start one fails the open (the lock is released
@@ -940,6 +944,7 @@ impl Inner {
             read_errors: g(&c.read_errors),
             removes: g(&c.removes),
             corrupt: g(&c.corrupt),
+            checksums_skipped: g(&c.checksums_skipped),
             foreign: g(&c.foreign),
             temp_swept: g(&c.temp_swept),
             syncs: g(&c.syncs),

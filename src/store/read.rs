@@ -31,6 +31,9 @@ pub(super) enum ReadPlan {
         head: Vec<u8>,
         tail: [u8; 1],
         bounce: Option<PooledBuf>,
+        /// `O_DIRECT` into an aligned caller's buffer: the header page goes here, the payload
+        /// straight into the caller's buffer (no bounce buffer, no copy).
+        direct_head: Option<PooledBuf>,
     },
 }
 
@@ -150,10 +153,16 @@ impl Inner {
                         head,
                         tail,
                         bounce,
+                        direct_head,
                         ..
-                    } => match bounce {
-                        Some(b) => IoRequest::read((*fd).as_fd(), 0, vec![IoSliceMut::new(b)]),
-                        None => IoRequest::read(
+                    } => match (bounce, direct_head) {
+                        (Some(b), _) => IoRequest::read((*fd).as_fd(), 0, vec![IoSliceMut::new(b)]),
+                        (None, Some(h)) => IoRequest::read(
+                            (*fd).as_fd(),
+                            0,
+                            vec![IoSliceMut::new(h), IoSliceMut::new(buf)],
+                        ),
+                        (None, None) => IoRequest::read(
                             (*fd).as_fd(),
                             0,
                             vec![
@@ -325,13 +334,25 @@ impl Inner {
             }
             Ok(Opened::File(fd, st)) => {
                 let size = st.st_size as u64;
-                let (head, bounce) = if self.opts.direct {
+                // O_DIRECT into a caller's buffer whose address and length are aligned: the
+                // header page into a pooled page, the payload in place. The file's length
+                // (from fstat, checked against the header) stands in for the spare byte
+                // that buffered reads use to see a file longer than its header says.
+                let in_place = buf_addr % DIRECT_ALIGN == 0 && buf_len % DIRECT_ALIGN == 0;
+                let (head, bounce, direct_head) = if !self.opts.direct {
+                    (vec![0u8; PAYLOAD_OFFSET as usize], None, None)
+                } else if in_place {
+                    (
+                        Vec::new(),
+                        None,
+                        Some(self.bufs.take(PAYLOAD_OFFSET as usize)),
+                    )
+                } else {
                     (
                         Vec::new(),
                         Some(self.bufs.take(PAYLOAD_OFFSET as usize + buf_len + 1)),
+                        None,
                     )
-                } else {
-                    (vec![0u8; PAYLOAD_OFFSET as usize], None)
                 };
                 ReadPlan::Fresh {
                     fd,
@@ -340,6 +361,7 @@ impl Inner {
                     head,
                     tail: [0],
                     bounce,
+                    direct_head,
                 }
             }
             Err(Errno::NOENT | Errno::NOTDIR | Errno::STALE) => {
@@ -392,7 +414,9 @@ impl Inner {
                 let check = match self.opts.verify {
                     VerifyMode::Always => true,
                     VerifyMode::Never => false,
-                    VerifyMode::OnOpen => !block.verified.load(Ordering::Relaxed),
+                    VerifyMode::OnOpen | VerifyMode::AfterReboot => {
+                        !block.verified.load(Ordering::Relaxed)
+                    }
                 };
                 if check {
                     if !block.header.verify(&buf[..len]) {
@@ -415,11 +439,12 @@ impl Inner {
                 head,
                 tail,
                 bounce,
+                direct_head,
             } => {
                 let n = io.map_err(|e| Error::from_io(self.path(rel.as_str()), e))?;
-                let head_bytes: &[u8] = match &bounce {
-                    Some(b) => &b[..n.min(PAYLOAD_OFFSET as usize)],
-                    None => &head[..n.min(PAYLOAD_OFFSET as usize)],
+                let head_bytes: &[u8] = match (&bounce, &direct_head) {
+                    (Some(b), _) | (None, Some(b)) => &b[..n.min(PAYLOAD_OFFSET as usize)],
+                    (None, None) => &head[..n.min(PAYLOAD_OFFSET as usize)],
                 };
                 let header = match check_head(&key.hash, head_bytes) {
                     Ok(h) => h,
@@ -465,10 +490,16 @@ impl Inner {
                 if let Some(b) = &bounce {
                     buf[..len].copy_from_slice(&b[PAYLOAD_OFFSET as usize..expect]);
                 }
-                let verified = self.opts.verify != VerifyMode::Never;
-                if verified && !header.verify(&buf[..len]) {
+                // after-reboot hashes only what a machine crash may have torn.
+                let hash_now = match self.opts.verify {
+                    VerifyMode::Never => false,
+                    VerifyMode::Always | VerifyMode::OnOpen => true,
+                    VerifyMode::AfterReboot => !self.trusts(&header),
+                };
+                if hash_now && !header.verify(&buf[..len]) {
                     return Ok(self.corrupt(&key.hash, &rel, &fd, None, CorruptReason::Checksum));
                 }
+                let verified = self.opts.verify != VerifyMode::Never;
                 if self.shared.is_some() && !self.index.contains(&key.hash) {
                     // Put by another store: the index learns it (as just used).
                     Counters::add(&self.counters.tree_hits, 1);
@@ -486,6 +517,17 @@ impl Inner {
                 Ok(Lookup::Hit(len))
             }
         }
+    }
+
+    /// True when `header`'s file needs no payload hash under [`VerifyMode::AfterReboot`]: it
+    /// was written on this machine since its current boot (counted in
+    /// `StoreStats::checksums_skipped`).
+    pub(super) fn trusts(&self, header: &crate::format::Header) -> bool {
+        let trusted = header.written_in_boot(self.boot.as_ref());
+        if trusted {
+            Counters::add(&self.counters.checksums_skipped, 1);
+        }
+        trusted
     }
 
     /// Handles a corrupt file: removes it if the path still names the same file, counts it,

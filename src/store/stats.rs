@@ -29,6 +29,9 @@ pub struct StoreStats {
     pub removes: u64,
     /// Corrupt block files found (and removed) by reads.
     pub corrupt: u64,
+    /// First reads that served a file without hashing its payload because it was written on
+    /// this machine since its current boot ([`VerifyMode::AfterReboot`](crate::VerifyMode)).
+    pub checksums_skipped: u64,
     /// Foreign files and symlinks seen in the tree (left alone).
     pub foreign: u64,
     /// Temp files removed when the store was opened.
@@ -204,6 +207,7 @@ pub(crate) struct Counters {
     pub read_errors: AtomicU64,
     pub removes: AtomicU64,
     pub corrupt: AtomicU64,
+    pub checksums_skipped: AtomicU64,
     pub foreign: AtomicU64,
     pub temp_swept: AtomicU64,
     pub syncs: AtomicU64,

@@ -31,6 +31,9 @@ pub(super) struct WritePlan<'a> {
     pub fd: OwnedFd,
     pub header: [u8; HEADER_LEN],
     pub bounce: Option<PooledBuf>,
+    /// `O_DIRECT` from an aligned payload: the header and padding in an aligned page of the
+    /// store's, the payload written from the caller's memory (no bounce buffer, no copy).
+    pub head_page: Option<PooledBuf>,
     pub hash: BlockHash,
     pub len: usize,
     /// The payload comes from GPU memory: the engine writes it, then the header is computed
@@ -78,6 +81,53 @@ impl Source for DeviceMem {
     }
     fn device(&self) -> Option<DeviceMem> {
         Some(*self)
+    }
+}
+
+/// Put batches of at least this many payload bytes (and two blocks) write on two threads: one
+/// half's temp files are created and its headers hashed while the other half's writes are in
+/// flight (docs/benchmarks.md#puts).
+pub(crate) const PARALLEL_PUT_MIN_BYTES: usize = 8 << 20;
+
+/// What steps 3 to 5 of a put batch made of one item: its slot, its offer, and its written
+/// temp file with the bytes it takes on disk, or the error.
+type FileOutcome<'s> = (usize, Offer, Result<(WritePlan<'s>, u64)>);
+
+/// A put's payload as the batch's threads share it: host bytes or GPU memory.
+#[derive(Clone, Copy)]
+pub(super) enum Payload<'a> {
+    Host(&'a [u8]),
+    Device(DeviceMem),
+}
+
+impl<'a> Payload<'a> {
+    fn of<D: Source>(d: &'a D) -> Payload<'a> {
+        match (d.host(), d.device()) {
+            (Some(h), _) => Payload::Host(h),
+            (None, Some(m)) => Payload::Device(m),
+            (None, None) => unreachable!("a payload is in host or device memory"),
+        }
+    }
+}
+
+impl Source for Payload<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Payload::Host(h) => h.len(),
+            Payload::Device(m) => m.len(),
+        }
+    }
+    fn host(&self) -> Option<&[u8]> {
+        match self {
+            Payload::Host(h) => Some(h),
+            Payload::Device(_) => None,
+        }
+    }
+    fn device(&self) -> Option<DeviceMem> {
+        match self {
+            Payload::Host(_) => None,
+            Payload::Device(m) => Some(*m),
+        }
     }
 }
 
@@ -153,62 +203,40 @@ impl Inner {
         };
         let mut published = (0u64, 0u64);
 
-        // 3. Temp files for what must be written.
-        let mut plans: Vec<(usize, Offer, WritePlan)> = Vec::with_capacity(valid.len());
+        // 3-5. Temp files, one engine batch of writes, sizes and syncs: on two threads for
+        //      large batches, so that one half's file creation (and hashing) runs while the
+        //      other half's writes are in flight.
+        let mut todo: Vec<(usize, Offer)> = Vec::with_capacity(valid.len());
         for (slot, offer) in valid.into_iter().zip(offers) {
-            let (key, data) = (&items[which[slot]].0, &items[which[slot]].1);
             match offer {
                 Offer::Touched | Offer::NotAdmitted => results[slot] = Some(Ok(())),
-                Offer::Reserved | Offer::Replace { .. } => match self.plan_write(key, data) {
-                    Ok(p) => plans.push((slot, offer, p)),
-                    Err(e) => {
-                        self.index.abort(&key.hash, offer);
-                        results[slot] = Some(Err(e));
-                    }
-                },
+                Offer::Reserved | Offer::Replace { .. } => todo.push((slot, offer)),
             }
         }
-
-        // 4. One engine batch with every write.
-        let io_results = {
-            let mut reqs = Vec::with_capacity(plans.len());
-            for (slot, _, p) in &plans {
-                let data = &items[which[*slot]].1;
-                reqs.push(match (&p.bounce, data.host(), data.device()) {
-                    (Some(b), _, _) => IoRequest::write(p.fd.as_fd(), 0, vec![IoSlice::new(b)]),
-                    (None, Some(data), _) => IoRequest::write(
-                        p.fd.as_fd(),
-                        0,
-                        vec![
-                            IoSlice::new(&p.header),
-                            IoSlice::new(&PADDING),
-                            IoSlice::new(data),
-                        ],
-                    ),
-                    (None, None, Some(mem)) => {
-                        IoRequest::write_device(p.fd.as_fd(), PAYLOAD_OFFSET, mem)
-                    }
-                    (None, None, None) => unreachable!("a payload is in host or device memory"),
-                });
-            }
-            crate::engine::submit_checked(self.engine.as_ref(), &mut reqs)
-        };
-
-        // 5. Size, sync; failures unlink their temp file and drop their reservation.
-        let mut written: Vec<(usize, Offer, WritePlan, u64)> = Vec::with_capacity(plans.len());
-        for ((slot, offer, plan), io) in plans.into_iter().zip(io_results) {
-            let io = if plan.device {
-                io.and_then(|n| self.seal(&plan, n))
-            } else {
-                io
-            };
-            match self.finish_write(&plan, io) {
-                Ok(bytes) => written.push((slot, offer, plan, bytes)),
-                Err(e) => {
-                    self.discard(&plan);
-                    self.index.abort(&plan.hash, offer);
-                    results[slot] = Some(Err(e));
+        let payloads: Vec<(&BlockKey, Payload<'_>)> = which
+            .iter()
+            .map(|&i| (&items[i].0, Payload::of(&items[i].1)))
+            .collect();
+        let bytes: usize = todo.iter().map(|(slot, _)| payloads[*slot].1.len()).sum();
+        let outcomes = if todo.len() >= 2 && bytes >= PARALLEL_PUT_MIN_BYTES {
+            let (a, b) = todo.split_at(todo.len() / 2);
+            std::thread::scope(|scope| {
+                let other = scope.spawn(|| self.write_files(&payloads, b));
+                let mut first = self.write_files(&payloads, a);
+                match other.join() {
+                    Ok(second) => first.extend(second),
+                    Err(panic) => std::panic::resume_unwind(panic),
                 }
+                first
+            })
+        } else {
+            self.write_files(&payloads, &todo)
+        };
+        let mut written: Vec<(usize, Offer, WritePlan, u64)> = Vec::with_capacity(todo.len());
+        for (slot, offer, outcome) in outcomes {
+            match outcome {
+                Ok((plan, bytes)) => written.push((slot, offer, plan, bytes)),
+                Err(e) => results[slot] = Some(Err(e)),
             }
         }
 
@@ -282,6 +310,76 @@ impl Inner {
             .collect()
     }
 
+    /// Steps 3 to 5 of a put batch for the admitted `todo` (slot in `payloads`, offer): creates
+    /// each temp file, writes them all in one engine batch, then sizes and syncs each. A
+    /// failure unlinks its temp file and drops its reservation; each outcome is returned with
+    /// its slot and offer, in `todo`'s order.
+    fn write_files<'s>(
+        &'s self,
+        payloads: &[(&BlockKey, Payload<'_>)],
+        todo: &[(usize, Offer)],
+    ) -> Vec<FileOutcome<'s>> {
+        let mut out = Vec::with_capacity(todo.len());
+        let mut plans: Vec<(usize, Offer, WritePlan)> = Vec::with_capacity(todo.len());
+        for &(slot, offer) in todo {
+            let (key, data) = &payloads[slot];
+            match self.plan_write(key, data) {
+                Ok(p) => plans.push((slot, offer, p)),
+                Err(e) => {
+                    self.index.abort(&key.hash, offer);
+                    out.push((slot, offer, Err(e)));
+                }
+            }
+        }
+        let io_results = {
+            let mut reqs = Vec::with_capacity(plans.len());
+            for (slot, _, p) in &plans {
+                let data = &payloads[*slot].1;
+                reqs.push(match (&p.bounce, data.host(), data.device()) {
+                    (Some(b), _, _) => IoRequest::write(p.fd.as_fd(), 0, vec![IoSlice::new(b)]),
+                    (None, Some(data), _) if p.head_page.is_some() => IoRequest::write(
+                        p.fd.as_fd(),
+                        0,
+                        vec![
+                            IoSlice::new(p.head_page.as_deref().expect("checked")),
+                            IoSlice::new(data),
+                        ],
+                    ),
+                    (None, Some(data), _) => IoRequest::write(
+                        p.fd.as_fd(),
+                        0,
+                        vec![
+                            IoSlice::new(&p.header),
+                            IoSlice::new(&PADDING),
+                            IoSlice::new(data),
+                        ],
+                    ),
+                    (None, None, Some(mem)) => {
+                        IoRequest::write_device(p.fd.as_fd(), PAYLOAD_OFFSET, mem)
+                    }
+                    (None, None, None) => unreachable!("a payload is in host or device memory"),
+                });
+            }
+            crate::engine::submit_checked(self.engine.as_ref(), &mut reqs)
+        };
+        for ((slot, offer, plan), io) in plans.into_iter().zip(io_results) {
+            let io = if plan.device {
+                io.and_then(|n| self.seal(&plan, n))
+            } else {
+                io
+            };
+            match self.finish_write(&plan, io) {
+                Ok(bytes) => out.push((slot, offer, Ok((plan, bytes)))),
+                Err(e) => {
+                    self.discard(&plan);
+                    self.index.abort(&plan.hash, offer);
+                    out.push((slot, offer, Err(e)));
+                }
+            }
+        }
+        out
+    }
+
     /// Completes a file whose payload the engine wrote from GPU memory (`n` bytes): reads the
     /// payload back, and writes the header with its checksum and the zero padding. Returns
     /// the bytes of the whole file, as a host write would have.
@@ -299,7 +397,7 @@ impl Inner {
         if got != plan.len {
             return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
         }
-        let header = Header::for_payload(plan.hash, &payload[..plan.len]).encode();
+        let header = Header::for_payload(plan.hash, &payload[..plan.len], self.boot).encode();
         let mut head = self.bufs.take(PAYLOAD_OFFSET as usize);
         head[..HEADER_LEN].copy_from_slice(&header);
         head[HEADER_LEN..PAYLOAD_OFFSET as usize].fill(0);
@@ -369,7 +467,7 @@ impl Inner {
     fn plan_write<D: Source>(&self, key: &BlockKey, data: &D) -> Result<WritePlan<'_>> {
         // From GPU memory, the header is written once the payload is in the file.
         let header = match data.host() {
-            Some(d) => Header::for_payload(key.hash, d).encode(),
+            Some(d) => Header::for_payload(key.hash, d, self.boot).encode(),
             None => [0; HEADER_LEN],
         };
         let rel = self.layout.rel_path(&key.hash);
@@ -393,15 +491,34 @@ impl Inner {
                 r => break (name, r?),
             }
         };
-        let bounce = data.host().filter(|_| self.opts.direct).map(|data| {
-            let total = PAYLOAD_OFFSET as usize + data.len();
-            let mut b = self.bufs.take(total);
-            b[..HEADER_LEN].copy_from_slice(&header);
-            // A reused buffer holds old bytes: the padding must be zero.
-            b[HEADER_LEN..PAYLOAD_OFFSET as usize].fill(0);
-            b[PAYLOAD_OFFSET as usize..total].copy_from_slice(data);
-            b
-        });
+        // O_DIRECT from a payload whose address and length are page-aligned (an engine's KV
+        // pool): only the header page is the store's; else the whole file is copied into an
+        // aligned bounce buffer.
+        let aligned = |d: &[u8]| {
+            d.as_ptr() as usize % crate::buf::DIRECT_ALIGN == 0
+                && d.len() % crate::buf::DIRECT_ALIGN == 0
+        };
+        let head_page = data
+            .host()
+            .filter(|d| self.opts.direct && aligned(d))
+            .map(|_| {
+                let mut b = self.bufs.take(PAYLOAD_OFFSET as usize);
+                b[..HEADER_LEN].copy_from_slice(&header);
+                b[HEADER_LEN..].fill(0);
+                b
+            });
+        let bounce = data
+            .host()
+            .filter(|_| self.opts.direct && head_page.is_none())
+            .map(|data| {
+                let total = PAYLOAD_OFFSET as usize + data.len();
+                let mut b = self.bufs.take(total);
+                b[..HEADER_LEN].copy_from_slice(&header);
+                // A reused buffer holds old bytes: the padding must be zero.
+                b[HEADER_LEN..PAYLOAD_OFFSET as usize].fill(0);
+                b[PAYLOAD_OFFSET as usize..total].copy_from_slice(data);
+                b
+            });
         let device = data.device().is_some();
         Ok(WritePlan {
             rel,
@@ -411,6 +528,7 @@ impl Inner {
             fd,
             header,
             bounce,
+            head_page,
             hash: key.hash,
             len: data.len(),
             device,

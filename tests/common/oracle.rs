@@ -1,5 +1,6 @@
 //! An independent reader of a tierkv tree, written from docs/format.md alone: it does not use
-//! `tierkv::format`, `tierkv::layout` or `tierkv::key` (only the blake3 crate), so a change of
+//! `tierkv::format`, `tierkv::layout` or `tierkv::key` (only the blake3 crate, and xxhash-rust
+//! for XXH3-128, another implementation than the library's twox-hash), so a change of
 //! the store's writer *and* its reader (fields swapped in both, a wrong shard width in both)
 //! still fails the tests that inspect trees with it.
 //!
@@ -237,8 +238,12 @@ pub fn check_block_bytes(b: &[u8], name: &str) -> Result<(), String> {
     if &b[0..8] != MAGIC {
         return Err(format!("magic {:02x?}", &b[0..8]));
     }
-    if u16_at(8) != 1 {
-        return Err(format!("format version {}", u16_at(8)));
+    // Version 1: flags 1 (blake3), bytes 96..120 zero. Version 2: one checksum bit (1 blake3,
+    // 4 XXH3-128), bit 2 (value 2) with the writer's boot id in 96..112 (zero without it),
+    // 112..120 zero.
+    let version = u16_at(8);
+    if version != 1 && version != 2 {
+        return Err(format!("format version {version}"));
     }
     if blake3::hash(&b[0..120]).as_bytes()[0..8] != b[120..128] {
         return Err("header check mismatch".into());
@@ -246,8 +251,9 @@ pub fn check_block_bytes(b: &[u8], name: &str) -> Result<(), String> {
     if u16_at(10) != 128 {
         return Err(format!("header length {}", u16_at(10)));
     }
-    if u32_at(12) != 1 {
-        return Err(format!("flags {:#x}", u32_at(12)));
+    let flags = u32_at(12);
+    if !(flags == 1 || (version == 2 && [3, 4, 6].contains(&flags))) {
+        return Err(format!("flags {flags:#x} in version {version}"));
     }
     if u32_at(16) != 4096 {
         return Err(format!("payload offset {}", u32_at(16)));
@@ -255,8 +261,15 @@ pub fn check_block_bytes(b: &[u8], name: &str) -> Result<(), String> {
     if b[20..24] != [0; 4] {
         return Err(format!("reserved bytes 20..24 {:02x?}", &b[20..24]));
     }
-    if b[96..120] != [0; 24] {
-        return Err(format!("reserved bytes 96..120 {:02x?}", &b[96..120]));
+    if flags & 2 == 0 && b[96..112] != [0; 16] {
+        return Err(format!("reserved bytes 96..112 {:02x?}", &b[96..112]));
+    }
+    if b[112..120] != [0; 8] {
+        return Err(format!("reserved bytes 112..120 {:02x?}", &b[112..120]));
+    }
+    let xxh3 = flags & 4 != 0;
+    if xxh3 && b[48..64] != [0; 16] {
+        return Err(format!("XXH3 checksum tail 48..64 {:02x?}", &b[48..64]));
     }
     let len = u64_at(24);
     if b.len() as u64 != PAYLOAD_AT as u64 + len {
@@ -277,7 +290,12 @@ pub fn check_block_bytes(b: &[u8], name: &str) -> Result<(), String> {
     if let Some(i) = b[HEADER_END..PAYLOAD_AT].iter().position(|&x| x != 0) {
         return Err(format!("padding byte {} is not zero", HEADER_END + i));
     }
-    if blake3::hash(&b[PAYLOAD_AT..]).as_bytes()[..] != b[32..64] {
+    let sum_ok = if xxh3 {
+        xxhash_rust::xxh3::xxh3_128(&b[PAYLOAD_AT..]).to_le_bytes()[..] == b[32..48]
+    } else {
+        blake3::hash(&b[PAYLOAD_AT..]).as_bytes()[..] == b[32..64]
+    };
+    if !sum_ok {
         return Err("payload checksum mismatch".into());
     }
     Ok(())
@@ -407,8 +425,41 @@ pub fn block_path(wdir: &Path, hex: &str, depth: usize, width: usize) -> PathBuf
     p
 }
 
-/// The bytes of a block file for `payload` under `hex`, built from the document (for tests
-/// that plant files behind the store).
+/// The writer's boot id a version 2 file records (bytes 96..112), if it has one.
+pub fn writer_boot(b: &[u8]) -> Option<[u8; 16]> {
+    (b.len() >= 128 && u16::from_le_bytes([b[8], b[9]]) == 2 && b[12] & 2 != 0)
+        .then(|| b[96..112].try_into().unwrap())
+}
+
+/// This machine's boot id as docs/format.md says to read it: the 32 hex digits of
+/// `/proc/sys/kernel/random/boot_id` (dashes left out), as 16 bytes.
+pub fn this_boot() -> [u8; 16] {
+    let text = fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let hex: String = text.trim().chars().filter(|c| *c != '-').collect();
+    assert_eq!(hex.len(), 32, "boot id {text:?}");
+    let mut id = [0u8; 16];
+    for (i, b) in id.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+    }
+    id
+}
+
+/// A version 2 block file for `payload` under `hex` as tierkv writes it, on the machine
+/// booted as `boot`: flags 6 (XXH3-128 in bytes 32..48, 48..64 zero; the boot id in 96..112).
+pub fn encode_block_v2(hex: &str, payload: &[u8], boot: [u8; 16]) -> Vec<u8> {
+    let mut b = encode_block(hex, payload);
+    b[8..10].copy_from_slice(&2u16.to_le_bytes());
+    b[12..16].copy_from_slice(&6u32.to_le_bytes());
+    b[32..48].copy_from_slice(&xxhash_rust::xxh3::xxh3_128(payload).to_le_bytes());
+    b[48..64].fill(0);
+    b[96..112].copy_from_slice(&boot);
+    let check = *blake3::hash(&b[0..120]).as_bytes();
+    b[120..128].copy_from_slice(&check[..8]);
+    b
+}
+
+/// The bytes of a version 1 block file for `payload` under `hex`, built from the document
+/// (for tests that plant files behind the store).
 pub fn encode_block(hex: &str, payload: &[u8]) -> Vec<u8> {
     let mut b = vec![0u8; PAYLOAD_AT + payload.len()];
     b[0..8].copy_from_slice(MAGIC);

@@ -456,7 +456,7 @@ fn check_block(
         ));
     }
     if verify {
-        let mut hasher = blake3::Hasher::new();
+        let mut hasher = header.hasher();
         let mut chunk = vec![0u8; 1 << 20];
         let mut off = PAYLOAD_OFFSET;
         while off < size {
@@ -474,7 +474,7 @@ fn check_block(
             hasher.update(&chunk[..got]);
             off += got as u64;
         }
-        if hasher.finalize().as_bytes() != &header.checksum {
+        if !hasher.matches(&header) {
             return Ok(Judged::Bad(CorruptReason::Checksum, inode));
         }
     }

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# A full store against an empty one: put throughput and per-call latency of N new blocks into
+# an empty store bounded at N blocks, and into the same store when it holds N blocks already
+# (every put evicts one: --key-offset gives new keys), buffered, O_DIRECT and synced
+# (--sync-writes), on ext4 and XFS, each a fresh loop-device filesystem (root: losetup, mkfs,
+# mount). Rounds interleave empty and full; the table gives the median of the per-round ratios
+# full / empty.
+#
+# usage: tools/full-store-bench.sh [ROUNDS] [BS] [NBLOCKS] [FILESYSTEMS...]
+#        (defaults: 3 2m 128 ext4 xfs; each filesystem image is 4 GiB, removed at the end)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-3}; BS=${2:-2m}; N=${3:-128}
+shift $(( $# > 2 ? 3 : $# )) || true
+FSS=("${@:-ext4 xfs}")
+read -r -a FSS <<< "${FSS[*]}"
+[ "$(id -u)" = 0 ] || { echo "tools/full-store-bench.sh: needs root (loop devices)" >&2; exit 1; }
+. tools/bench-common.sh
+build_bin tierkv-bench
+W=$(mktemp -d /tmp/tierkv-full.XXXXXX)
+LOOP=""
+cleanup() {
+  if mountpoint -q "$W/mnt" 2>/dev/null; then umount "$W/mnt"; fi
+  if [ -n "$LOOP" ]; then losetup -d "$LOOP" 2>/dev/null || true; fi
+  rm -rf "$W"
+}
+trap cleanup EXIT
+echo "machine: $(nproc) cores, kernel $(uname -r), loop devices on $(df -T "$W" | awk 'NR==2 {print $2}') on $(df "$W" | awk 'NR==2 {print $1}'), $(date -u +%F)"
+echo "bs=$BS nblocks=$N (capacity $N blocks), put_many of 32 through io_uring at depth 32"
+t_json() {
+  python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["errors"]==0, d; p=d["write"]["clat_ns"]["percentile"]; print("%s,%s,%s,%s,%s" % (d["bw_bytes_per_sec"], p["50.000000"], p["99.000000"], p["99.900000"], d["evictions"]))'
+}
+for fs in "${FSS[@]}"; do
+  truncate -s 4G "$W/img"
+  LOOP=$(losetup --find --show "$W/img")
+  if [ "$fs" = xfs ]; then mkfs.xfs -q -f "$LOOP"; else mkfs.ext4 -q -F "$LOOP"; fi
+  mkdir -p "$W/mnt"; mount "$LOOP" "$W/mnt"
+  for mode in buffered direct sync; do
+    flags=(--ioengine io_uring --iodepth 32 --batch 32 --capacity-blocks "$N")
+    [ $mode = direct ] && flags+=(--direct)
+    [ $mode = sync ] && flags+=(--sync-writes)
+    out="$W/rows.$fs.$mode"; : > "$out"
+    for r in $(seq "$ROUNDS"); do
+      rm -rf "$W/mnt/e" "$W/mnt/f"; sync
+      # Full: N blocks first (not timed), then N new ones, each evicting one.
+      $B --dir "$W/mnt/f" --rw write --bs "$BS" --nblocks "$N" "${flags[@]}" --output-format json >/dev/null
+      sync
+      e=$($B --dir "$W/mnt/e" --rw write --bs "$BS" --nblocks "$N" "${flags[@]}" --output-format json | t_json)
+      sync
+      f=$($B --dir "$W/mnt/f" --rw write --bs "$BS" --nblocks "$N" --key-offset "$N" "${flags[@]}" --output-format json | t_json)
+      echo "$e $f" >> "$out"
+    done
+    python3 - "$fs" "$mode" "$BS" "$out" <<'PY'
+import statistics, sys
+fs, mode, bs, path = sys.argv[1:5]
+rows = [[[float(x) for x in c.split(",")] for c in l.split()] for l in open(path) if l.strip()]
+med = lambda i, k: statistics.median(r[i][k] for r in rows)
+ratio = statistics.median(r[1][0] / r[0][0] for r in rows)
+per = "  ".join(f"{r[1][0] / r[0][0]:.2f}x" for r in rows)
+print(f"| {fs} | {bs} | {mode} | {med(0, 0) / 1048576:.0f} | {med(1, 0) / 1048576:.0f} | {ratio:.2f}x ({per}) | "
+      f"{med(0, 1) / 1e6:.1f} / {med(0, 2) / 1e6:.1f} / {med(0, 3) / 1e6:.1f} | {med(1, 1) / 1e6:.1f} / {med(1, 2) / 1e6:.1f} / {med(1, 3) / 1e6:.1f} | {med(1, 4):.0f} |")
+PY
+  done
+  umount "$W/mnt"; losetup -d "$LOOP"; LOOP=""; rm -f "$W/img"
+done

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Prefix loads: the first read of each block after it is opened, page cache warm, each pass a
+# fresh process (what every real prefix load is: no descriptor is cached yet). The store (its
+# sharded tree and open-file cache, each --verify mode) against the seed's naive mode (one
+# flat directory, open + read + close, no checksum: `--layout-depth 0 --fd-cache 0 --verify
+# never`), interleaved round by round; the table gives the median of the per-round ratios to
+# naive and the median bandwidth and per-call latency percentiles of each.
+#
+# usage: tools/prefix-load-bench.sh [ROUNDS] [SIZES...]   (defaults: 5 64k 256k 2m 8m 32m)
+# Each size writes about 600 MiB twice (store and naive trees), removed at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-5}
+shift $(( $# > 0 ? 1 : 0 )) || true
+SIZES=("${@:-64k 256k 2m 8m 32m}")
+read -r -a SIZES <<< "${SIZES[*]}"
+. tools/bench-common.sh
+build_bin tierkv-bench
+W=$(mktemp -d /tmp/tierkv-prefix.XXXXXX); trap 'rm -rf "$W"' EXIT
+echo "machine: $(nproc) cores, kernel $(uname -r), $(df -T "$W" | awk 'NR==2 {print $2}') on $(df "$W" | awk 'NR==2 {print $1}'), $(date -u +%F)"
+echo "rounds=$ROUNDS; per round each mode is one fresh process reading every block once (--rw read --loops 1)"
+MODES="naive after-reboot on-open never always"
+for bs in "${SIZES[@]}"; do
+  bytes=$(python3 -c "s='$bs'; m={'k':1<<10,'m':1<<20,'g':1<<30}; print(int(s[:-1])*m[s[-1]])")
+  n=$(( (600 << 20) / bytes )); [ "$n" -lt 16 ] && n=16
+  batch=$(( n < 64 ? n : 64 )); [ "$bytes" -ge $((32 << 20)) ] && batch=16
+  rm -rf "$W"/s "$W"/n
+  $B --dir "$W/s" --rw write --bs "$bs" --nblocks "$n" --output-format json >/dev/null
+  $B --dir "$W/n" --rw write --bs "$bs" --nblocks "$n" --layout-depth 0 --output-format json >/dev/null
+  # Warm: every file read once (the page cache holds both trees).
+  find "$W" -type f -exec cat {} + >/dev/null
+  out="$W/rows.$bs"; : > "$out"
+  for r in $(seq "$ROUNDS"); do
+    line=""
+    for m in $MODES; do
+      if [ "$m" = naive ]; then
+        args=(--dir "$W/n" --fd-cache 0 --verify never)
+      else
+        args=(--dir "$W/s" --verify "$m")
+      fi
+      j=$($B "${args[@]}" --rw read --bs "$bs" --nblocks "$n" --loops 1 --batch "$batch" --no-layout --output-format json)
+      line+=" $(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["errors"]==0 and d["misses"]==0, d; p=d["read"]["clat_ns"]["percentile"]; print("%s,%s,%s,%s" % (d["bw_bytes_per_sec"], p["50.000000"], p["99.000000"], p["99.900000"]))' "$j")"
+    done
+    echo "$line" >> "$out"
+  done
+  python3 - "$bs" "$n" "$batch" "$out" $MODES <<'PY'
+import statistics, sys
+bs, n, batch, path, modes = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+rows = [[[float(x) for x in c.split(",")] for c in l.split()] for l in open(path) if l.strip()]
+print(f"\n{bs}: {n} blocks, get_many of {batch}; GB/s per round ({', '.join(modes)})")
+for r in rows:
+    print("  " + "  ".join(f"{c[0] / 1e9:6.2f}" for c in r) + "   ratios to naive " + "  ".join(f"{c[0] / r[0][0]:.2f}x" for c in r[1:]))
+print("| bs | mode | GB/s | ratio to naive (median of rounds) | p50 ms | p99 ms | p99.9 ms |")
+print("|---:|---|---:|---:|---:|---:|---:|")
+for i, m in enumerate(modes):
+    med = lambda k: statistics.median(r[i][k] for r in rows)
+    ratio = statistics.median(r[i][0] / r[0][0] for r in rows)
+    print(f"| {bs} | {m} | {med(0) / 1e9:.2f} | {ratio:.2f}x | {med(1) / 1e6:.2f} | {med(2) / 1e6:.2f} | {med(3) / 1e6:.2f} |")
+PY
+done

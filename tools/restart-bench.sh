@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Restart: how long a store takes to open on a tree of N block files (the index is rebuilt
+# from the tree: a scan of every shard directory and an fstatat of every file), warm (dentry
+# and inode caches hot) and cold (after `echo 3 > /proc/sys/vm/drop_caches`, root). Times the
+# whole process `tierkv-bench --rw read --nblocks 1 --no-layout` (open, one read, close) and
+# reports the store's own "index rebuilt" figure (RUST_LOG=tierkv=debug).
+#
+# usage: tools/restart-bench.sh [NBLOCKS] [ROUNDS] [PARENT]   (defaults: 1000000 3 /tmp)
+# 1-byte blocks: each file takes 8 KiB (8 GB for a million), removed at the end. PARENT is the
+# directory the tree goes under (e.g. a freshly made filesystem: on a disk that has just had
+# many files deleted, ext4 creates files at a fraction of its usual rate for minutes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-1000000}; ROUNDS=${2:-3}; PARENT=${3:-/tmp}
+. tools/bench-common.sh
+build_bin tierkv-bench
+W=$(mktemp -d "$PARENT/tierkv-restart.XXXXXX"); trap 'rm -rf "$W"' EXIT
+echo "machine: $(nproc) cores, kernel $(uname -r), $(df -T "$W" | awk 'NR==2 {print $2}') on $(df "$W" | awk 'NR==2 {print $1}'), $(date -u +%F)"
+t0=$(date +%s.%N)
+$B --dir "$W/t" --rw write --bs 1 --nblocks "$N" --batch 1024 --output-format json >/dev/null
+t1=$(date +%s.%N)
+echo "created $N files in $(python3 -c "print(f'{$t1 - $t0:.1f}')") s"
+sync
+open_once() {
+  local s e log
+  s=$(date +%s.%N)
+  log=$(RUST_LOG=tierkv=debug $B --dir "$W/t" --rw read --bs 1 --nblocks 1 --no-layout --output-format json 2>&1 >/dev/null | grep "index rebuilt" | grep -o 'elapsed_ms=[0-9]*' | cut -d= -f2)
+  e=$(date +%s.%N)
+  python3 -c "print(f'{$e - $s:.2f} s process, index rebuilt in ${log:-?} ms')"
+}
+$B --dir "$W/t" --rw read --bs 1 --nblocks 1 --no-layout >/dev/null 2>&1
+for r in $(seq "$ROUNDS"); do echo "warm $r: $(open_once)"; done
+if [ "$(id -u)" = 0 ]; then
+  for r in $(seq "$ROUNDS"); do
+    sync; echo 3 > /proc/sys/vm/drop_caches
+    echo "cold $r: $(open_once)"
+  done
+else
+  echo "cold: not run (drop_caches needs root)"
+fi
