@@ -498,22 +498,32 @@ impl Index {
 
     /// Adds a block found on disk (the rebuild on open; call oldest first).
     pub fn load(&self, hash: BlockHash, bytes: u64) {
+        self.load_many(&[(hash, bytes)]);
+    }
+
+    /// Adds blocks found on disk, oldest first (the rebuild on open): one lock and the map
+    /// grown once. The policy is told one block at a time, as separate accesses (a batch
+    /// would be one request, whose order some policies read backwards).
+    pub fn load_many(&self, blocks: &[(BlockHash, u64)]) {
         let mut st = self.lock();
-        match st.map.get_mut(&hash) {
-            Some(e) => {
-                let old = e.bytes;
-                e.bytes = bytes;
-                st.bytes -= old;
+        st.map.reserve(blocks.len());
+        for &(hash, bytes) in blocks {
+            match st.map.get_mut(&hash) {
+                Some(e) => {
+                    let old = e.bytes;
+                    e.bytes = bytes;
+                    st.bytes -= old;
+                }
+                None => {
+                    st.map.insert(hash, Entry::new(bytes, false, None));
+                }
             }
-            None => {
-                st.map.insert(hash, Entry::new(bytes, false, None));
-            }
+            st.bytes += bytes;
+            st.policy.on_access(&[Access {
+                hash,
+                inserted: true,
+            }]);
         }
-        st.bytes += bytes;
-        st.policy.on_access(&[Access {
-            hash,
-            inserted: true,
-        }]);
     }
 
     /// With a byte capacity only, tells the policy how many blocks of the sizes seen so far

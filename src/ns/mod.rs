@@ -1071,17 +1071,20 @@ pub fn host_name() -> String {
 
 /// Lists the directory open at `fd`.
 fn list(fd: OwnedFd) -> rustix::io::Result<Vec<Entry>> {
-    let dir = rustix::fs::Dir::read_from(&fd)?;
+    // The descriptor is fresh (its position at the start) and this listing's own, so the
+    // stream reads it directly (`Dir::read_from` would open the directory once more).
+    let mut dir = rustix::fs::Dir::new(fd)?;
     let mut out = Vec::new();
-    for e in dir {
+    while let Some(e) = dir.read() {
         let e = e?;
+        let fd = dir.fd()?;
         let name = e.file_name().to_bytes();
         if name == b"." || name == b".." {
             continue;
         }
         let kind = match e.file_type() {
             FileType::Unknown => {
-                match rustix::fs::statat(&fd, e.file_name(), AtFlags::SYMLINK_NOFOLLOW) {
+                match rustix::fs::statat(fd, e.file_name(), AtFlags::SYMLINK_NOFOLLOW) {
                     Ok(st) => FileKind::of_stat(&st),
                     Err(Errno::NOENT) => continue,
                     Err(e) => return Err(e),

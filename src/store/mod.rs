@@ -359,6 +359,7 @@ impl Store {
             sweep::TempRule::All
         };
         let mut report = sweep::sweep_with(&ns, layout, temps, true);
+        let scan_ms = started.elapsed().as_millis() as u64;
         for (p, e) in &report.errors {
             tracing::warn!(path = %p.display(), error = %e, "could not scan part of the tree");
         }
@@ -391,11 +392,12 @@ impl Store {
         report
             .entries
             .sort_unstable_by_key(|e| (e.recency_ns, e.hash));
-        for e in &report.entries {
-            index.load(e.hash, e.bytes);
-        }
+        let found: Vec<(BlockHash, u64)> =
+            report.entries.iter().map(|e| (e.hash, e.bytes)).collect();
+        index.load_many(&found);
         tracing::debug!(
             blocks = report.blocks,
+            scan_ms,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "index rebuilt"
         );
