@@ -70,21 +70,8 @@ impl fmt::Debug for WorkerId {
 }
 
 /// A 32-byte blake3 hash naming one block's content chain.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockHash(pub [u8; 32]);
-
-/// The four 64-bit words folded into one: the bytes already are a hash, so the maps' own
-/// (seeded) hashers get one word instead of 32 bytes; the index's maps and policies hash a
-/// key several times per access, and a million at every rebuild. Equal keys fold equally.
-impl std::hash::Hash for BlockHash {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        let word =
-            |i: usize| u64::from_le_bytes(self.0[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-        state.write_u64(
-            word(0) ^ word(1).rotate_left(16) ^ word(2).rotate_left(32) ^ word(3).rotate_left(48),
-        );
-    }
-}
 
 /// Domain separation for [`BlockHash::chain`], so chain hashes never collide with other blake3
 /// uses of the same bytes.

@@ -6,6 +6,8 @@
 # reports the store's own "index rebuilt" figure (RUST_LOG=tierkv=debug).
 #
 # usage: tools/restart-bench.sh [NBLOCKS] [ROUNDS] [PARENT]   (defaults: 1000000 3 /tmp)
+# BASELINE=path/to/another/tierkv-bench: each round also opens the same tree with that binary
+# (e.g. one built from an earlier commit), interleaved, and prints the per-round ratio.
 # 1-byte blocks: each file takes 8 KiB (8 GB for a million), removed at the end. PARENT is the
 # directory the tree goes under (e.g. a freshly made filesystem: on a disk that has just had
 # many files deleted, ext4 creates files at a fraction of its usual rate for minutes).
@@ -22,19 +24,28 @@ t1=$(date +%s.%N)
 echo "created $N files in $(python3 -c "print(f'{$t1 - $t0:.1f}')") s"
 sync
 open_once() {
-  local s e log
+  local bin=$1 s e log
   s=$(date +%s.%N)
-  log=$(RUST_LOG=tierkv=debug $B --dir "$W/t" --rw read --bs 1 --nblocks 1 --no-layout --output-format json 2>&1 >/dev/null | grep "index rebuilt" | grep -o 'elapsed_ms=[0-9]*' | cut -d= -f2)
+  log=$(RUST_LOG=tierkv=debug $bin --dir "$W/t" --rw read --bs 1 --nblocks 1 --no-layout --output-format json 2>&1 >/dev/null | grep "index rebuilt" | grep -o 'elapsed_ms=[0-9]*' | cut -d= -f2)
   e=$(date +%s.%N)
-  python3 -c "print(f'{$e - $s:.2f} s process, index rebuilt in ${log:-?} ms')"
+  echo "$(python3 -c "print(f'{$e - $s:.2f}')") ${log:-0}"
+}
+round() {
+  local what=$1 new old
+  [ "$what" = cold ] && { sync; echo 3 > /proc/sys/vm/drop_caches; }
+  read -r np nr <<<"$(open_once "$B")"
+  line="$what $r: ${np} s process, index rebuilt in ${nr} ms"
+  if [ -n "${BASELINE:-}" ]; then
+    [ "$what" = cold ] && { sync; echo 3 > /proc/sys/vm/drop_caches; }
+    read -r op or <<<"$(open_once "$BASELINE")"
+    line="$line; baseline ${op} s, ${or} ms; rebuild ratio baseline/this $(python3 -c "print(f'{$or / max($nr, 1):.2f}x')")"
+  fi
+  echo "$line"
 }
 $B --dir "$W/t" --rw read --bs 1 --nblocks 1 --no-layout >/dev/null 2>&1
-for r in $(seq "$ROUNDS"); do echo "warm $r: $(open_once)"; done
+for r in $(seq "$ROUNDS"); do round warm; done
 if [ "$(id -u)" = 0 ]; then
-  for r in $(seq "$ROUNDS"); do
-    sync; echo 3 > /proc/sys/vm/drop_caches
-    echo "cold $r: $(open_once)"
-  done
+  for r in $(seq "$ROUNDS"); do round cold; done
 else
   echo "cold: not run (drop_caches needs root)"
 fi
