@@ -947,3 +947,41 @@ fn key_offset_writes_new_blocks() {
     assert_eq!(w["store"]["syncs"].as_u64(), Some(4), "{w}");
     assert!(common::oracle::read_tree(dir.path()).blocks.len() <= 8);
 }
+
+#[test]
+fn watermarks_set_where_the_background_evictor_starts_and_stops() {
+    let run = |dir: &str, wm: &str| {
+        let out = Command::new(BENCH)
+            .args(words(&format!(
+                "--dir {dir} --rw write --bs 4k --nblocks 20 --batch 1 --capacity-blocks 20 --sync-writes --watermarks {wm} --output-format json"
+            )))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{wm}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    // 1,1: no background eviction; 20 blocks fit a bound of 20 exactly.
+    let a = tempfile::tempdir().unwrap();
+    let r = run(a.path().to_str().unwrap(), "1,1");
+    assert_eq!(r["evictions"].as_u64(), Some(0), "{r}");
+    assert_eq!(common::oracle::read_tree(a.path()).blocks.len(), 20);
+    // 0.5,0.5: past 10 blocks the evictor brings the tree back to 10 while the synced puts
+    // go on (the store's default, 0.95,0.90, would leave 18 or more).
+    let b = tempfile::tempdir().unwrap();
+    let r = run(b.path().to_str().unwrap(), "0.5,0.5");
+    let left = common::oracle::read_tree(b.path()).blocks.len();
+    assert!(left <= 15, "{left} blocks left: {r}");
+    // Out of range or malformed: refused with exit 2.
+    for bad in ["2,1", "0.5,0.9", "0.9", "x,0.5"] {
+        let out = Command::new(BENCH)
+            .args(["--watermarks", bad, "--dir"])
+            .arg(a.path())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "--watermarks {bad}");
+    }
+}

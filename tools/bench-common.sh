@@ -46,3 +46,32 @@ mx, my = statistics.median(xs), statistics.median(ys)
 print(f"| {a} | {b} | {mx:,.0f} | {my:,.0f} | {mx/my:.2f}x |")
 PY
 }
+
+# rounds_and_sizes DEFAULT_ROUNDS "DEFAULT SIZES" ARGS...: sets ROUNDS (the first of ARGS, else
+# the default) and the array SIZES (the rest of ARGS, else the default sizes).
+rounds_and_sizes() {
+  local default_rounds=$1 default_sizes=$2
+  shift 2
+  ROUNDS=${1:-$default_rounds}
+  shift $(( $# > 0 ? 1 : 0 )) || true
+  read -r -a SIZES <<< "${*:-$default_sizes}"
+}
+
+# machine_line DIR: the cores, the kernel, DIR's filesystem and device, fio's version when it is
+# installed, and the date: the line every table's run starts with.
+machine_line() {
+  local fio=""
+  if command -v fio >/dev/null; then fio=", $(fio --version)"; fi
+  echo "machine: $(nproc) cores, kernel $(uname -r), $(df -T "$1" | awk 'NR==2 {print $2}') on $(df "$1" | awk 'NR==2 {print $1}')$fio, $(date -u +%F)"
+}
+
+# fio_json read|write: from fio's JSON report on stdin, the first job's bandwidth (bytes/s) and
+# its completion latency p50, p99 and p99.9 (ns), comma-separated.
+fio_json() {
+  python3 -c 'import json,sys; t=sys.stdin.read(); r=json.loads(t[t.index("{"):])["jobs"][0][sys.argv[1]]; p=r["clat_ns"]["percentile"]; print("%s,%s,%s,%s" % (r["bw_bytes"], p["50.000000"], p["99.000000"], p["99.900000"]))' "$1"
+}
+
+# size_bytes SIZE: a size with a k, m or g suffix (4k, 2m, 1g) in bytes.
+size_bytes() {
+  python3 -c "import sys; s=sys.argv[1]; m={'k':1<<10,'m':1<<20,'g':1<<30}; print(int(s[:-1])*m[s[-1]])" "$1"
+}

@@ -20,15 +20,12 @@ read -r -a SIZES <<< "${SIZES[*]}"
 need_fio
 build_bench
 W=$(mktemp -d /tmp/tierkv-cold.XXXXXX); trap 'rm -rf "$W"' EXIT
-echo "machine: $(nproc) cores, kernel $(uname -r), $(df -T "$W" | awk 'NR==2 {print $2}') on $(df "$W" | awk 'NR==2 {print $1}'), $(fio --version), $(date -u +%F)"
-fio_json() {
-  python3 -c 'import json,sys; t=sys.stdin.read(); r=json.loads(t[t.index("{"):])["jobs"][0]["read"]; p=r["clat_ns"]["percentile"]; print("%s,%s,%s,%s" % (r["bw_bytes"], p["50.000000"], p["99.000000"], p["99.900000"]))'
-}
+machine_line "$W"
 t_json() {
   python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["errors"]==0 and d["misses"]==0, d; p=d["read"]["clat_ns"]["percentile"]; print("%s,%s,%s,%s" % (d["bw_bytes_per_sec"], p["50.000000"], p["99.000000"], p["99.900000"]))'
 }
 for bs in "${SIZES[@]}"; do
-  bytes=$(python3 -c "s='$bs'; m={'k':1<<10,'m':1<<20}; print(int(s[:-1])*m[s[-1]])")
+  bytes=$(size_bytes "$bs")
   n=$(( (1 << 30) / bytes ))
   batch=64; [ "$bytes" -ge $((32 << 20)) ] && batch=32
   d="$W/tree"; rm -rf "$d" "$W/big"
@@ -41,11 +38,11 @@ for bs in "${SIZES[@]}"; do
   for r in $(seq "$ROUNDS"); do
     rm -f "$d/v1/0/STATS.json" "$d/v1/0/.lock"
     big=$(fio --name=big --filename="$W/big" --rw=randread --bs="$bs" --ioengine=io_uring \
-            --iodepth=32 --direct=1 --time_based --runtime="$SECS" --output-format=json 2>/dev/null | fio_json)
+            --iodepth=32 --direct=1 --time_based --runtime="$SECS" --output-format=json 2>/dev/null | fio_json read)
     mv "$d/v1/0/LAYOUT" "$W/LAYOUT"
     files=$(fio --name=blocks --opendir="$d/v1/0" --rw=randread --bs="$bs" --ioengine=io_uring \
             --iodepth=32 --direct=1 --time_based --runtime="$SECS" --file_service_type=random \
-            --openfiles=4096 --output-format=json 2>/dev/null | fio_json)
+            --openfiles=4096 --output-format=json 2>/dev/null | fio_json read)
     mv "$W/LAYOUT" "$d/v1/0/LAYOUT"
     t() {
       $B --dir "$d" --rw randread --bs "$bs" --nblocks "$n" --direct --no-layout \

@@ -8,6 +8,10 @@
 #
 # usage: tools/full-store-bench.sh [ROUNDS] [BS] [NBLOCKS] [FILESYSTEMS...]
 #        (defaults: 3 2m 128 ext4 xfs; each filesystem image is 4 GiB, removed at the end)
+# A filesystem given as dir:PATH runs in a fresh directory under PATH on the filesystem already
+# there (e.g. dir:/var/tmp, the VM's own disk) instead of a loop device.
+# INLINE=1 adds, after each mode, its rows with --watermarks 1,1 (no background evictor: every
+# eviction inline in the put that needs the room), rounds of their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}; BS=${2:-2m}; N=${3:-128}
@@ -22,32 +26,41 @@ LOOP=""
 cleanup() {
   if mountpoint -q "$W/mnt" 2>/dev/null; then umount "$W/mnt"; fi
   if [ -n "$LOOP" ]; then losetup -d "$LOOP" 2>/dev/null || true; fi
+  if [ -n "${M:-}" ] && [ "$M" != "$W/mnt" ]; then rm -rf "$M"; fi
   rm -rf "$W"
 }
 trap cleanup EXIT
-echo "machine: $(nproc) cores, kernel $(uname -r), loop devices on $(df -T "$W" | awk 'NR==2 {print $2}') on $(df "$W" | awk 'NR==2 {print $1}'), $(date -u +%F)"
+echo "machine: $(nproc) cores, kernel $(uname -r), loop devices on $(df -T "$W" | awk 'NR==2 {print $2}') on $(df "$W" | awk 'NR==2 {print $1}') (dir:PATH: that filesystem itself), $(date -u +%F)"
 echo "bs=$BS nblocks=$N (capacity $N blocks), put_many of 32 through io_uring at depth 32"
 t_json() {
   python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["errors"]==0, d; p=d["write"]["clat_ns"]["percentile"]; print("%s,%s,%s,%s,%s" % (d["bw_bytes_per_sec"], p["50.000000"], p["99.000000"], p["99.900000"], d["evictions"]))'
 }
+MODES="buffered direct sync"
+[ "${INLINE:-0}" = 1 ] && MODES="buffered buffered-inline direct direct-inline sync sync-inline"
 for fs in "${FSS[@]}"; do
-  truncate -s 4G "$W/img"
-  LOOP=$(losetup --find --show "$W/img")
-  if [ "$fs" = xfs ]; then mkfs.xfs -q -f "$LOOP"; else mkfs.ext4 -q -F "$LOOP"; fi
-  mkdir -p "$W/mnt"; mount "$LOOP" "$W/mnt"
-  for mode in buffered direct sync; do
+  if [ "${fs#dir:}" != "$fs" ]; then
+    # M is where the trees go: a directory on an existing filesystem, or the loop mount.
+    M=$(mktemp -d "${fs#dir:}/tierkv-full.XXXXXX")
+  else
+    truncate -s 4G "$W/img"
+    LOOP=$(losetup --find --show "$W/img")
+    if [ "$fs" = xfs ]; then mkfs.xfs -q -f "$LOOP"; else mkfs.ext4 -q -F "$LOOP"; fi
+    mkdir -p "$W/mnt"; mount "$LOOP" "$W/mnt"
+    M="$W/mnt"
+  fi
+  for mode in $MODES; do
     flags=(--ioengine io_uring --iodepth 32 --batch 32 --capacity-blocks "$N")
-    [ $mode = direct ] && flags+=(--direct)
-    [ $mode = sync ] && flags+=(--sync-writes)
-    out="$W/rows.$fs.$mode"; : > "$out"
+    case $mode in direct*) flags+=(--direct) ;; sync*) flags+=(--sync-writes) ;; esac
+    case $mode in *-inline) flags+=(--watermarks 1,1) ;; esac
+    out="$W/rows.${fs//[^a-z0-9]/_}.$mode"; : > "$out"
     for r in $(seq "$ROUNDS"); do
-      rm -rf "$W/mnt/e" "$W/mnt/f"; sync
+      rm -rf "$M/e" "$M/f"; sync
       # Full: N blocks first (not timed), then N new ones, each evicting one.
-      $B --dir "$W/mnt/f" --rw write --bs "$BS" --nblocks "$N" "${flags[@]}" --output-format json >/dev/null
+      $B --dir "$M/f" --rw write --bs "$BS" --nblocks "$N" "${flags[@]}" --output-format json >/dev/null
       sync
-      e=$($B --dir "$W/mnt/e" --rw write --bs "$BS" --nblocks "$N" "${flags[@]}" --output-format json | t_json)
+      e=$($B --dir "$M/e" --rw write --bs "$BS" --nblocks "$N" "${flags[@]}" --output-format json | t_json)
       sync
-      f=$($B --dir "$W/mnt/f" --rw write --bs "$BS" --nblocks "$N" --key-offset "$N" "${flags[@]}" --output-format json | t_json)
+      f=$($B --dir "$M/f" --rw write --bs "$BS" --nblocks "$N" --key-offset "$N" "${flags[@]}" --output-format json | t_json)
       echo "$e $f" >> "$out"
     done
     python3 - "$fs" "$mode" "$BS" "$out" <<'PY'
@@ -61,5 +74,9 @@ print(f"| {fs} | {bs} | {mode} | {med(0, 0) / 1048576:.0f} | {med(1, 0) / 104857
       f"{med(0, 1) / 1e6:.1f} / {med(0, 2) / 1e6:.1f} / {med(0, 3) / 1e6:.1f} | {med(1, 1) / 1e6:.1f} / {med(1, 2) / 1e6:.1f} / {med(1, 3) / 1e6:.1f} | {med(1, 4):.0f} |")
 PY
   done
-  umount "$W/mnt"; losetup -d "$LOOP"; LOOP=""; rm -f "$W/img"
+  if [ -n "$LOOP" ]; then
+    umount "$W/mnt"; losetup -d "$LOOP"; LOOP=""; rm -f "$W/img"
+  else
+    rm -rf "$M"
+  fi
 done

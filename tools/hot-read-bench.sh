@@ -11,25 +11,19 @@
 # usage: tools/hot-read-bench.sh [ROUNDS] [SIZES...]   (defaults: 3 4k 64k 256k 2m 8m 32m)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${1:-3}
-shift $(( $# > 0 ? 1 : 0 )) || true
-SIZES=("${@:-4k 64k 256k 2m 8m 32m}")
-read -r -a SIZES <<< "${SIZES[*]}"
 . tools/bench-common.sh
+rounds_and_sizes 3 "4k 64k 256k 2m 8m 32m" "$@"
 need_fio
 build_bin tierkv-bench
 W=$(mktemp -d /tmp/tierkv-hot.XXXXXX); trap 'rm -rf "$W"' EXIT
-echo "machine: $(nproc) cores, kernel $(uname -r), $(df -T "$W" | awk 'NR==2 {print $2}') on $(df "$W" | awk 'NR==2 {print $1}'), $(fio --version), $(date -u +%F)"
-fio_json() {
-  python3 -c 'import json,sys; t=sys.stdin.read(); r=json.loads(t[t.index("{"):])["jobs"][0]["read"]; p=r["clat_ns"]["percentile"]; print("%s,%s,%s,%s" % (r["bw_bytes"], p["50.000000"], p["99.000000"], p["99.900000"]))'
-}
+machine_line "$W"
 # The main job's hot-read phase: the passes after the first (which opens every file), so every
 # read goes through a cached descriptor (the naive mode opens and closes every time).
 t_json() {
   python3 -c 'import json,sys; d=json.load(sys.stdin); h=d["phases"]["hot_read"]; r=h["read"]; assert r["errors"]==0 and h["misses"]==0, d; p=r["lat_us"]; print("%s,%s,%s,%s" % (r["bw_bytes"], p["p50"] * 1e3, p["p99"] * 1e3, p["p99.9"] * 1e3))'
 }
 for bs in "${SIZES[@]}"; do
-  bytes=$(python3 -c "s='$bs'; m={'k':1<<10,'m':1<<20}; print(int(s[:-1])*m[s[-1]])")
+  bytes=$(size_bytes "$bs")
   total=$(( bytes < (64 << 10) ? (16 << 20) : (512 << 20) ))
   n=$(( total / bytes )); [ "$n" -gt 2000 ] && n=2000; [ "$n" -lt 16 ] && n=16
   loops=$(( bytes >= (2 << 20) ? 6 : 11 ))
@@ -41,7 +35,7 @@ for bs in "${SIZES[@]}"; do
   out="$W/rows"; : > "$out"
   for r in $(seq "$ROUNDS"); do
     f=$(fio --name=hot --filename="$W/big" --rw=randread --bs="$bs" --ioengine=psync --invalidate=0 --iomem_align=4096 \
-          --time_based --runtime=3 --output-format=json 2>/dev/null | fio_json)
+          --time_based --runtime=3 --output-format=json 2>/dev/null | fio_json read)
     t() { $B --rw main --bs "$bs" --nblocks "$n" --loops "$loops" --batch 1 --output-format json "$@" | t_json; }
     s=$(t --dir "$W/s")
     a=$(t --dir "$W/s" --verify always)

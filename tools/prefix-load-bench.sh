@@ -10,18 +10,15 @@
 # Each size writes about 600 MiB twice (store and naive trees), removed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${1:-5}
-shift $(( $# > 0 ? 1 : 0 )) || true
-SIZES=("${@:-64k 256k 2m 8m 32m}")
-read -r -a SIZES <<< "${SIZES[*]}"
 . tools/bench-common.sh
+rounds_and_sizes 5 "64k 256k 2m 8m 32m" "$@"
 build_bin tierkv-bench
 W=$(mktemp -d /tmp/tierkv-prefix.XXXXXX); trap 'rm -rf "$W"' EXIT
-echo "machine: $(nproc) cores, kernel $(uname -r), $(df -T "$W" | awk 'NR==2 {print $2}') on $(df "$W" | awk 'NR==2 {print $1}'), $(date -u +%F)"
+machine_line "$W"
 echo "rounds=$ROUNDS; per round each mode is one fresh process reading every block once (--rw read --loops 1)"
 MODES="naive after-reboot on-open never always"
 for bs in "${SIZES[@]}"; do
-  bytes=$(python3 -c "s='$bs'; m={'k':1<<10,'m':1<<20,'g':1<<30}; print(int(s[:-1])*m[s[-1]])")
+  bytes=$(size_bytes "$bs")
   n=$(( (600 << 20) / bytes )); [ "$n" -lt 16 ] && n=16
   batch=$(( n < 64 ? n : 64 )); [ "$bytes" -ge $((32 << 20)) ] && batch=16
   rm -rf "$W"/s "$W"/n

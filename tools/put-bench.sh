@@ -16,23 +16,17 @@
 # Each run writes 512 MiB, removed after it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${1:-3}
-shift $(( $# > 0 ? 1 : 0 )) || true
-SIZES=("${@:-2m 8m 32m}")
-read -r -a SIZES <<< "${SIZES[*]}"
 . tools/bench-common.sh
+rounds_and_sizes 3 "2m 8m 32m" "$@"
 need_fio
 build_bin tierkv-bench
 W=$(mktemp -d /tmp/tierkv-put.XXXXXX); trap 'rm -rf "$W"' EXIT
-echo "machine: $(nproc) cores, kernel $(uname -r), $(df -T "$W" | awk 'NR==2 {print $2}') on $(df "$W" | awk 'NR==2 {print $1}'), $(fio --version), $(date -u +%F)"
-fio_json() {
-  python3 -c 'import json,sys; t=sys.stdin.read(); r=json.loads(t[t.index("{"):])["jobs"][0]["write"]; p=r["clat_ns"]["percentile"]; print("%s,%s,%s,%s" % (r["bw_bytes"], p["50.000000"], p["99.000000"], p["99.900000"]))'
-}
+machine_line "$W"
 t_json() {
   python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["errors"]==0, d; p=d["write"]["clat_ns"]["percentile"]; print("%s,%s,%s,%s" % (d["bw_bytes_per_sec"], p["50.000000"], p["99.000000"], p["99.900000"]))'
 }
 for bs in "${SIZES[@]}"; do
-  kib=$(python3 -c "s='$bs'; m={'k':1,'m':1024}; print(int(s[:-1])*m[s[-1]])")
+  kib=$(( $(size_bytes "$bs") / 1024 ))
   file_kib=$(( kib + 4 ))
   n=$(( 512 * 1024 / kib ))
   batch=$(( n < 64 ? n : 64 )); [ "$kib" -ge 32768 ] && batch=16
@@ -47,11 +41,11 @@ for bs in "${SIZES[@]}"; do
       rm -rf "$W/f" "$W/big" "$W/fresh"; mkdir -p "$W/f"; sync
       same=$(fio --name=files --directory="$W/f" --nrfiles="$n" --filesize="${file_kib}k" \
                --bs="${file_kib}k" --rw=write --create_on_open=1 --fallocate=none \
-               --ioengine=io_uring --iodepth=32 --direct=$direct --iomem_align=4096 --output-format=json 2>/dev/null | fio_json)
+               --ioengine=io_uring --iodepth=32 --direct=$direct --iomem_align=4096 --output-format=json 2>/dev/null | fio_json write)
       rm -rf "$W/f"; sync
       big=$(fio --name=big --filename="$W/big" --size="$(( n * file_kib ))k" --bs="${file_kib}k" \
               --rw=write --fallocate=none --ioengine=io_uring --iodepth=32 --direct=$direct --iomem_align=4096 \
-              --output-format=json 2>/dev/null | fio_json)
+              --output-format=json 2>/dev/null | fio_json write)
       rm -f "$W/big"; sync
       t=$($B --dir "$W/t" --rw write --bs "$bs" --nblocks "$n" --batch "$batch" --iodepth 32 \
             --ioengine io_uring "${dflag[@]}" --output-format json | t_json)

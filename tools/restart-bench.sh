@@ -17,7 +17,7 @@ N=${1:-1000000}; ROUNDS=${2:-3}; PARENT=${3:-/tmp}
 . tools/bench-common.sh
 build_bin tierkv-bench
 W=$(mktemp -d "$PARENT/tierkv-restart.XXXXXX"); trap 'rm -rf "$W"' EXIT
-echo "machine: $(nproc) cores, kernel $(uname -r), $(df -T "$W" | awk 'NR==2 {print $2}') on $(df "$W" | awk 'NR==2 {print $1}'), $(date -u +%F)"
+machine_line "$W"
 t0=$(date +%s.%N)
 $B --dir "$W/t" --rw write --bs 1 --nblocks "$N" --batch 1024 --output-format json >/dev/null
 t1=$(date +%s.%N)

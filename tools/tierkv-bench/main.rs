@@ -178,6 +178,11 @@ struct Args {
     /// Capacity in block files.
     #[arg(long)]
     capacity_blocks: Option<u64>,
+    /// Eviction watermarks HIGH,LOW as fractions of the capacity (the store's default
+    /// 0.95,0.90: a background thread evicts from HIGH down to LOW; 1,1 evicts only inline,
+    /// exactly at the bound).
+    #[arg(long, value_parser = parse_watermarks)]
+    watermarks: Option<(f64, f64)>,
     /// Eviction policy: adaptive (default), lru, admit2, arc; belady (replay only: knows the
     /// trace).
     #[arg(long, default_value = "adaptive")]
@@ -483,6 +488,23 @@ struct Rank {
     gens: verify::Gens,
 }
 
+/// `HIGH,LOW`: two fractions of the capacity, 0 < LOW <= HIGH <= 1.
+fn parse_watermarks(s: &str) -> Result<(f64, f64), String> {
+    let (h, l) = s
+        .split_once(',')
+        .ok_or_else(|| format!("{s:?}: expected HIGH,LOW (e.g. 0.95,0.90)"))?;
+    let f = |v: &str| {
+        v.trim()
+            .parse::<f64>()
+            .map_err(|e| format!("{v:?} in {s:?}: {e}"))
+    };
+    let (h, l) = (f(h)?, f(l)?);
+    if !(l > 0.0 && l <= h && h <= 1.0) {
+        return Err(format!("{s:?}: need 0 < LOW <= HIGH <= 1"));
+    }
+    Ok((h, l))
+}
+
 fn main() -> ExitCode {
     common::init_logging();
     let args = Args::parse();
@@ -620,6 +642,9 @@ fn run(args: &Args) -> Result<(), BoxError> {
     }
     if let Some(c) = args.capacity_blocks {
         config = config.with_capacity_files(c);
+    }
+    if let Some((high, low)) = args.watermarks {
+        config = config.with_watermarks(high, low);
     }
     let mut parts = Parts::new();
     let mut oracle = None;
