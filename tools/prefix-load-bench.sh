@@ -8,6 +8,8 @@
 #
 # usage: tools/prefix-load-bench.sh [ROUNDS] [SIZES...]   (defaults: 5 64k 256k 2m 8m 32m)
 # Each size writes about 600 MiB twice (store and naive trees), removed at the end.
+# BASELINE=path/to/another/tierkv-bench adds the mode "baseline": that binary (e.g. one built
+# from an earlier commit) reading the store's tree in the default verify mode, in every round.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/bench-common.sh
@@ -17,6 +19,7 @@ W=$(mktemp -d /tmp/tierkv-prefix.XXXXXX); trap 'rm -rf "$W"' EXIT
 machine_line "$W"
 echo "rounds=$ROUNDS; per round each mode is one fresh process reading every block once (--rw read --loops 1)"
 MODES="naive after-reboot on-open never always"
+if [ -n "${BASELINE:-}" ]; then MODES+=" baseline"; fi
 for bs in "${SIZES[@]}"; do
   bytes=$(size_bytes "$bs")
   n=$(( (600 << 20) / bytes )); [ "$n" -lt 16 ] && n=16
@@ -30,12 +33,15 @@ for bs in "${SIZES[@]}"; do
   for r in $(seq "$ROUNDS"); do
     line=""
     for m in $MODES; do
+      bin=$B
       if [ "$m" = naive ]; then
         args=(--dir "$W/n" --fd-cache 0 --verify never)
+      elif [ "$m" = baseline ]; then
+        bin=$BASELINE; args=(--dir "$W/s")
       else
         args=(--dir "$W/s" --verify "$m")
       fi
-      j=$($B "${args[@]}" --rw read --bs "$bs" --nblocks "$n" --loops 1 --batch "$batch" --no-layout --output-format json)
+      j=$($bin "${args[@]}" --rw read --bs "$bs" --nblocks "$n" --loops 1 --batch "$batch" --no-layout --output-format json)
       line+=" $(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["errors"]==0 and d["misses"]==0, d; p=d["read"]["clat_ns"]["percentile"]; print("%s,%s,%s,%s" % (d["bw_bytes_per_sec"], p["50.000000"], p["99.000000"], p["99.900000"]))' "$j")"
     done
     echo "$line" >> "$out"

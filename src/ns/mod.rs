@@ -875,6 +875,32 @@ impl BlockDir {
             .is_some_and(|t| lock_field(&String::from_utf8_lossy(&t), "mode") == Some("shared"))
     }
 
+    /// Grows this process's descriptor table now to hold at least `slots` descriptors (capped
+    /// below the soft `RLIMIT_NOFILE`), so that filling the open-file cache later never grows
+    /// it. The kernel grows the table by doubling it when a new descriptor does not fit, and in
+    /// a process with more than one thread each growth waits for an RCU grace period: 10-20 ms
+    /// on this VM, once per doubling, inside whichever get opened that descriptor. A duplicate
+    /// of the worker directory's descriptor at the lowest free number from `slots - 1` grows
+    /// the table once (tables never shrink); it is closed at once. Best effort: a failure only
+    /// leaves the growth to later.
+    pub fn reserve_descriptor_slots(&self, slots: usize) {
+        let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .unwrap_or(u64::MAX);
+        let top = (slots as u64)
+            .min(soft.saturating_sub(1))
+            .min(i32::MAX as u64);
+        if top < 64 {
+            return;
+        }
+        match rustix::io::fcntl_dupfd_cloexec(&self.fd, (top - 1) as i32) {
+            Ok(fd) => drop(fd),
+            Err(e) => {
+                tracing::debug!(slots = top, error = %e, "could not grow the descriptor table ahead")
+            }
+        }
+    }
+
     /// Releases the worker lock.
     pub fn unlock(&self) -> rustix::io::Result<()> {
         if let Some(fd) = &*self.lock_file.lock().unwrap_or_else(|e| e.into_inner()) {

@@ -429,6 +429,10 @@ impl Store {
             None
         };
         let fd_cap = config.fd_cache_capacity();
+        if fd_cap > 0 {
+            // Room for the cache's descriptors beside what the process holds already.
+            ns.reserve_descriptor_slots(fd_cap + 1024);
+        }
         tracing::debug!(worker = %worker, %layout, fd_cache = fd_cap, engine = engine.name(), "store open");
         let stats_interval = config.stats_interval.filter(|_| !read_only);
         let inner = Arc::new(Inner {
