@@ -18,6 +18,21 @@ fn words(line: &str) -> Vec<String> {
     line.split_whitespace().map(str::to_owned).collect()
 }
 
+/// A run of `line` without `--verify-data`, its JSON report (it must succeed).
+fn plain(line: &str) -> serde_json::Value {
+    let out = Command::new(BENCH)
+        .args(words(line))
+        .args(["--output-format", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{line}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn run_json<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> serde_json::Value {
     let out = bench()
         .args(args)
@@ -912,19 +927,6 @@ fn verify_data_fails_a_run_that_reads_a_stale_or_swapped_block() {
 fn key_offset_writes_new_blocks() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    let plain = |line: &str| {
-        let out = Command::new(BENCH)
-            .args(words(line))
-            .args(["--output-format", "json"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{line}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
-    };
     plain(&format!("--dir {d} --rw write --bs 4k --nblocks 4"));
     plain(&format!(
         "--dir {d} --rw write --bs 4k --nblocks 4 --key-offset 4"
@@ -951,18 +953,9 @@ fn key_offset_writes_new_blocks() {
 #[test]
 fn watermarks_set_where_the_background_evictor_starts_and_stops() {
     let run = |dir: &str, wm: &str| {
-        let out = Command::new(BENCH)
-            .args(words(&format!(
-                "--dir {dir} --rw write --bs 4k --nblocks 20 --batch 1 --capacity-blocks 20 --sync-writes --watermarks {wm} --output-format json"
-            )))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{wm}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+        plain(&format!(
+            "--dir {dir} --rw write --bs 4k --nblocks 20 --batch 1 --capacity-blocks 20 --sync-writes --watermarks {wm}"
+        ))
     };
     // 1,1: no background eviction; 20 blocks fit a bound of 20 exactly.
     let a = tempfile::tempdir().unwrap();
