@@ -409,9 +409,13 @@ fn overwrite_under_readers(publish: Publish) {
     const LEN: usize = 256 * 1024;
     store.put(&k, &vec![0u8; LEN]).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
+    // Readers that have read once: the puts start only when both are reading (on 2 cores a
+    // thread may otherwise not run before 200 quick puts are over).
+    let reading = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let readers: Vec<_> = (0..2)
         .map(|_| {
-            let (store, k, stop) = (store.clone(), k.clone(), stop.clone());
+            let (store, k, stop, reading) =
+                (store.clone(), k.clone(), stop.clone(), reading.clone());
             std::thread::spawn(move || {
                 let mut b = vec![0u8; LEN];
                 let mut reads = 0u64;
@@ -422,6 +426,9 @@ fn overwrite_under_readers(publish: Publish) {
                             let first = b[0];
                             assert!(b.iter().all(|&x| x == first), "mixed old and new bytes");
                             reads += 1;
+                            if reads == 1 {
+                                reading.fetch_add(1, Ordering::Relaxed);
+                            }
                         }
                         Lookup::Miss => panic!("an overwritten key must never miss"),
                     }
@@ -430,6 +437,9 @@ fn overwrite_under_readers(publish: Publish) {
             })
         })
         .collect();
+    while reading.load(Ordering::Relaxed) < 2 {
+        std::thread::yield_now();
+    }
     for v in 1..=200u32 {
         store.put(&k, &vec![v as u8; LEN]).unwrap();
     }
