@@ -498,16 +498,16 @@ impl Index {
 
     /// Adds a block found on disk (the rebuild on open; call oldest first).
     pub fn load(&self, hash: BlockHash, bytes: u64) {
-        self.load_many(&[(hash, bytes)]);
+        self.load_many(std::iter::once((hash, bytes)));
     }
 
     /// Adds blocks found on disk, oldest first (the rebuild on open): one lock and the map
     /// grown once. The policy is told one block at a time, as separate accesses (a batch
     /// would be one request, whose order some policies read backwards).
-    pub fn load_many(&self, blocks: &[(BlockHash, u64)]) {
+    pub fn load_many(&self, blocks: impl ExactSizeIterator<Item = (BlockHash, u64)>) {
         let mut st = self.lock();
         st.map.reserve(blocks.len());
-        for &(hash, bytes) in blocks {
+        for (hash, bytes) in blocks {
             match st.map.get_mut(&hash) {
                 Some(e) => {
                     let old = e.bytes;

@@ -1103,14 +1103,13 @@ fn list(fd: OwnedFd) -> rustix::io::Result<Vec<Entry>> {
     let mut out = Vec::new();
     while let Some(e) = dir.read() {
         let e = e?;
-        let fd = dir.fd()?;
         let name = e.file_name().to_bytes();
         if name == b"." || name == b".." {
             continue;
         }
         let kind = match e.file_type() {
             FileType::Unknown => {
-                match rustix::fs::statat(fd, e.file_name(), AtFlags::SYMLINK_NOFOLLOW) {
+                match rustix::fs::statat(dir.fd()?, e.file_name(), AtFlags::SYMLINK_NOFOLLOW) {
                     Ok(st) => FileKind::of_stat(&st),
                     Err(Errno::NOENT) => continue,
                     Err(e) => return Err(e),

@@ -392,9 +392,7 @@ impl Store {
         report
             .entries
             .sort_unstable_by_key(|e| (e.recency_ns, e.hash));
-        let found: Vec<(BlockHash, u64)> =
-            report.entries.iter().map(|e| (e.hash, e.bytes)).collect();
-        index.load_many(&found);
+        index.load_many(report.entries.iter().map(|e| (e.hash, e.bytes)));
         tracing::debug!(
             blocks = report.blocks,
             scan_ms,
