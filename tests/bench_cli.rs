@@ -18,33 +18,28 @@ fn words(line: &str) -> Vec<String> {
     line.split_whitespace().map(str::to_owned).collect()
 }
 
-/// A run of `line` without `--verify-data`, its JSON report (it must succeed).
-fn plain(line: &str) -> serde_json::Value {
-    let out = Command::new(BENCH)
-        .args(words(line))
-        .args(["--output-format", "json"])
-        .output()
-        .unwrap();
+/// The JSON report of `cmd` (which must succeed; `what` names it in the failure).
+fn json_report(mut cmd: Command, what: &str) -> serde_json::Value {
+    let out = cmd.args(["--output-format", "json"]).output().unwrap();
     assert!(
         out.status.success(),
-        "{line}: {}",
+        "{what}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// A run of `line` without `--verify-data`, its JSON report (it must succeed).
+fn plain(line: &str) -> serde_json::Value {
+    let mut cmd = Command::new(BENCH);
+    cmd.args(words(line));
+    json_report(cmd, line)
+}
+
 fn run_json<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> serde_json::Value {
-    let out = bench()
-        .args(args)
-        .args(["--output-format", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let mut cmd = bench();
+    cmd.args(args);
+    json_report(cmd, &format!("{args:?}"))
 }
 
 #[test]
@@ -612,12 +607,19 @@ fn the_main_job_says_what_it_measured() {
     }
     // --invalidate drops the written blocks from the page cache before the read phase (where
     // the filesystem's cache is not its storage, as tmpfs's is).
+    // DONTNEED is advice: a page the kernel holds at that moment stays. Once in CI (2 cores, the
+    // suite running beside it) every sampled page stayed, so a second run is allowed; with
+    // the invalidation gone both runs are cached whole.
     if ["ext4", "xfs", "btrfs"].contains(&fs) {
-        let r = run_json(&words("--bs 64k --nblocks 16 --invalidate"));
-        let resident = r["page_cache_resident"].as_f64().unwrap();
+        let resident = || {
+            let r = run_json(&words("--bs 64k --nblocks 16 --invalidate"));
+            r["page_cache_resident"].as_f64().unwrap()
+        };
+        let first = resident();
+        let second = if first < 0.5 { first } else { resident() };
         assert!(
-            resident < 0.5,
-            "{resident} of the blocks cached after --invalidate"
+            second < 0.5,
+            "{first} and {second} of the blocks cached after --invalidate"
         );
     }
     // The defaults: one 16-token block of an 8B Llama, 256 of them (512 MiB).

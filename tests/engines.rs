@@ -510,3 +510,149 @@ fn direct_puts_from_aligned_payloads() {
         }
     }
 }
+
+/// An engine that records which thread pulls each stream it is given and, with `dir`, how
+/// many regular files this process holds open beneath `dir` as it pulls each request (then runs
+/// that request on its own).
+#[derive(Debug)]
+struct StreamSpy {
+    inner: Arc<dyn IoEngine>,
+    dir: Option<std::path::PathBuf>,
+    threads: std::sync::Mutex<Vec<std::thread::ThreadId>>,
+    open_at_pull: std::sync::Mutex<Vec<usize>>,
+}
+
+impl StreamSpy {
+    fn new(inner: Arc<dyn IoEngine>, dir: Option<std::path::PathBuf>) -> Arc<Self> {
+        Arc::new(StreamSpy {
+            inner,
+            dir,
+            threads: Default::default(),
+            open_at_pull: Default::default(),
+        })
+    }
+}
+
+/// Regular files this process holds open beneath `dir` (temp files of puts, named or not).
+fn open_files_under(dir: &std::path::Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            let target = std::fs::read_link(&p).ok()?;
+            let regular = std::fs::metadata(&p).ok()?.is_file();
+            (regular && target.starts_with(dir)).then_some(())
+        })
+        .count()
+}
+
+impl IoEngine for StreamSpy {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn submit(&self, batch: &mut [tierkv::engine::IoRequest<'_>]) -> Vec<std::io::Result<usize>> {
+        self.inner.submit(batch)
+    }
+    fn submit_stream<'a>(
+        &self,
+        stream: &mut dyn Iterator<Item = tierkv::engine::IoRequest<'a>>,
+    ) -> Vec<std::io::Result<usize>> {
+        self.threads
+            .lock()
+            .unwrap()
+            .push(std::thread::current().id());
+        let Some(dir) = &self.dir else {
+            return self.inner.submit_stream(stream);
+        };
+        let mut out = Vec::new();
+        for r in stream {
+            self.open_at_pull
+                .lock()
+                .unwrap()
+                .push(open_files_under(dir));
+            out.extend(self.inner.submit(&mut [r]));
+        }
+        out
+    }
+}
+
+/// A put batch streams through the engine: each block's temp file is created when the engine
+/// pulls its write, not all of them before the first write starts (so an engine like io_uring
+/// writes the first blocks while the store creates and hashes the next). Named temp files
+/// and anonymous ones alike; the blocks round-trip.
+#[test]
+fn a_put_batch_creates_each_file_when_the_engine_pulls_its_write() {
+    for publish in [Publish::Rename, Publish::Tmpfile] {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let spy = StreamSpy::new(EngineKind::Psync.build().unwrap(), Some(root.clone()));
+        let store = store_with(
+            &root,
+            spy.clone(),
+            StoreConfig::new().with_publish(publish).with_fd_cache(0),
+        );
+        let ks = keys(&store, 6);
+        let datas: Vec<Vec<u8>> = (0..6).map(|i| payload(i, 0, 5000 + i as usize)).collect();
+        let before = open_files_under(&root);
+        for r in store.put_many(&items(&ks, &datas)) {
+            r.unwrap();
+        }
+        let seen = spy.open_at_pull.lock().unwrap().clone();
+        // The k-th pull sees its own temp file and the k before it (their writes done, their
+        // publication after the batch), never the ones after.
+        let want: Vec<usize> = (1..=6).map(|k| before + k).collect();
+        assert_eq!(seen, want, "{publish:?}: open files at each pull");
+        let mut b = vec![0u8; 6000];
+        for (k, d) in ks.iter().zip(&datas) {
+            assert_eq!(store.get(k, &mut b).unwrap(), Lookup::Hit(d.len()));
+            assert_eq!(&b[..d.len()], &d[..]);
+        }
+    }
+}
+
+/// A buffered put batch of 8 MiB and more (and two blocks) streams as two halves on two
+/// threads; a smaller one, and any `O_DIRECT` batch, as one stream on the caller's thread.
+#[test]
+fn large_buffered_put_batches_stream_on_two_threads_and_direct_ones_on_one() {
+    let cases = [
+        // (direct, blocks, bytes per block, streams, distinct threads)
+        (false, 8, (1 << 20) + 4096, 2, 2),
+        (false, 8, 1000, 1, 1),
+        (true, 8, (1 << 20) + 4096, 1, 1),
+    ];
+    for (direct, n, len, streams, threads) in cases {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let spy = StreamSpy::new(EngineKind::IoUring.build().expect("io_uring"), None);
+        let store = store_with(
+            dir.path(),
+            spy.clone(),
+            StoreConfig::new().with_direct_io(direct),
+        );
+        let ks = keys(&store, n);
+        let datas: Vec<Vec<u8>> = (0..n).map(|i| payload(i, 0, len)).collect();
+        for r in store.put_many(&items(&ks, &datas)) {
+            r.unwrap();
+        }
+        let seen = spy.threads.lock().unwrap().clone();
+        let mut distinct = seen.clone();
+        distinct.sort_by_key(|t| format!("{t:?}"));
+        distinct.dedup();
+        assert_eq!(
+            (seen.len(), distinct.len()),
+            (streams, threads),
+            "direct={direct}, {n} blocks of {len} bytes"
+        );
+        if threads == 1 {
+            assert_eq!(
+                seen[0],
+                std::thread::current().id(),
+                "on the caller's thread"
+            );
+        }
+        let mut b = vec![0u8; len];
+        for (k, d) in ks.iter().zip(&datas) {
+            assert_eq!(store.get(k, &mut b).unwrap(), Lookup::Hit(d.len()));
+            assert_eq!(&b[..], &d[..]);
+        }
+    }
+}

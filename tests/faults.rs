@@ -157,3 +157,71 @@ fn a_real_full_disk_is_no_space_and_leaves_nothing_partial() {
     check_all_blocks(store.dir());
     drop(store);
 }
+
+/// A buffered batch of 8 MiB and more writes on two threads, each streaming half of it: an I/O
+/// error on some of its writes fails exactly those blocks (their temp files gone, misses after),
+/// and every other block is published with its own bytes. The same batch `O_DIRECT` (one
+/// thread) holds to the same.
+#[test]
+fn a_large_batch_keeps_each_result_with_its_block_when_writes_fail() {
+    for direct in [false, true] {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let plan = FaultPlan {
+            fail_writes_from: Some(5),
+            fail_reads_from: None,
+            partial_fraction: 0.5,
+            errno: 5, // EIO
+        };
+        let engine = Arc::new(FaultyEngine::new(Arc::new(PsyncEngine::new()), plan));
+        let store = Store::open_with_engine(
+            dir.path(),
+            worker("w"),
+            StoreConfig::default().with_direct_io(direct),
+            engine.clone() as Arc<dyn IoEngine>,
+        )
+        .unwrap();
+        let ks = keys(&store, 8);
+        let datas: Vec<Vec<u8>> = (0..8)
+            .map(|i| payload(i, 0, (1 << 20) + 4096 * i as usize))
+            .collect();
+        let res = store.put_many(&items(&ks, &datas));
+        assert_eq!(engine.writes_seen(), 8, "direct={direct}");
+        let failed: Vec<usize> = (0..8).filter(|&i| res[i].is_err()).collect();
+        assert_eq!(
+            failed.len(),
+            3,
+            "direct={direct}: writes 5, 6 and 7 failed: {res:?}"
+        );
+        if direct {
+            // One thread: the writes run in the batch's order.
+            assert_eq!(failed, vec![5, 6, 7]);
+        }
+        let mut b = vec![0u8; 2 << 20];
+        for (i, (k, d)) in ks.iter().zip(&datas).enumerate() {
+            match &res[i] {
+                Ok(()) => {
+                    assert_eq!(
+                        store.get(k, &mut b).unwrap(),
+                        Lookup::Hit(d.len()),
+                        "block {i}"
+                    );
+                    assert_eq!(&b[..d.len()], &d[..], "block {i}'s bytes");
+                }
+                Err(Error::Io { path, .. }) => {
+                    assert!(
+                        path.to_str().unwrap().contains(&k.hash.to_hex()[..8]),
+                        "{path:?}"
+                    );
+                    assert_eq!(store.get(k, &mut b).unwrap(), Lookup::Miss, "block {i}");
+                }
+                Err(e) => panic!("block {i}: {e:?}"),
+            }
+        }
+        assert!(
+            temp_files_under(store.dir()).is_empty(),
+            "temp files unlinked"
+        );
+        assert_eq!(check_all_blocks(store.dir()), 5);
+        assert_eq!(store.stats().put_errors, 3);
+    }
+}

@@ -13,7 +13,9 @@
 # put_many; fio: one write).
 #
 # usage: tools/put-bench.sh [ROUNDS] [SIZES...]   (defaults: 3 2m 8m 32m; 64k 256k also work)
-# Each run writes 512 MiB, removed after it.
+# Each run writes MIB MiB (default 512), removed after it. BASELINE=path/to/another/tierkv-bench
+# adds a column: that binary (e.g. one built from an earlier commit) into the same steady tree,
+# in the same rounds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/bench-common.sh
@@ -25,10 +27,20 @@ machine_line "$W"
 t_json() {
   python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["errors"]==0, d; p=d["write"]["clat_ns"]["percentile"]; print("%s,%s,%s,%s" % (d["bw_bytes_per_sec"], p["50.000000"], p["99.000000"], p["99.900000"]))'
 }
+# One run of binary $1 into the tree $2 (the loop's size, count, batch and I/O mode).
+puts() {
+  "$1" --dir "$2" --rw write --bs "$bs" --nblocks "$n" --batch "$batch" --iodepth 32 \
+    --ioengine io_uring "${dflag[@]}" --output-format json | t_json
+}
+# The steady tree: the previous run's block files removed, its shard directories kept.
+empty_tree() {
+  find "$W/t/v1/0" -mindepth 2 -type f -delete
+  rm -f "$W/t/v1/0/STATS.json"
+}
 for bs in "${SIZES[@]}"; do
   kib=$(( $(size_bytes "$bs") / 1024 ))
   file_kib=$(( kib + 4 ))
-  n=$(( 512 * 1024 / kib ))
+  n=$(( ${MIB:-512} * 1024 / kib ))
   batch=$(( n < 64 ? n : 64 )); [ "$kib" -ge 32768 ] && batch=16
   for direct in 0 1; do
     out="$W/rows.$bs.$direct"; : > "$out"
@@ -36,8 +48,7 @@ for bs in "${SIZES[@]}"; do
     rm -rf "$W/t"
     $B --dir "$W/t" --rw write --bs "$bs" --nblocks "$n" --batch "$batch" --output-format json >/dev/null
     for r in $(seq "$ROUNDS"); do
-      find "$W/t/v1/0" -mindepth 2 -type f -delete
-      rm -f "$W/t/v1/0/STATS.json"
+      empty_tree
       rm -rf "$W/f" "$W/big" "$W/fresh"; mkdir -p "$W/f"; sync
       same=$(fio --name=files --directory="$W/f" --nrfiles="$n" --filesize="${file_kib}k" \
                --bs="${file_kib}k" --rw=write --create_on_open=1 --fallocate=none \
@@ -47,19 +58,24 @@ for bs in "${SIZES[@]}"; do
               --rw=write --fallocate=none --ioengine=io_uring --iodepth=32 --direct=$direct --iomem_align=4096 \
               --output-format=json 2>/dev/null | fio_json write)
       rm -f "$W/big"; sync
-      t=$($B --dir "$W/t" --rw write --bs "$bs" --nblocks "$n" --batch "$batch" --iodepth 32 \
-            --ioengine io_uring "${dflag[@]}" --output-format json | t_json)
+      t=$(puts "$B" "$W/t")
       sync
-      fresh=$($B --dir "$W/fresh" --rw write --bs "$bs" --nblocks "$n" --batch "$batch" --iodepth 32 \
-            --ioengine io_uring "${dflag[@]}" --output-format json | t_json)
+      base=""
+      if [ -n "${BASELINE:-}" ]; then
+        empty_tree; sync
+        base=" $(puts "$BASELINE" "$W/t")"
+        sync
+      fi
+      fresh=$(puts "$B" "$W/fresh")
       rm -rf "$W/fresh"; sync
-      echo "$same $big $t $fresh" >> "$out"
+      echo "$same $big $t $fresh$base" >> "$out"
     done
     python3 - "$bs" "$direct" "$n" "$batch" "$out" <<'PY'
 import statistics, sys
 bs, direct, n, batch, path = sys.argv[1:6]
-cols = ["fio, the same files", "fio, one file", "tierkv io_uring", "tierkv, fresh tree"]
+cols = ["fio, the same files", "fio, one file", "tierkv io_uring", "tierkv, fresh tree", "baseline tierkv"]
 rows = [[[float(x) for x in c.split(",")] for c in l.split()] for l in open(path) if l.strip()]
+cols = cols[:len(rows[0])]
 mib = lambda v: v / 1048576
 mode = "O_DIRECT" if direct == "1" else "buffered"
 print(f"\n{bs} {mode}: {n} blocks, put_many of {batch}; MiB/s per round ({', '.join(cols)})")

@@ -1,8 +1,9 @@
 //! How I/O is submitted: the [`IoEngine`] trait and its implementations.
 //!
 //! The store decides *which file and where*; an engine moves the bytes. A call hands an engine
-//! a whole batch of requests (the reads or writes of one `get_many`/`put_many`) and returns
-//! when every request has completed, with one result per request in order. Because the call
+//! a whole batch of requests (the reads of one `get_many`), or a stream of them that it pulls
+//! one at a time (the writes of one `put_many`), and returns when every request has
+//! completed, with one result per request in order. Because the call
 //! does not return before completion, buffers are borrowed for its duration: an engine that
 //! submits asynchronously (io_uring, NIXL) may hand their addresses to the kernel or to a
 //! transfer library and must have reaped every completion before it returns. Async callers
@@ -155,6 +156,21 @@ pub trait IoEngine: Send + Sync + fmt::Debug {
     /// Runs a batch; see the trait's contract.
     fn submit(&self, batch: &mut [IoRequest<'_>]) -> Vec<io::Result<usize>>;
 
+    /// Runs the requests `stream` yields, one result per request in the order pulled; the same
+    /// contract as [`IoEngine::submit`]. The engine pulls requests lazily and may start each
+    /// as soon as it is pulled, so that the caller makes the next request (creates its file,
+    /// hashes its payload) while earlier ones are in flight: a put batch streams through the
+    /// engine instead of waiting for its last file before its first write. Every pulled
+    /// request's borrows live for `'a`, past the call. The default pulls every request, then
+    /// runs them as one batch.
+    fn submit_stream<'a>(
+        &self,
+        stream: &mut dyn Iterator<Item = IoRequest<'a>>,
+    ) -> Vec<io::Result<usize>> {
+        let mut batch: Vec<IoRequest<'a>> = stream.collect();
+        self.submit(&mut batch)
+    }
+
     /// True when the engine can move GPU memory ([`IoKind::ReadDevice`] and
     /// [`IoKind::WriteDevice`]); the default is false, and such requests fail with
     /// [`device_unsupported`].
@@ -182,21 +198,41 @@ pub(crate) fn submit_checked(
     if results.len() == n {
         return results;
     }
+    contract_broken(engine, results.len(), n)
+}
+
+/// One error per request (`n` of them) for an engine that returned `got` results.
+fn contract_broken(engine: &dyn IoEngine, got: usize, n: usize) -> Vec<io::Result<usize>> {
     tracing::error!(
         engine = engine.name(),
-        results = results.len(),
+        results = got,
         requests = n,
         "engine broke its contract: result count differs from request count"
     );
     (0..n)
         .map(|_| {
             Err(io::Error::other(format!(
-                "engine {} returned {} results for {n} requests",
-                engine.name(),
-                results.len()
+                "engine {} returned {got} results for {n} requests",
+                engine.name()
             )))
         })
         .collect()
+}
+
+/// [`IoEngine::submit_stream`] held to the same rule as [`submit_checked`]: an engine that
+/// returns another number of results than the requests it pulled fails them all (and the
+/// requests it never pulled are pulled here, so that the caller sees every one of them made).
+pub(crate) fn submit_stream_checked<'a>(
+    engine: &dyn IoEngine,
+    stream: &mut dyn Iterator<Item = IoRequest<'a>>,
+) -> Vec<io::Result<usize>> {
+    let mut n = 0usize;
+    let results = engine.submit_stream(&mut (&mut *stream).inspect(|_| n += 1));
+    let left = stream.count();
+    if results.len() == n && left == 0 {
+        return results;
+    }
+    contract_broken(engine, results.len(), n + left)
 }
 
 /// The error of a device-memory request given to an engine that moves host memory only.
@@ -374,6 +410,72 @@ impl fmt::Display for EngineKind {
 }
 
 #[cfg(test)]
+mod stream_checks {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    /// Runs its inner psync engine on the first `pull` requests of a stream, then returns
+    /// their results with `extra` more (negative: fewer).
+    #[derive(Debug)]
+    struct Broken {
+        pull: usize,
+        extra: isize,
+    }
+
+    impl IoEngine for Broken {
+        fn name(&self) -> &'static str {
+            "broken"
+        }
+        fn submit(&self, batch: &mut [IoRequest<'_>]) -> Vec<io::Result<usize>> {
+            PsyncEngine::new().submit(batch)
+        }
+        fn submit_stream<'a>(
+            &self,
+            stream: &mut dyn Iterator<Item = IoRequest<'a>>,
+        ) -> Vec<io::Result<usize>> {
+            let mut batch: Vec<IoRequest<'a>> = stream.take(self.pull).collect();
+            let mut out = self.submit(&mut batch);
+            match self.extra {
+                e if e < 0 => out.truncate(out.len().saturating_sub(e.unsigned_abs())),
+                e => out.extend((0..e).map(|_| Ok(1))),
+            }
+            out
+        }
+    }
+
+    /// (results, requests pulled, how many results are errors) for a stream of 5 writes.
+    fn run(engine: &dyn IoEngine) -> (usize, usize, usize) {
+        let f = tempfile::tempfile().unwrap();
+        let mut pulled = 0;
+        let mut stream = (0..5).map(|i| {
+            pulled += 1;
+            IoRequest::write(f.as_fd(), i * 10, vec![IoSlice::new(b"0123456789")])
+        });
+        let res = submit_stream_checked(engine, &mut stream);
+        drop(stream);
+        let errs = res.iter().filter(|r| r.is_err()).count();
+        (res.len(), pulled, errs)
+    }
+
+    #[test]
+    fn a_stream_answered_in_full_passes_through() {
+        assert_eq!(run(&Broken { pull: 5, extra: 0 }), (5, 5, 0));
+        assert_eq!(run(&PsyncEngine::new()), (5, 5, 0));
+    }
+
+    #[test]
+    fn a_stream_answered_with_a_wrong_count_fails_every_request() {
+        // One result short, one too many.
+        assert_eq!(run(&Broken { pull: 5, extra: -1 }), (5, 5, 5));
+        assert_eq!(run(&Broken { pull: 5, extra: 1 }), (5, 5, 5));
+        // Two requests pulled and answered, three never pulled: all five made, all failed;
+        // and so when the answers happen to number five.
+        assert_eq!(run(&Broken { pull: 2, extra: 0 }), (5, 5, 5));
+        assert_eq!(run(&Broken { pull: 2, extra: 3 }), (5, 5, 5));
+    }
+}
+
+#[cfg(test)]
 pub(crate) mod contract {
     //! The contract every engine passes; each engine's tests call [`run_all`].
     use super::*;
@@ -384,6 +486,37 @@ pub(crate) mod contract {
         round_trip_batch(engine);
         short_read_at_eof(engine);
         bad_fd_is_an_error(engine);
+        stream_results_in_pull_order(engine);
+    }
+
+    /// `submit_stream`: one result per pulled request, in order, every write done when it
+    /// returns; an error stays with its request.
+    fn stream_results_in_pull_order(engine: &dyn IoEngine) {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("ro");
+        std::fs::write(&p, b"x").unwrap();
+        let ro = File::open(&p).unwrap();
+        let files: Vec<File> = (0..40).map(|_| tempfile::tempfile().unwrap()).collect();
+        let datas: Vec<Vec<u8>> = (0..40).map(|i| vec![i as u8; 3000 + 17 * i]).collect();
+        let mut pulled = 0;
+        let mut stream = files.iter().zip(&datas).enumerate().map(|(i, (f, d))| {
+            pulled += 1;
+            let fd = if i == 7 { ro.as_fd() } else { f.as_fd() };
+            IoRequest::write(fd, 5, vec![IoSlice::new(&d[..1]), IoSlice::new(&d[1..])])
+        });
+        let res = engine.submit_stream(&mut stream);
+        drop(stream);
+        assert_eq!((res.len(), pulled), (40, 40));
+        for (i, ((r, f), d)) in res.iter().zip(&files).zip(&datas).enumerate() {
+            if i == 7 {
+                assert!(r.is_err(), "the write to a read-only descriptor failed");
+                continue;
+            }
+            assert_eq!(*r.as_ref().unwrap(), d.len(), "request {i}");
+            let mut back = vec![0u8; d.len()];
+            rustix::io::pread(f, &mut back, 5).unwrap();
+            assert_eq!(&back, d, "request {i}'s bytes");
+        }
     }
 
     fn round_trip_batch(engine: &dyn IoEngine) {

@@ -1,5 +1,7 @@
-//! The put path: validation, admission, room, temp files, one engine batch, publication.
+//! The put path: validation, admission, room, temp files streamed through the engine,
+//! publication.
 
+use std::cell::OnceCell;
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
@@ -84,10 +86,40 @@ impl Source for DeviceMem {
     }
 }
 
-/// Put batches of at least this many payload bytes (and two blocks) write on two threads: one
-/// half's temp files are created and its headers hashed while the other half's writes are in
-/// flight (docs/benchmarks.md#puts).
+/// Buffered put batches of at least this many payload bytes (and two blocks) write on two
+/// threads, each streaming half of the batch through its own ring, so that two cores copy into
+/// the page cache. `O_DIRECT` batches stream on one thread, all their writes through one ring:
+/// on this project's 2-vCPU machines that was 1.1-1.5x the two threads at 8 MiB, where
+/// buffered two threads were 1.2-1.5x one (docs/benchmarks.md#puts).
 pub(crate) const PARALLEL_PUT_MIN_BYTES: usize = 8 << 20;
+
+/// The write of a planned file: the header (and padding) and the payload in one vectored
+/// write, from the bounce buffer or the header page when `O_DIRECT`, or the payload alone from
+/// GPU memory (its header is written after, see `Inner::seal`).
+fn write_request<'p>(p: &'p WritePlan<'_>, data: &'p Payload<'_>) -> IoRequest<'p> {
+    match (&p.bounce, data.host(), data.device()) {
+        (Some(b), _, _) => IoRequest::write(p.fd.as_fd(), 0, vec![IoSlice::new(b)]),
+        (None, Some(data), _) if p.head_page.is_some() => IoRequest::write(
+            p.fd.as_fd(),
+            0,
+            vec![
+                IoSlice::new(p.head_page.as_deref().expect("checked")),
+                IoSlice::new(data),
+            ],
+        ),
+        (None, Some(data), _) => IoRequest::write(
+            p.fd.as_fd(),
+            0,
+            vec![
+                IoSlice::new(&p.header),
+                IoSlice::new(&PADDING),
+                IoSlice::new(data),
+            ],
+        ),
+        (None, None, Some(mem)) => IoRequest::write_device(p.fd.as_fd(), PAYLOAD_OFFSET, mem),
+        (None, None, None) => unreachable!("a payload is in host or device memory"),
+    }
+}
 
 /// What steps 3 to 5 of a put batch made of one item: its slot, its offer, and its written
 /// temp file with the bytes it takes on disk, or the error.
@@ -203,9 +235,8 @@ impl Inner {
         };
         let mut published = (0u64, 0u64);
 
-        // 3-5. Temp files, one engine batch of writes, sizes and syncs: on two threads for
-        //      large batches, so that one half's file creation (and hashing) runs while the
-        //      other half's writes are in flight.
+        // 3-5. Temp files and their writes streamed through the engine, sizes and syncs: on
+        //      two threads for large buffered batches, each streaming half of the batch.
         let mut todo: Vec<(usize, Offer)> = Vec::with_capacity(valid.len());
         for (slot, offer) in valid.into_iter().zip(offers) {
             match offer {
@@ -218,7 +249,7 @@ impl Inner {
             .map(|&i| (&items[i].0, Payload::of(&items[i].1)))
             .collect();
         let bytes: usize = todo.iter().map(|(slot, _)| payloads[*slot].1.len()).sum();
-        let outcomes = if todo.len() >= 2 && bytes >= PARALLEL_PUT_MIN_BYTES {
+        let outcomes = if todo.len() >= 2 && bytes >= PARALLEL_PUT_MIN_BYTES && !self.opts.direct {
             let (a, b) = todo.split_at(todo.len() / 2);
             std::thread::scope(|scope| {
                 let other = scope.spawn(|| self.write_files(&payloads, b));
@@ -310,59 +341,43 @@ impl Inner {
             .collect()
     }
 
-    /// Steps 3 to 5 of a put batch for the admitted `todo` (slot in `payloads`, offer): creates
-    /// each temp file, writes them all in one engine batch, then sizes and syncs each. A
-    /// failure unlinks its temp file and drops its reservation; each outcome is returned with
-    /// its slot and offer, in `todo`'s order.
+    /// Steps 3 to 5 of a put batch for the admitted `todo` (slot in `payloads`, offer): streams
+    /// the writes through the engine (each temp file created as the engine pulls its write),
+    /// then sizes and syncs each. A failure unlinks its temp file and drops its reservation;
+    /// each outcome is returned with its slot and offer, in `todo`'s order.
     fn write_files<'s>(
         &'s self,
         payloads: &[(&BlockKey, Payload<'_>)],
         todo: &[(usize, Offer)],
     ) -> Vec<FileOutcome<'s>> {
-        let mut out = Vec::with_capacity(todo.len());
-        let mut plans: Vec<(usize, Offer, WritePlan)> = Vec::with_capacity(todo.len());
-        for &(slot, offer) in todo {
-            let (key, data) = &payloads[slot];
-            match self.plan_write(key, data) {
-                Ok(p) => plans.push((slot, offer, p)),
-                Err(e) => {
-                    self.index.abort(&key.hash, offer);
-                    out.push((slot, offer, Err(e)));
-                }
-            }
-        }
+        // Each temp file is created (and its header hashed) when the engine pulls its write,
+        // so the files after the first are made while the writes before them are in flight.
+        // The cells keep each plan in place for the requests that borrow it.
+        let plans: Vec<OnceCell<Result<WritePlan<'s>>>> =
+            todo.iter().map(|_| OnceCell::new()).collect();
         let io_results = {
-            let mut reqs = Vec::with_capacity(plans.len());
-            for (slot, _, p) in &plans {
-                let data = &payloads[*slot].1;
-                reqs.push(match (&p.bounce, data.host(), data.device()) {
-                    (Some(b), _, _) => IoRequest::write(p.fd.as_fd(), 0, vec![IoSlice::new(b)]),
-                    (None, Some(data), _) if p.head_page.is_some() => IoRequest::write(
-                        p.fd.as_fd(),
-                        0,
-                        vec![
-                            IoSlice::new(p.head_page.as_deref().expect("checked")),
-                            IoSlice::new(data),
-                        ],
-                    ),
-                    (None, Some(data), _) => IoRequest::write(
-                        p.fd.as_fd(),
-                        0,
-                        vec![
-                            IoSlice::new(&p.header),
-                            IoSlice::new(&PADDING),
-                            IoSlice::new(data),
-                        ],
-                    ),
-                    (None, None, Some(mem)) => {
-                        IoRequest::write_device(p.fd.as_fd(), PAYLOAD_OFFSET, mem)
-                    }
-                    (None, None, None) => unreachable!("a payload is in host or device memory"),
-                });
-            }
-            crate::engine::submit_checked(self.engine.as_ref(), &mut reqs)
+            let mut stream = todo.iter().zip(&plans).filter_map(|(&(slot, _), cell)| {
+                let (key, data) = &payloads[slot];
+                let plan = cell.get_or_init(|| self.plan_write(key, data));
+                plan.as_ref().ok().map(|p| write_request(p, data))
+            });
+            crate::engine::submit_stream_checked(self.engine.as_ref(), &mut stream)
         };
-        for ((slot, offer, plan), io) in plans.into_iter().zip(io_results) {
+        let mut io_results = io_results.into_iter();
+        let mut out = Vec::with_capacity(todo.len());
+        for (&(slot, offer), cell) in todo.iter().zip(plans) {
+            let plan = match cell.into_inner() {
+                Some(Ok(plan)) => plan,
+                Some(Err(e)) => {
+                    self.index.abort(&payloads[slot].0.hash, offer);
+                    out.push((slot, offer, Err(e)));
+                    continue;
+                }
+                None => unreachable!("submit_stream_checked pulls every request"),
+            };
+            let io = io_results
+                .next()
+                .unwrap_or_else(|| Err(std::io::Error::other("the engine returned no result")));
             let io = if plan.device {
                 io.and_then(|n| self.seal(&plan, n))
             } else {
