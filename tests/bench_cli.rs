@@ -980,3 +980,22 @@ fn watermarks_set_where_the_background_evictor_starts_and_stops() {
         assert_eq!(out.status.code(), Some(2), "--watermarks {bad}");
     }
 }
+
+#[test]
+fn reuse_evicted_writes_into_the_files_a_full_store_evicts() {
+    let run = |dir: &str, reuse: &str| {
+        plain(&format!(
+            "--dir {dir} --rw write --bs 64k --nblocks 24 --batch 4 --capacity-blocks 8 {reuse}"
+        ))
+    };
+    let a = tempfile::tempdir().unwrap();
+    let r = run(a.path().to_str().unwrap(), "--reuse-evicted");
+    // 24 blocks into a bound of 8: 16 evictions, each in the put that needed the room, each
+    // file reused.
+    assert_eq!(r["evictions"].as_u64(), Some(16), "{r}");
+    assert_eq!(r["store"]["reused_files"].as_u64(), Some(16), "{r}");
+    assert_eq!(common::oracle::read_tree(a.path()).blocks.len(), 8);
+    let b = tempfile::tempdir().unwrap();
+    let r = run(b.path().to_str().unwrap(), "");
+    assert_eq!(r["store"]["reused_files"].as_u64(), Some(0), "{r}");
+}

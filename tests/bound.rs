@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::*;
+use tierkv::engine::{EngineKind, IoEngine, IoRequest};
 use tierkv::{Error, Layout, Store};
 
 /// Samples the filesystem at `path` (statvfs: each sample is one instant) as fast as it can
@@ -164,4 +165,53 @@ fn the_bound_is_never_exceeded() {
         max_bytes + base_1
     );
     assert!(store.stats().used_bytes <= cap);
+    drop(store);
+
+    // A byte bound with evicted files reused, blocks of mixed sizes: a reused file keeps its
+    // old size until the put has written and cut it, so only a file that fits in the room
+    // reserved for the new block is reused.
+    let stop = Arc::new(AtomicBool::new(false));
+    let sample = sampler(fs.path().to_path_buf(), stop.clone());
+    let reusing = quiet()
+        .with_layout(Layout::new(0, 256).unwrap())
+        .with_capacity_bytes(cap)
+        .with_reuse_evicted(true);
+    // Writes that take a while, so that the sampler sees the moment between a file's
+    // reuse and its put's write.
+    #[derive(Debug)]
+    struct Slow(Arc<dyn IoEngine>);
+    impl IoEngine for Slow {
+        fn name(&self) -> &'static str {
+            self.0.name()
+        }
+        fn submit(&self, batch: &mut [IoRequest<'_>]) -> Vec<std::io::Result<usize>> {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            self.0.submit(batch)
+        }
+    }
+    let slow = Arc::new(Slow(EngineKind::Psync.build().unwrap()));
+    let store = Store::open_with_engine(fs.path(), worker("3"), reusing, slow).unwrap();
+    // Batches of five sizes, in turning orders: within a batch the room of one block's
+    // victim goes to another block.
+    let sizes = [1 << 20, 65_536, 300_000, (1 << 20) + 5000, 4096];
+    for b in 0..40u64 {
+        let datas: Vec<Vec<u8>> = (0..5)
+            .map(|j| vec![4u8; sizes[(b as usize + j * 2) % sizes.len()]])
+            .collect();
+        let ks: Vec<_> = (0..5)
+            .map(|j| store.key(hash(50_000 + b * 5 + j)))
+            .collect();
+        for r in store.put_many(&common::items(&ks, &datas)) {
+            r.unwrap();
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (_, max_bytes) = sample.join().unwrap();
+    assert!(
+        max_bytes <= cap,
+        "{max_bytes} bytes of worker 3 at one instant, bound {cap}"
+    );
+    let s = store.stats();
+    assert!(s.reused_files > 0, "{s:?}");
+    assert!(s.used_bytes <= cap);
 }

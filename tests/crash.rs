@@ -20,12 +20,20 @@ fn bench() -> std::process::Command {
 
 #[test]
 fn sigkill_mid_put_never_exposes_a_torn_block_tmpfile() {
-    sigkill_loop("tmpfile");
+    sigkill_loop("tmpfile", &[]);
 }
 
 #[test]
 fn sigkill_mid_put_never_exposes_a_torn_block_rename() {
-    sigkill_loop("rename");
+    sigkill_loop("rename", &[]);
+}
+
+/// A full store that reuses every file it evicts (every put of the loop evicts one): a kill
+/// between a victim's rename and its new block's publication leaves a temp file, never a
+/// block name on a file of mixed bytes.
+#[test]
+fn sigkill_mid_put_never_exposes_a_torn_block_reusing_evicted_files() {
+    sigkill_loop("rename", &["--capacity-blocks", "20", "--reuse-evicted"]);
 }
 
 /// Kills the writer if the test fails while it runs (no orphan writer keeps the CPU busy).
@@ -47,7 +55,7 @@ fn count_blocks(wdir: &std::path::Path) -> usize {
     t.blocks.len() + t.bad_blocks.len() + t.misplaced.len()
 }
 
-fn sigkill_loop(publish: &str) {
+fn sigkill_loop(publish: &str, extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let mut rng_state = 0x9E37_79B9_7F4A_7C15u64;
     let mut saw_temp = 0;
@@ -67,6 +75,7 @@ fn sigkill_loop(publish: &str) {
                 "4",
             ])
             .args(["--publish", publish])
+            .args(extra)
             .arg("--dir")
             .arg(dir.path())
             .stdout(Stdio::null())

@@ -11,7 +11,9 @@
 # A filesystem given as dir:PATH runs in a fresh directory under PATH on the filesystem already
 # there (e.g. dir:/var/tmp, the VM's own disk) instead of a loop device.
 # INLINE=1 adds, after each mode, its rows with --watermarks 1,1 (no background evictor: every
-# eviction inline in the put that needs the room), rounds of their own.
+# eviction inline in the put that needs the room), rounds of their own. REUSE=1 adds rows with
+# --watermarks 1,1 --reuse-evicted (each inline eviction's file reused for the new block); the
+# last column then says how many of the evictions reused their file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}; BS=${2:-2m}; N=${3:-128}
@@ -33,10 +35,14 @@ trap cleanup EXIT
 echo "machine: $(nproc) cores, kernel $(uname -r), loop devices on $(df -T "$W" | awk 'NR==2 {print $2}') on $(df "$W" | awk 'NR==2 {print $1}') (dir:PATH: that filesystem itself), $(date -u +%F)"
 echo "bs=$BS nblocks=$N (capacity $N blocks), put_many of 32 through io_uring at depth 32"
 t_json() {
-  python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["errors"]==0, d; p=d["write"]["clat_ns"]["percentile"]; print("%s,%s,%s,%s,%s" % (d["bw_bytes_per_sec"], p["50.000000"], p["99.000000"], p["99.900000"], d["evictions"]))'
+  python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["errors"]==0, d; p=d["write"]["clat_ns"]["percentile"]; print("%s,%s,%s,%s,%s,%s" % (d["bw_bytes_per_sec"], p["50.000000"], p["99.000000"], p["99.900000"], d["evictions"], d["store"].get("reused_files", 0)))'
 }
 MODES="buffered direct sync"
-[ "${INLINE:-0}" = 1 ] && MODES="buffered buffered-inline direct direct-inline sync sync-inline"
+MODES=$(for m in $MODES; do
+  echo "$m"
+  if [ "${INLINE:-0}" = 1 ]; then echo "$m-inline"; fi
+  if [ "${REUSE:-0}" = 1 ]; then echo "$m-reuse"; fi
+done | xargs)
 for fs in "${FSS[@]}"; do
   if [ "${fs#dir:}" != "$fs" ]; then
     # M is where the trees go: a directory on an existing filesystem, or the loop mount.
@@ -51,7 +57,10 @@ for fs in "${FSS[@]}"; do
   for mode in $MODES; do
     flags=(--ioengine io_uring --iodepth 32 --batch 32 --capacity-blocks "$N")
     case $mode in direct*) flags+=(--direct) ;; sync*) flags+=(--sync-writes) ;; esac
-    case $mode in *-inline) flags+=(--watermarks 1,1) ;; esac
+    case $mode in
+      *-inline) flags+=(--watermarks 1,1) ;;
+      *-reuse) flags+=(--watermarks 1,1 --reuse-evicted) ;;
+    esac
     out="$W/rows.${fs//[^a-z0-9]/_}.$mode"; : > "$out"
     for r in $(seq "$ROUNDS"); do
       rm -rf "$M/e" "$M/f"; sync
@@ -71,7 +80,8 @@ med = lambda i, k: statistics.median(r[i][k] for r in rows)
 ratio = statistics.median(r[1][0] / r[0][0] for r in rows)
 per = "  ".join(f"{r[1][0] / r[0][0]:.2f}x" for r in rows)
 print(f"| {fs} | {bs} | {mode} | {med(0, 0) / 1048576:.0f} | {med(1, 0) / 1048576:.0f} | {ratio:.2f}x ({per}) | "
-      f"{med(0, 1) / 1e6:.1f} / {med(0, 2) / 1e6:.1f} / {med(0, 3) / 1e6:.1f} | {med(1, 1) / 1e6:.1f} / {med(1, 2) / 1e6:.1f} / {med(1, 3) / 1e6:.1f} | {med(1, 4):.0f} |")
+      f"{med(0, 1) / 1e6:.1f} / {med(0, 2) / 1e6:.1f} / {med(0, 3) / 1e6:.1f} | {med(1, 1) / 1e6:.1f} / {med(1, 2) / 1e6:.1f} / {med(1, 3) / 1e6:.1f} | {med(1, 4):.0f}"
+      + (f" ({med(1, 5):.0f} reused)" if mode.endswith("-reuse") else "") + " |")
 PY
   done
   if [ -n "$LOOP" ]; then

@@ -27,6 +27,8 @@ pub enum NsOp {
     ReadDir,
     /// Taking the worker lock.
     Lock,
+    /// Asking whether a file is open elsewhere (a write lease), before reusing it.
+    Lease,
 }
 
 #[derive(Debug)]

@@ -570,6 +570,64 @@ impl BlockDir {
         rustix::fs::renameat(parent.as_fd(), from, parent.as_fd(), to)
     }
 
+    /// Moves the regular file `from` in `from_parent` to the fresh name `to` in `to_parent`
+    /// and opens it there with `flags` (not following a symlink, never blocking on a FIFO):
+    /// how an evicted block's file is taken for reuse. `Ok(None)` if `from` is missing or is
+    /// not a regular file, which stays where it is.
+    pub fn take_file(
+        &self,
+        from_parent: &Parent<'_>,
+        from: &str,
+        to_parent: &Parent<'_>,
+        to: &str,
+        flags: OFlags,
+    ) -> rustix::io::Result<Option<(OwnedFd, Stat)>> {
+        match rustix::fs::statat(from_parent.as_fd(), from, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileKind::of_stat(&st) == FileKind::File => {}
+            Ok(_) | Err(Errno::NOENT | Errno::STALE) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        self.check(NsOp::Rename)?;
+        // `to` is a fresh temp name (node, pid and sequence number): nothing is replaced.
+        match rustix::fs::renameat(from_parent.as_fd(), from, to_parent.as_fd(), to) {
+            Ok(()) => {}
+            Err(Errno::NOENT | Errno::STALE) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        match self.open_file_in(to_parent, to, flags) {
+            Ok(Opened::File(fd, st)) => Ok(Some((fd, *st))),
+            // Swapped for something else between the stat and the rename: put it back.
+            other => {
+                let _ = rustix::fs::renameat(to_parent.as_fd(), to, from_parent.as_fd(), from);
+                other.map(|_| None)
+            }
+        }
+    }
+
+    /// Takes a write lease on `fd` (opened for writing) if it is the only open file
+    /// description of its inode on this machine: no other descriptor, in this process or any
+    /// other, reads, writes or maps the file (the kernel grants `F_SETLEASE` with `F_WRLCK`
+    /// only then). False if one does. While the lease is held, an `open` of the file by
+    /// anyone else waits until it is released ([`BlockDir::release_lease`], or the
+    /// descriptor's close). The lease's break signal is set to `SIGURG`, ignored by default,
+    /// so that such an open cannot deliver `SIGIO`, whose default action ends the process.
+    /// Errors are the filesystem's: no leases over NFS or FUSE, `fs.leases-enable = 0`, a
+    /// file of another owner without `CAP_LEASE`.
+    pub fn take_lease(&self, fd: BorrowedFd<'_>) -> rustix::io::Result<bool> {
+        self.check(NsOp::Lease)?;
+        fcntl_int(fd, F_SETSIG, libc::SIGURG)?;
+        match fcntl_int(fd, libc::F_SETLEASE, libc::F_WRLCK as libc::c_int) {
+            Ok(()) => Ok(true),
+            Err(Errno::AGAIN) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Releases a lease [`BlockDir::take_lease`] took: opens waiting on it go on.
+    pub fn release_lease(&self, fd: BorrowedFd<'_>) -> rustix::io::Result<()> {
+        fcntl_int(fd, libc::F_SETLEASE, libc::F_UNLCK as libc::c_int)
+    }
+
     /// Links the anonymous inode `fd` as `name` in `parent`: `linkat` with `AT_EMPTY_PATH`
     /// (`proc: false`; needs CAP_DAC_READ_SEARCH) or through `/proc/self/fd` (`proc: true`).
     pub fn link_in(
@@ -1046,6 +1104,24 @@ impl BlockDir {
 
 /// `fd` as an [`Opened`]: a regular file with `O_NONBLOCK` cleared (unless `flags` asked for
 /// it), or the kind of what it is.
+/// `F_SETSIG` (<fcntl.h>, Linux): the signal a lease break or `O_ASYNC` sends. The libc
+/// crate names it only for some targets; its value is 10 on every Linux architecture.
+const F_SETSIG: libc::c_int = 10;
+
+/// `fcntl(fd, cmd, arg)` for the commands that take an integer (`F_SETSIG`, `F_SETLEASE`),
+/// which rustix does not wrap.
+fn fcntl_int(fd: BorrowedFd<'_>, cmd: libc::c_int, arg: libc::c_int) -> rustix::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the descriptor is open for the length of the borrow; these commands take an
+    // integer argument and read or write no memory of the caller's.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), cmd, arg) };
+    if r < 0 {
+        Err(Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::IO))
+    } else {
+        Ok(())
+    }
+}
+
 fn regular_only(fd: OwnedFd, flags: OFlags) -> rustix::io::Result<Opened> {
     let st = rustix::fs::fstat(&fd)?;
     let kind = FileKind::of_stat(&st);

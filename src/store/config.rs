@@ -208,6 +208,15 @@ pub struct StoreConfig {
     /// Shared mode: the age after which another node's temp files are taken as abandoned
     /// (default [`DEFAULT_TEMP_LEASE`]).
     pub temp_lease: std::time::Duration,
+    /// Reuse the files of blocks a put evicts for the blocks it writes (default off):
+    /// the victim is renamed to a temp name, overwritten and published under the new
+    /// block's name, instead of being unlinked while a new file is created. Only in
+    /// exclusive mode, only for files no descriptor anywhere on the machine holds open
+    /// (checked with a write lease; where the filesystem grants none, files are unlinked
+    /// as without reuse). With reuse on, the background evictor does not run: every
+    /// eviction happens in the put that needs the room, exactly at the bound, as with
+    /// watermarks of 1.0. See docs/design.md.
+    pub reuse_evicted: bool,
 }
 
 impl Default for StoreConfig {
@@ -233,6 +242,7 @@ impl Default for StoreConfig {
             sharing: Sharing::default(),
             negative_ttl: DEFAULT_NEGATIVE_TTL,
             temp_lease: DEFAULT_TEMP_LEASE,
+            reuse_evicted: false,
         }
     }
 }
@@ -271,6 +281,13 @@ impl StoreConfig {
     /// Turns `O_DIRECT` on or off (default off).
     pub fn with_direct_io(mut self, on: bool) -> Self {
         self.direct_io = on;
+        self
+    }
+
+    /// Turns the reuse of evicted files on or off (default off; see
+    /// [`StoreConfig::reuse_evicted`]).
+    pub fn with_reuse_evicted(mut self, on: bool) -> Self {
+        self.reuse_evicted = on;
         self
     }
 

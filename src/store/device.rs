@@ -197,6 +197,8 @@ impl Inner {
                 self.forget_if_missing(&key.hash, rel);
                 return Err(Ok(Lookup::Miss));
             }
+            // Being reused by its writer (see `Inner::plan_read`).
+            Err(Errno::AGAIN) => return Err(Ok(Lookup::Miss)),
             Err(Errno::LOOP | Errno::XDEV) => {
                 tracing::warn!(path = %self.path(rel.as_str()).display(), "symlink in the tree: not followed, counted as a miss");
                 Counters::add(&self.counters.foreign, 1);

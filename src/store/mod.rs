@@ -184,6 +184,8 @@ struct IoOptions {
 struct Publisher {
     tmpfile: AtomicBool,
     link_empty_path: AtomicBool,
+    /// Evicted files are reused (configured, exclusive, and the filesystem grants leases).
+    reuse: AtomicBool,
 }
 
 /// The store's background threads.
@@ -454,6 +456,7 @@ impl Store {
             publish: Publisher {
                 tmpfile: AtomicBool::new(config.publish == Publish::Tmpfile),
                 link_empty_path: AtomicBool::new(true),
+                reuse: AtomicBool::new(config.reuse_evicted && !read_only && !shared_mode),
             },
             threads: Background {
                 evictor: Mutex::new(None),
@@ -470,7 +473,14 @@ impl Store {
             path: inner.ns.path().to_path_buf(),
             source: std::io::Error::new(e.kind(), format!("could not start a store thread: {e}")),
         };
-        if !read_only && !shared_mode && limits.is_bounded() && limits.high < 1.0 {
+        // With reuse, every eviction is inline, where the put takes the victim's file: an evictor
+        // unlinking ahead of the puts would leave nothing to reuse.
+        if !read_only
+            && !shared_mode
+            && !config.reuse_evicted
+            && limits.is_bounded()
+            && limits.high < 1.0
+        {
             let ev = Evictor::spawn(Arc::downgrade(&inner)).map_err(thread_err)?;
             *inner
                 .threads
@@ -972,6 +982,7 @@ impl Inner {
             tree_hits: g(&c.tree_hits),
             negative_hits: g(&c.negative_hits),
             published_by_others: g(&c.published_by_others),
+            reused_files: g(&c.reused_files),
             shared_bytes: self.shared.as_ref().map(|s| s.last_usage().bytes),
             shared_files: self.shared.as_ref().map(|s| s.last_usage().files),
             errors: c.errors(),

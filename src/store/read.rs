@@ -373,6 +373,9 @@ impl Inner {
                 }
                 ReadPlan::Done(Ok(Lookup::Miss))
             }
+            // An open that raced another store's reuse of the file (its name is gone; the
+            // writer holds a lease, which a non-blocking open does not wait for).
+            Err(Errno::AGAIN) => ReadPlan::Done(Ok(Lookup::Miss)),
             Err(Errno::LOOP | Errno::XDEV) => {
                 tracing::warn!(path = %self.path(rel.as_str()).display(), "symlink in the tree: not followed, counted as a miss");
                 Counters::add(&self.counters.foreign, 1);

@@ -81,6 +81,9 @@ pub struct StoreStats {
     /// Shared mode: puts that found the block already published by another store (theirs
     /// is kept; keys are content addresses).
     pub published_by_others: u64,
+    /// Puts written into an evicted block's file instead of a new one
+    /// ([`StoreConfig::reuse_evicted`](crate::StoreConfig::reuse_evicted)).
+    pub reused_files: u64,
     /// Shared mode: the shared worker's usage as its ledger last said (bytes, files).
     pub shared_bytes: Option<u64>,
     /// See `shared_bytes`.
@@ -220,6 +223,7 @@ pub(crate) struct Counters {
     pub tree_hits: AtomicU64,
     pub negative_hits: AtomicU64,
     pub published_by_others: AtomicU64,
+    pub reused_files: AtomicU64,
     pub err_no_space: AtomicU64,
     pub err_emfile: AtomicU64,
     pub err_io: AtomicU64,

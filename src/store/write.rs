@@ -14,7 +14,7 @@ use crate::buf::{DeviceMem, PooledBuf, align_up};
 use crate::engine::IoRequest;
 use crate::error::{Error, Result};
 use crate::format::{HEADER_LEN, Header, PADDING, PAYLOAD_OFFSET};
-use crate::index::Offer;
+use crate::index::{Offer, Victim};
 use crate::key::{BlockHash, BlockKey};
 use crate::layout::RelPath;
 use crate::ns::{Parent, join};
@@ -41,6 +41,30 @@ pub(super) struct WritePlan<'a> {
     /// The payload comes from GPU memory: the engine writes it, then the header is computed
     /// from the bytes in the file and written (see `Inner::seal`).
     pub device: bool,
+    /// The file is an evicted block's, reused ([`Spare`]): its length before this put, and
+    /// the write lease held on it until the put's bytes are in.
+    pub reused: Option<u64>,
+}
+
+/// What became of an evicted block's file offered for reuse.
+enum Taken<'a> {
+    /// Taken: the put writes into it.
+    Spare(Spare<'a>),
+    /// Held open elsewhere: unlinked (under its temp name), its eviction complete.
+    Unlinked,
+    /// Not taken, nothing done: left to [`Inner::unlink_victims`].
+    Not,
+}
+
+/// An evicted block's file taken for a put: renamed to a temp name in the new block's
+/// directory and opened there, under a write lease (no other descriptor on the machine
+/// holds it, and an `open` racing the reuse waits until the file holds the new block).
+pub(super) struct Spare<'a> {
+    parent: Parent<'a>,
+    name: String,
+    fd: OwnedFd,
+    /// Its length as evicted.
+    len: u64,
 }
 
 /// How a put's file was published.
@@ -206,7 +230,20 @@ impl Inner {
             })
             .collect();
         let (mut offers, victims) = self.index.offer(&offered, replace, after);
-        self.unlink_victims(victims);
+        // Exclusive mode: the victims' files become the new blocks' files where they can.
+        let mut spares: Vec<Option<Spare<'_>>> = if self.publish.reuse.load(Ordering::Relaxed) {
+            let targets: Vec<(&BlockKey, u64)> = valid
+                .iter()
+                .zip(&offers)
+                .zip(&offered)
+                .filter(|((_, o), _)| matches!(o, Offer::Reserved | Offer::Replace { .. }))
+                .map(|((&slot, _), &(_, room))| (&items[which[slot]].0, room))
+                .collect();
+            self.reuse_victims(victims, &targets)
+        } else {
+            self.unlink_victims(victims);
+            Vec::new()
+        };
         // Shared: room under the tree's one capacity, reserved in its ledger.
         let reserved = match &self.shared {
             Some(sh) => match self.reserve_shared(sh, &offered, &mut offers, after) {
@@ -249,11 +286,13 @@ impl Inner {
             .map(|&i| (&items[i].0, Payload::of(&items[i].1)))
             .collect();
         let bytes: usize = todo.iter().map(|(slot, _)| payloads[*slot].1.len()).sum();
+        spares.resize_with(todo.len(), || None);
         let outcomes = if todo.len() >= 2 && bytes >= PARALLEL_PUT_MIN_BYTES && !self.opts.direct {
             let (a, b) = todo.split_at(todo.len() / 2);
+            let (sa, sb) = spares.split_at_mut(todo.len() / 2);
             std::thread::scope(|scope| {
-                let other = scope.spawn(|| self.write_files(&payloads, b));
-                let mut first = self.write_files(&payloads, a);
+                let other = scope.spawn(|| self.write_files(&payloads, b, sb));
+                let mut first = self.write_files(&payloads, a, sa);
                 match other.join() {
                     Ok(second) => first.extend(second),
                     Err(panic) => std::panic::resume_unwind(panic),
@@ -261,8 +300,13 @@ impl Inner {
                 first
             })
         } else {
-            self.write_files(&payloads, &todo)
+            self.write_files(&payloads, &todo, &mut spares)
         };
+        // Every planned put takes its spare; one left (none is) would be an evicted file
+        // under a temp name: removed.
+        for s in spares.into_iter().flatten() {
+            let _ = self.ns.unlink_in(&s.parent, &s.name, None);
+        }
         let mut written: Vec<(usize, Offer, WritePlan, u64)> = Vec::with_capacity(todo.len());
         for (slot, offer, outcome) in outcomes {
             match outcome {
@@ -344,11 +388,13 @@ impl Inner {
     /// Steps 3 to 5 of a put batch for the admitted `todo` (slot in `payloads`, offer): streams
     /// the writes through the engine (each temp file created as the engine pulls its write),
     /// then sizes and syncs each. A failure unlinks its temp file and drops its reservation;
-    /// each outcome is returned with its slot and offer, in `todo`'s order.
+    /// each outcome is returned with its slot and offer, in `todo`'s order. `spares[i]`, if
+    /// any, is the evicted file `todo[i]` is written into instead of a new one.
     fn write_files<'s>(
         &'s self,
         payloads: &[(&BlockKey, Payload<'_>)],
         todo: &[(usize, Offer)],
+        spares: &mut [Option<Spare<'s>>],
     ) -> Vec<FileOutcome<'s>> {
         // Each temp file is created (and its header hashed) when the engine pulls its write,
         // so the files after the first are made while the writes before them are in flight.
@@ -356,11 +402,13 @@ impl Inner {
         let plans: Vec<OnceCell<Result<WritePlan<'s>>>> =
             todo.iter().map(|_| OnceCell::new()).collect();
         let io_results = {
-            let mut stream = todo.iter().zip(&plans).filter_map(|(&(slot, _), cell)| {
-                let (key, data) = &payloads[slot];
-                let plan = cell.get_or_init(|| self.plan_write(key, data));
-                plan.as_ref().ok().map(|p| write_request(p, data))
-            });
+            let mut stream = todo.iter().zip(&plans).zip(spares.iter_mut()).filter_map(
+                |((&(slot, _), cell), spare)| {
+                    let (key, data) = &payloads[slot];
+                    let plan = cell.get_or_init(|| self.plan_write(key, data, spare.take()));
+                    plan.as_ref().ok().map(|p| write_request(p, data))
+                },
+            );
             crate::engine::submit_stream_checked(self.engine.as_ref(), &mut stream)
         };
         let mut io_results = io_results.into_iter();
@@ -439,8 +487,16 @@ impl Inner {
             let short = std::io::Error::from(std::io::ErrorKind::WriteZero);
             return Err(Error::from_io(temp_path(), short));
         }
-        if plan.bounce.is_some() {
+        // A reused file longer than this block is cut to its length.
+        if plan.bounce.is_some() || plan.reused.is_some_and(|old| old > total as u64) {
             rustix::fs::ftruncate(&plan.fd, total as u64)
+                .map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
+        }
+        if plan.reused.is_some() {
+            // The new block's bytes are in: an open that raced the reuse may go on (it sees
+            // the new header, not its block's, and misses).
+            self.ns
+                .release_lease(plan.fd.as_fd())
                 .map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
         }
         if self.opts.sync_writes {
@@ -478,8 +534,13 @@ impl Inner {
         }
     }
 
-    /// Creates the temp file of one validated, admitted put.
-    fn plan_write<D: Source>(&self, key: &BlockKey, data: &D) -> Result<WritePlan<'_>> {
+    /// Creates the temp file of one validated, admitted put, or takes `spare`'s.
+    fn plan_write<'s, D: Source>(
+        &'s self,
+        key: &BlockKey,
+        data: &D,
+        spare: Option<Spare<'s>>,
+    ) -> Result<WritePlan<'s>> {
         // From GPU memory, the header is written once the payload is in the file.
         let header = match data.host() {
             Some(d) => Header::for_payload(key.hash, d, self.boot).encode(),
@@ -493,17 +554,23 @@ impl Inner {
             OFlags::empty()
         };
         let mode = Mode::from_raw_mode(FILE_MODE);
+        let reused = spare.as_ref().map(|s| s.len);
         // A name that exists already (planted, or left by a crash): another sequence number.
         let mut tries = 0;
-        let (temp_name, (parent, fd, anonymous)) = loop {
-            let name = self.ns.temp_name(rel.file_name());
-            match self.create_temp(&rel, &name, direct, mode) {
-                Err(Error::Io { source, .. })
-                    if source.raw_os_error() == Some(Errno::EXIST.raw_os_error()) && tries < 16 =>
-                {
-                    tries += 1;
+        let (temp_name, (parent, fd, anonymous)) = if let Some(s) = spare {
+            (s.name, (s.parent, s.fd, false))
+        } else {
+            loop {
+                let name = self.ns.temp_name(rel.file_name());
+                match self.create_temp(&rel, &name, direct, mode) {
+                    Err(Error::Io { source, .. })
+                        if source.raw_os_error() == Some(Errno::EXIST.raw_os_error())
+                            && tries < 16 =>
+                    {
+                        tries += 1;
+                    }
+                    r => break (name, r?),
                 }
-                r => break (name, r?),
             }
         };
         // O_DIRECT from a payload whose address and length are page-aligned (an engine's KV
@@ -547,6 +614,7 @@ impl Inner {
             hash: key.hash,
             len: data.len(),
             device,
+            reused,
         })
     }
 
@@ -743,5 +811,127 @@ impl Inner {
         {
             tracing::warn!(dir = %self.path(plan.rel.dir()).display(), error = %e, "fsync of directory failed");
         }
+    }
+}
+
+impl Inner {
+    /// Exclusive mode with reuse on: takes the files of `victims` for the new blocks
+    /// `targets` (key, bytes reserved for it), each the first victim that fits in its room
+    /// (see [`Spare`]); victims left over, and those whose file cannot be taken, are
+    /// unlinked as usual. One entry per target.
+    fn reuse_victims<'s>(
+        &'s self,
+        victims: Vec<Victim>,
+        targets: &[(&BlockKey, u64)],
+    ) -> Vec<Option<Spare<'s>>> {
+        let mut spares = Vec::with_capacity(targets.len());
+        let mut unlink = Vec::new();
+        let mut victims: Vec<Option<Victim>> = victims.into_iter().map(Some).collect();
+        for &(key, room) in targets {
+            // Reuse may have stopped at the previous victim (no leases here).
+            if !self.publish.reuse.load(Ordering::Relaxed) {
+                break;
+            }
+            // A victim no larger than the room reserved for the new block: until the put
+            // has written and cut it, the file keeps the victim's size, and the bound must
+            // hold at every instant.
+            let Some(v) = victims
+                .iter_mut()
+                .find(|v| v.is_some_and(|v| v.bytes <= room))
+                .and_then(Option::take)
+            else {
+                spares.push(None);
+                continue;
+            };
+            match self.take_victim(&v, key) {
+                Taken::Spare(spare) => spares.push(Some(spare)),
+                Taken::Unlinked => spares.push(None),
+                Taken::Not => {
+                    spares.push(None);
+                    unlink.push(v);
+                }
+            }
+        }
+        unlink.extend(victims.into_iter().flatten());
+        self.unlink_victims(unlink);
+        spares
+    }
+
+    /// Takes the file of victim `v` for the new block `key`, under the victim's stripe lock
+    /// (as an unlink would): renamed to a temp name in `key`'s directory, opened, and
+    /// leased. [`Taken::Not`] leaves the victim to [`Inner::unlink_victims`]: published
+    /// again, its file missing or not a regular file, or an error. A file that another
+    /// descriptor holds is unlinked here, under its temp name ([`Taken::Unlinked`]).
+    fn take_victim<'s>(&'s self, v: &Victim, key: &BlockKey) -> Taken<'s> {
+        let _stripe = self.lock_stripe(self.stripe_of(&v.hash));
+        if self.index.contains(&v.hash) {
+            return Taken::Not;
+        }
+        self.fds.invalidate(&v.hash);
+        let from = self.layout.rel_path(&v.hash);
+        let to = self.layout.rel_path(&key.hash);
+        let Ok(from_parent) = self.ns.parent(from.dir()) else {
+            return Taken::Not;
+        };
+        let to_parent = match self.ns.parent(to.dir()) {
+            Err(Errno::NOENT) => self
+                .ns
+                .make_dirs(to.dir())
+                .and_then(|()| self.ns.parent(to.dir())),
+            r => r,
+        };
+        let Ok(to_parent) = to_parent else {
+            return Taken::Not;
+        };
+        let name = self.ns.temp_name(to.file_name());
+        let direct = if self.opts.direct {
+            OFlags::DIRECT
+        } else {
+            OFlags::empty()
+        };
+        let taken = self.ns.take_file(
+            &from_parent,
+            from.file_name(),
+            &to_parent,
+            &name,
+            OFlags::RDWR | direct,
+        );
+        let (fd, st) = match taken {
+            Ok(Some(t)) => t,
+            Ok(None) => return Taken::Not,
+            Err(e) => {
+                tracing::debug!(path = %self.path(from.as_str()).display(), error = %e,
+                    "could not take an evicted block's file: unlinking it");
+                return Taken::Not;
+            }
+        };
+        let lease = self.ns.take_lease(fd.as_fd());
+        if !matches!(lease, Ok(true)) {
+            if let Err(e) = &lease {
+                // No leases here (a network filesystem, leases disabled): reuse stops.
+                tracing::info!(path = %self.path(&join(to.dir(), &name)).display(), error = %e,
+                    "no write lease on an evicted file: evicted files are unlinked from now on");
+                self.publish.reuse.store(false, Ordering::Relaxed);
+            }
+            drop(fd);
+            let rel = join(to.dir(), &name);
+            if let Err(e) = self
+                .ns
+                .unlink_in(&to_parent, &name, Some(crate::ns::Inode::of(&st)))
+            {
+                tracing::warn!(path = %self.path(&rel).display(), error = %e,
+                    "could not unlink an evicted block");
+            }
+            self.index.drained(std::slice::from_ref(v));
+            return Taken::Unlinked;
+        }
+        Counters::add(&self.counters.reused_files, 1);
+        self.index.drained(std::slice::from_ref(v));
+        Taken::Spare(Spare {
+            parent: to_parent,
+            name,
+            fd,
+            len: st.st_size as u64,
+        })
     }
 }

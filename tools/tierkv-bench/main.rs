@@ -183,6 +183,10 @@ struct Args {
     /// exactly at the bound).
     #[arg(long, value_parser = parse_watermarks)]
     watermarks: Option<(f64, f64)>,
+    /// Write the blocks a put evicts for into the evicted files (the store's
+    /// `reuse_evicted`; exclusive mode, evictions made inline by puts).
+    #[arg(long)]
+    reuse_evicted: bool,
     /// Eviction policy: adaptive (default), lru, admit2, arc; belady (replay only: knows the
     /// trace).
     #[arg(long, default_value = "adaptive")]
@@ -646,6 +650,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
     if let Some((high, low)) = args.watermarks {
         config = config.with_watermarks(high, low);
     }
+    config = config.with_reuse_evicted(args.reuse_evicted);
     let mut parts = Parts::new();
     let mut oracle = None;
     if args.policy == "belady" {

@@ -434,7 +434,8 @@ fn check_block(
     let (fd, st) = match ns.open_file_in(parent, name, OFlags::RDONLY | OFlags::NOATIME) {
         Ok(Opened::File(fd, st)) => (fd, st),
         Ok(Opened::NotRegular(_)) => return Ok(Judged::NotRegular),
-        Err(Errno::NOENT) => return Ok(Judged::Gone),
+        // EAGAIN: the writer is reusing the file (a lease; this open does not block).
+        Err(Errno::NOENT | Errno::AGAIN) => return Ok(Judged::Gone),
         Err(Errno::PERM) => return Ok(Judged::NoAtime),
         Err(e) => return Err(e),
     };
@@ -1378,10 +1379,11 @@ fn live(args: &Args, vdir: &Path, workers: &[String]) -> Result<ExitCode, BoxErr
                         .unwrap_or_else(|| "unbounded".into());
                     writeln!(
                         out,
-                        "  usage {} in {} files, capacity {cap}; evictions {}, not admitted {}",
+                        "  usage {} in {} files, capacity {cap}; evictions {} (files reused {}), not admitted {}",
                         human(s.used_bytes),
                         s.used_files,
                         s.evictions,
+                        s.reused_files,
                         s.not_admitted
                     )?;
                     writeln!(

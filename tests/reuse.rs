@@ -1,0 +1,418 @@
+//! Reusing evicted files (`StoreConfig::with_reuse_evicted`): a put that evicts writes its
+//! block into the victim's file, which no descriptor anywhere may hold; readers never get
+//! another block's bytes.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use rustix::io::Errno;
+use tierkv::engine::{EngineKind, IoEngine, IoRequest};
+use tierkv::ns::{NsFaults, NsOp};
+use tierkv::{BlockKey, Lookup, Parts, Store, StoreConfig};
+
+const LEN: usize = 64 * 1024;
+
+/// A store bounded at `files` blocks that reuses what it evicts. The watermarks stay at
+/// their defaults: with reuse no background evictor runs (it would unlink the files the
+/// puts are to reuse), which `a_full_store_writes_new_blocks_into_the_files_it_evicts`
+/// shows by every eviction reusing its file.
+fn reusing(files: u64) -> StoreConfig {
+    StoreConfig::new()
+        .with_capacity_files(files)
+        .with_reuse_evicted(true)
+        .with_stats_interval(None)
+}
+
+/// The inode numbers of the block files (not temp files) under `dir`.
+fn block_inodes(dir: &Path) -> BTreeSet<u64> {
+    files_under(dir)
+        .into_iter()
+        .filter(|p| tierkv::BlockHash::from_hex(p.file_name().unwrap().to_str().unwrap()).is_ok())
+        .map(|p| std::fs::symlink_metadata(p).unwrap().ino())
+        .collect()
+}
+
+/// Puts `keys[i]` with `payload(first + i, 0, len(i))`, one batch.
+fn put_batch(store: &Store, keys: &[BlockKey], first: u64, len: impl Fn(usize) -> usize) {
+    let datas: Vec<Vec<u8>> = (0..keys.len())
+        .map(|i| payload(first + i as u64, 0, len(i)))
+        .collect();
+    for r in store.put_many(&items(keys, &datas)) {
+        r.unwrap();
+    }
+}
+
+/// Asserts that `key` holds exactly `want`.
+fn assert_holds(store: &Store, key: &BlockKey, want: &[u8]) {
+    let mut buf = vec![0u8; 4 * LEN];
+    match store.get(key, &mut buf).unwrap() {
+        Lookup::Hit(n) => assert!(buf[..n] == *want, "{key}: other bytes than its put's"),
+        Lookup::Miss => panic!("{key}: a miss"),
+    }
+}
+
+#[test]
+fn a_full_store_writes_new_blocks_into_the_files_it_evicts() {
+    for direct in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            Store::open(dir.path(), worker("0"), reusing(8).with_direct_io(direct)).unwrap();
+        let ks = keys(&store, 32);
+        put_batch(&store, &ks[..8], 0, |_| LEN + 1000);
+        let before = block_inodes(store.dir());
+        assert_eq!(before.len(), 8);
+        // O_PATH descriptors keep the inodes (an unlinked one could not hand its number on)
+        // and do not count as open for a lease: each must be linked again at the end.
+        let paths: Vec<_> = files_under(store.dir())
+            .into_iter()
+            .filter(|p| {
+                tierkv::BlockHash::from_hex(p.file_name().unwrap().to_str().unwrap()).is_ok()
+            })
+            .map(|p| {
+                rustix::fs::open(&p, rustix::fs::OFlags::PATH, rustix::fs::Mode::empty()).unwrap()
+            })
+            .collect();
+        // Two batches of 8 new blocks, each evicting all 8: shorter (within the same 4 KiB
+        // page: the room reserved for them holds the old file) and longer than the files
+        // they reuse. A reused file is cut to its block's length, or grows.
+        put_batch(&store, &ks[8..16], 8, |i| LEN + 500 + i);
+        for (i, k) in ks[8..16].iter().enumerate() {
+            assert_holds(&store, k, &payload(8 + i as u64, 0, LEN + 500 + i));
+        }
+        assert_eq!(check_all_blocks(dir.path()), 8, "direct {direct}");
+        put_batch(&store, &ks[16..24], 16, |i| 2 * LEN + 3 * i);
+        let s = store.stats();
+        assert_eq!(s.evictions, 16, "direct {direct}: {s:?}");
+        assert_eq!(
+            s.reused_files, 16,
+            "direct {direct}: every eviction reused its file"
+        );
+        // The same files, holding the new blocks.
+        assert_eq!(block_inodes(store.dir()), before, "direct {direct}");
+        for fd in &paths {
+            let st = rustix::fs::fstat(fd).unwrap();
+            assert_eq!(
+                st.st_nlink, 1,
+                "direct {direct}: an evicted file was unlinked, not reused"
+            );
+        }
+        for (i, k) in ks[16..24].iter().enumerate() {
+            assert_holds(&store, k, &payload(16 + i as u64, 0, 2 * LEN + 3 * i));
+        }
+        for k in &ks[..16] {
+            let mut buf = vec![0u8; 4 * LEN];
+            assert_eq!(
+                store.get(k, &mut buf).unwrap(),
+                Lookup::Miss,
+                "{k} was evicted"
+            );
+        }
+        // Blocks smaller than the files they evict by a page or more: an evicted file is
+        // larger than the room reserved for them, and the bound holds at every instant, so
+        // those files are unlinked.
+        put_batch(&store, &ks[24..], 24, |_| LEN / 2);
+        let s = store.stats();
+        assert_eq!((s.evictions, s.reused_files), (24, 16), "direct {direct}");
+        for (i, k) in ks[24..].iter().enumerate() {
+            assert_holds(&store, k, &payload(24 + i as u64, 0, LEN / 2));
+        }
+        assert!(temp_files_under(dir.path()).is_empty());
+        drop(store);
+        // The independent reader of docs/format.md: every file exactly one whole block.
+        assert_eq!(check_all_blocks(dir.path()), 8, "direct {direct}");
+    }
+}
+
+#[test]
+fn a_file_open_elsewhere_is_unlinked_not_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), worker("0"), reusing(4)).unwrap();
+    let ks = keys(&store, 12);
+    put_batch(&store, &ks[..4], 0, |_| LEN);
+    let before = block_inodes(store.dir());
+    // Another reader's descriptors on every block file.
+    let mut held: Vec<(std::fs::File, Vec<u8>)> = files_under(store.dir())
+        .into_iter()
+        .filter(|p| tierkv::BlockHash::from_hex(p.file_name().unwrap().to_str().unwrap()).is_ok())
+        .map(|p| (std::fs::File::open(&p).unwrap(), std::fs::read(&p).unwrap()))
+        .collect();
+    assert_eq!(held.len(), 4);
+    put_batch(&store, &ks[4..8], 4, |_| LEN);
+    let s = store.stats();
+    assert_eq!(s.evictions, 4);
+    assert_eq!(s.reused_files, 0, "files held open must not be reused");
+    assert!(block_inodes(store.dir()).is_disjoint(&before));
+    // Each reader still reads its whole old file.
+    for (f, old) in &mut held {
+        let mut now = Vec::new();
+        f.read_to_end(&mut now).unwrap();
+        assert!(now == *old, "a held file changed under its reader");
+    }
+    for (i, k) in ks[4..8].iter().enumerate() {
+        assert_holds(&store, k, &payload(4 + i as u64, 0, LEN));
+    }
+    // Once the readers are gone, reuse goes on.
+    drop(held);
+    put_batch(&store, &ks[8..], 8, |_| LEN);
+    assert_eq!(store.stats().reused_files, 4);
+    assert!(temp_files_under(dir.path()).is_empty());
+    drop(store);
+    assert_eq!(check_all_blocks(dir.path()), 4);
+}
+
+#[test]
+fn without_leases_evicted_files_are_unlinked() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(NsFaults::new());
+    // As a filesystem without leases answers (FUSE, NFS, `fs.leases-enable = 0`).
+    faults.fail(NsOp::Lease, Errno::INVAL, 0, u64::MAX);
+    let store = Store::open_with(
+        dir.path(),
+        worker("0"),
+        reusing(4),
+        Parts::new().with_ns_faults(faults.clone()),
+    )
+    .unwrap();
+    let ks = keys(&store, 12);
+    put_batch(&store, &ks[..4], 0, |_| LEN);
+    put_batch(&store, &ks[4..8], 4, |_| LEN);
+    put_batch(&store, &ks[8..], 8, |_| LEN);
+    let s = store.stats();
+    assert_eq!((s.evictions, s.reused_files), (8, 0));
+    // Asked once: after the first refusal the store stops trying.
+    assert_eq!(faults.injected(), 1);
+    for (i, k) in ks[8..].iter().enumerate() {
+        assert_holds(&store, k, &payload(8 + i as u64, 0, LEN));
+    }
+    assert!(temp_files_under(dir.path()).is_empty());
+    drop(store);
+    assert_eq!(check_all_blocks(dir.path()), 4);
+}
+
+#[test]
+fn an_evicted_name_holding_a_symlink_is_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("victim");
+    std::fs::write(&target, b"not the store's").unwrap();
+    let store = Store::open(dir.path(), worker("0"), reusing(4)).unwrap();
+    let ks = keys(&store, 8);
+    put_batch(&store, &ks[..4], 0, |_| LEN);
+    let names: Vec<_> = files_under(store.dir())
+        .into_iter()
+        .filter(|p| tierkv::BlockHash::from_hex(p.file_name().unwrap().to_str().unwrap()).is_ok())
+        .collect();
+    for p in &names {
+        std::fs::remove_file(p).unwrap();
+        std::os::unix::fs::symlink(&target, p).unwrap();
+    }
+    put_batch(&store, &ks[4..], 4, |_| LEN);
+    assert_eq!(store.stats().reused_files, 0);
+    assert_eq!(std::fs::read(&target).unwrap(), b"not the store's");
+    for p in &names {
+        assert!(
+            std::fs::symlink_metadata(p)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+    }
+    for (i, k) in ks[4..].iter().enumerate() {
+        assert_holds(&store, k, &payload(4 + i as u64, 0, LEN));
+    }
+}
+
+/// Readers in other stores (read-only, opening a file per access, so their opens race the
+/// renames and leases) while a full store reuses every file it evicts: every hit is the
+/// whole block its key was put with.
+#[test]
+fn readers_racing_reuse_never_get_another_blocks_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = Store::open(dir.path(), worker("0"), reusing(16)).unwrap();
+    const ROUNDS: u64 = 150;
+    const BATCH: u64 = 8;
+    let keys_all = keys(&writer, ROUNDS * BATCH);
+    let done = AtomicBool::new(false);
+    let hits = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let mut buf = vec![0u8; LEN];
+                while !done.load(Ordering::Relaxed) {
+                    // A fresh read-only store knows the blocks present now.
+                    let cfg = StoreConfig::new()
+                        .with_read_only(true)
+                        .with_fd_cache(0)
+                        .with_stats_interval(None);
+                    let reader = Store::open(dir.path(), worker("0"), cfg).unwrap();
+                    for _ in 0..4 {
+                        for (i, k) in keys_all.iter().enumerate() {
+                            if let Lookup::Hit(n) = reader.get(k, &mut buf).unwrap() {
+                                assert!(
+                                    buf[..n] == payload(i as u64, 0, LEN),
+                                    "{k}: a reader got other bytes than its block's"
+                                );
+                                hits.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                }
+            });
+        }
+        // The readers stop when the writer ends, whether it returns or panics.
+        struct Done<'a>(&'a AtomicBool);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _done = Done(&done);
+        for r in 0..ROUNDS {
+            let at = (r * BATCH) as usize;
+            put_batch(
+                &writer,
+                &keys_all[at..at + BATCH as usize],
+                r * BATCH,
+                |_| LEN,
+            );
+        }
+    });
+    let s = writer.stats();
+    assert!(hits.load(Ordering::Relaxed) > 0, "the readers read nothing");
+    assert!(s.reused_files > 0, "nothing was reused: {s:?}");
+    assert_eq!(s.evictions, ROUNDS * BATCH - 16);
+    drop(writer);
+    assert_eq!(check_all_blocks(dir.path()), 16);
+}
+
+/// An engine that, at the first write it is armed for, opens the file being written from
+/// another thread (as a reader racing the reuse would: the file is reachable only under its
+/// temp name) and lets the write start only after that open has had time to finish.
+#[derive(Debug)]
+struct OpenDuringWrite {
+    inner: Arc<dyn IoEngine>,
+    dir: std::path::PathBuf,
+    armed: AtomicBool,
+    /// Whether the open was still waiting when the write started; what it read, once done.
+    seen: Mutex<Option<(bool, std::thread::JoinHandle<Vec<u8>>)>>,
+}
+
+impl IoEngine for OpenDuringWrite {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn submit(&self, batch: &mut [IoRequest<'_>]) -> Vec<std::io::Result<usize>> {
+        self.inner.submit(batch)
+    }
+    fn submit_stream<'a>(
+        &self,
+        stream: &mut dyn Iterator<Item = IoRequest<'a>>,
+    ) -> Vec<std::io::Result<usize>> {
+        let mut out = Vec::new();
+        for r in stream {
+            if self.armed.swap(false, Ordering::Relaxed) {
+                let temps = temp_files_under(&self.dir);
+                assert_eq!(temps.len(), 1, "the reused file, under its temp name");
+                let path = temps[0].clone();
+                let opener = std::thread::spawn(move || {
+                    let mut bytes = Vec::new();
+                    std::fs::File::open(&path)
+                        .unwrap()
+                        .read_to_end(&mut bytes)
+                        .unwrap();
+                    bytes
+                });
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                *self.seen.lock().unwrap() = Some((!opener.is_finished(), opener));
+            }
+            out.extend(self.inner.submit(&mut [r]));
+        }
+        out
+    }
+}
+
+/// An `open` of a file being reused waits until the new block is in it, then reads that
+/// whole block: never the evicted bytes, never a mix.
+#[test]
+fn an_open_racing_the_reuse_waits_for_the_whole_new_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Arc::new(OpenDuringWrite {
+        inner: EngineKind::Psync.build().unwrap(),
+        dir: dir.path().to_path_buf(),
+        armed: AtomicBool::new(false),
+        seen: Mutex::new(None),
+    });
+    let store =
+        Store::open_with_engine(dir.path(), worker("0"), reusing(1), engine.clone()).unwrap();
+    let ks = keys(&store, 2);
+    store.put(&ks[0], &payload(0, 0, LEN)).unwrap();
+    engine.armed.store(true, Ordering::Relaxed);
+    store.put(&ks[1], &payload(1, 0, LEN)).unwrap();
+    assert_eq!(store.stats().reused_files, 1);
+    let (waited, opener) = engine
+        .seen
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the engine was armed");
+    assert!(
+        waited,
+        "an open of the reused file did not wait for the put's write"
+    );
+    let read = opener.join().unwrap();
+    let file = std::fs::read(store.path_of(&ks[1].hash)).unwrap();
+    assert!(
+        read == file,
+        "the racing open read other bytes than the new block's file"
+    );
+    assert_holds(&store, &ks[1], &payload(1, 0, LEN));
+}
+
+/// A reader's non-blocking open that meets a writer's lease (`EAGAIN`: the name it resolved
+/// is being reused) is a miss, not an error.
+#[test]
+fn an_open_refused_by_a_lease_is_a_miss() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(NsFaults::new());
+    let store = Store::open_with(
+        dir.path(),
+        worker("0"),
+        StoreConfig::new()
+            .with_fd_cache(0)
+            .with_stats_interval(None),
+        Parts::new().with_ns_faults(faults.clone()),
+    )
+    .unwrap();
+    let ks = keys(&store, 1);
+    store.put(&ks[0], &payload(0, 0, LEN)).unwrap();
+    faults.fail(NsOp::Open, Errno::AGAIN, 0, u64::MAX);
+    let mut buf = vec![0u8; LEN];
+    assert_eq!(store.get(&ks[0], &mut buf).unwrap(), Lookup::Miss);
+    faults.clear();
+    assert_holds(&store, &ks[0], &payload(0, 0, LEN));
+}
+
+/// Shared mode never reuses: another node may have the old name cached (docs/shared.md).
+#[test]
+fn shared_stores_unlink_what_they_evict() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = reusing(4).with_sharing(tierkv::Sharing::Shared);
+    let store = Store::open(dir.path(), worker("0"), cfg).unwrap();
+    let ks = keys(&store, 8);
+    put_batch(&store, &ks[..4], 0, |_| LEN);
+    put_batch(&store, &ks[4..], 4, |_| LEN);
+    let s = store.stats();
+    assert!(s.evictions >= 4, "{s:?}");
+    // (Inode numbers say nothing here: ext4 hands an unlinked file's number to the next.)
+    assert_eq!(s.reused_files, 0);
+    for (i, k) in ks[4..].iter().enumerate() {
+        assert_holds(&store, k, &payload(4 + i as u64, 0, LEN));
+    }
+}
