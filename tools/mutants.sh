@@ -28,11 +28,12 @@ tests_for() {
     src/format/*) echo "--lib --test oracle" ;;
     src/key.rs) echo "--lib --test oracle" ;;
     src/layout/*) echo "--lib --test oracle --test semantics" ;;
-    src/store/write.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test device --test capacity" ;;
-    src/store/read.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test device" ;;
+    src/store/write.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test device --test capacity --test reuse --test bound" ;;
+    src/store/read.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test device --test reuse" ;;
+    src/ns/mod.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test reuse" ;;
     src/store/sweep.rs) echo "--lib --test oracle --test semantics --test hostile" ;;
     src/offload/*) echo "--lib --test offload" ;;
-    src/store/mod.rs | src/store/stats.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test offload" ;;
+    src/store/mod.rs | src/store/stats.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test offload --test reuse" ;;
     *) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity" ;;
   esac
 }
