@@ -53,7 +53,12 @@ fn put_batch(store: &Store, keys: &[BlockKey], first: u64, len: impl Fn(usize) -
 fn assert_holds(store: &Store, key: &BlockKey, want: &[u8]) {
     let mut buf = vec![0u8; 4 * LEN];
     match store.get(key, &mut buf).unwrap() {
-        Lookup::Hit(n) => assert!(buf[..n] == *want, "{key}: other bytes than its put's"),
+        Lookup::Hit(n) => assert!(
+            buf[..n] == *want,
+            "{key}: other bytes than its put's ({n} bytes read, {} put; first difference at {:?})",
+            want.len(),
+            buf[..n].iter().zip(want).position(|(a, b)| a != b)
+        ),
         Lookup::Miss => panic!("{key}: a miss"),
     }
 }
@@ -165,6 +170,41 @@ fn a_file_open_elsewhere_is_unlinked_not_reused() {
     assert!(temp_files_under(dir.path()).is_empty());
     drop(store);
     assert_eq!(check_all_blocks(dir.path()), 4);
+}
+
+/// A block file with another name (a hard link: a `cp -al` snapshot of the cache, or planted)
+/// is never rewritten: the other name keeps its bytes.
+#[test]
+fn a_file_with_another_hard_link_is_unlinked_not_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir_in(dir.path().parent().unwrap()).unwrap();
+    let store = Store::open(dir.path(), worker("0"), reusing(4)).unwrap();
+    let ks = keys(&store, 8);
+    put_batch(&store, &ks[..4], 0, |_| LEN);
+    let mut links = Vec::new();
+    for (i, p) in files_under(store.dir())
+        .into_iter()
+        .filter(|p| tierkv::BlockHash::from_hex(p.file_name().unwrap().to_str().unwrap()).is_ok())
+        .enumerate()
+    {
+        let link = outside.path().join(format!("snapshot-{i}"));
+        std::fs::hard_link(&p, &link).unwrap();
+        links.push((link, std::fs::read(&p).unwrap()));
+    }
+    put_batch(&store, &ks[4..], 4, |_| LEN);
+    let s = store.stats();
+    assert_eq!((s.evictions, s.reused_files), (4, 0));
+    for (link, old) in &links {
+        assert!(
+            std::fs::read(link).unwrap() == *old,
+            "{}: rewritten",
+            link.display()
+        );
+    }
+    for (i, k) in ks[4..].iter().enumerate() {
+        assert_holds(&store, k, &payload(4 + i as u64, 0, LEN));
+    }
+    assert!(temp_files_under(dir.path()).is_empty());
 }
 
 #[test]
@@ -352,9 +392,11 @@ fn an_open_racing_the_reuse_waits_for_the_whole_new_block() {
     let store =
         Store::open_with_engine(dir.path(), worker("0"), reusing(1), engine.clone()).unwrap();
     let ks = keys(&store, 2);
-    store.put(&ks[0], &payload(0, 0, LEN)).unwrap();
+    // The new block is shorter than the old one (within its page): the file is cut after
+    // the write, and the lease must hold until then.
+    store.put(&ks[0], &payload(0, 0, LEN + 1000)).unwrap();
     engine.armed.store(true, Ordering::Relaxed);
-    store.put(&ks[1], &payload(1, 0, LEN)).unwrap();
+    store.put(&ks[1], &payload(1, 0, LEN + 500)).unwrap();
     assert_eq!(store.stats().reused_files, 1);
     let (waited, opener) = engine
         .seen
@@ -372,7 +414,7 @@ fn an_open_racing_the_reuse_waits_for_the_whole_new_block() {
         read == file,
         "the racing open read other bytes than the new block's file"
     );
-    assert_holds(&store, &ks[1], &payload(1, 0, LEN));
+    assert_holds(&store, &ks[1], &payload(1, 0, LEN + 500));
 }
 
 /// A reader's non-blocking open that meets a writer's lease (`EAGAIN`: the name it resolved

@@ -394,3 +394,42 @@ fn live_counters_include_the_offloader() {
     assert_eq!(v["0"]["stats"]["offload"]["written"], 5);
     assert_eq!(v["0"]["stats"]["offload"]["filter"], "all");
 }
+
+/// A block file under a writer's lease (a store reusing it: `StoreConfig::with_reuse_evicted`)
+/// is as good as gone to a scan: tierkv-stat's non-blocking open meets `EAGAIN`, and the scan
+/// goes on without an error.
+#[test]
+fn a_file_under_a_reusing_writers_lease_is_skipped_as_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cache");
+    let store = tierkv::Store::open(
+        &root,
+        tierkv::WorkerId::new("a").unwrap(),
+        tierkv::StoreConfig::new().with_stats_interval(None),
+    )
+    .unwrap();
+    let ks: Vec<_> = (0..3u32)
+        .map(|i| store.key(tierkv::BlockHash::chain(None, &[i, 7])))
+        .collect();
+    for k in &ks {
+        store.put(k, &[5u8; 1000]).unwrap();
+    }
+    let rel = store
+        .path_of(&ks[0].hash)
+        .strip_prefix(store.dir())
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    drop(store);
+    let ns = tierkv::ns::BlockDir::open(&root, "a", false).unwrap();
+    let tierkv::ns::Opened::File(fd, _) = ns.open_file(&rel, rustix::fs::OFlags::RDWR).unwrap()
+    else {
+        panic!("{rel}: not a regular file");
+    };
+    assert!(ns.take_lease(std::os::fd::AsFd::as_fd(&fd)).unwrap());
+    let (code, r) = stat_json(&[root.to_str().unwrap()]);
+    ns.release_lease(std::os::fd::AsFd::as_fd(&fd)).unwrap();
+    assert_eq!(code, Some(0), "{r}");
+    assert_eq!(r["workers"]["a"]["files"], 2, "{r}");
+}

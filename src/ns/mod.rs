@@ -573,7 +573,8 @@ impl BlockDir {
     /// Moves the regular file `from` in `from_parent` to the fresh name `to` in `to_parent`
     /// and opens it there with `flags` (not following a symlink, never blocking on a FIFO):
     /// how an evicted block's file is taken for reuse. `Ok(None)` if `from` is missing or is
-    /// not a regular file, which stays where it is.
+    /// not a regular file, which stays where it is. A file that cannot be opened once renamed
+    /// is unlinked (its error returned).
     pub fn take_file(
         &self,
         from_parent: &Parent<'_>,
@@ -582,11 +583,12 @@ impl BlockDir {
         to: &str,
         flags: OFlags,
     ) -> rustix::io::Result<Option<(OwnedFd, Stat)>> {
-        match rustix::fs::statat(from_parent.as_fd(), from, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) if FileKind::of_stat(&st) == FileKind::File => {}
+        let judged = match rustix::fs::statat(from_parent.as_fd(), from, AtFlags::SYMLINK_NOFOLLOW)
+        {
+            Ok(st) if FileKind::of_stat(&st) == FileKind::File => st,
             Ok(_) | Err(Errno::NOENT | Errno::STALE) => return Ok(None),
             Err(e) => return Err(e),
-        }
+        };
         self.check(NsOp::Rename)?;
         // `to` is a fresh temp name (node, pid and sequence number): nothing is replaced.
         match rustix::fs::renameat(from_parent.as_fd(), from, to_parent.as_fd(), to) {
@@ -597,9 +599,15 @@ impl BlockDir {
         match self.open_file_in(to_parent, to, flags) {
             Ok(Opened::File(fd, st)) => Ok(Some((fd, *st))),
             // Swapped for something else between the stat and the rename: put it back.
-            other => {
+            Ok(Opened::NotRegular(_)) => {
                 let _ = rustix::fs::renameat(to_parent.as_fd(), to, from_parent.as_fd(), from);
-                other.map(|_| None)
+                Ok(None)
+            }
+            // The evicted file cannot be opened (EMFILE, its mode): it goes, as it would
+            // have without reuse, rather than stay under a temp name uncounted.
+            Err(e) => {
+                let _ = self.unlink_in(to_parent, to, Some(Inode::of(&judged)));
+                Err(e)
             }
         }
     }
@@ -1102,8 +1110,6 @@ impl BlockDir {
     }
 }
 
-/// `fd` as an [`Opened`]: a regular file with `O_NONBLOCK` cleared (unless `flags` asked for
-/// it), or the kind of what it is.
 /// `F_SETSIG` (<fcntl.h>, Linux): the signal a lease break or `O_ASYNC` sends. The libc
 /// crate names it only for some targets; its value is 10 on every Linux architecture.
 const F_SETSIG: libc::c_int = 10;
@@ -1122,6 +1128,8 @@ fn fcntl_int(fd: BorrowedFd<'_>, cmd: libc::c_int, arg: libc::c_int) -> rustix::
     }
 }
 
+/// `fd` as an [`Opened`]: a regular file with `O_NONBLOCK` cleared (unless `flags` asked for
+/// it), or the kind of what it is.
 fn regular_only(fd: OwnedFd, flags: OFlags) -> rustix::io::Result<Opened> {
     let st = rustix::fs::fstat(&fd)?;
     let kind = FileKind::of_stat(&st);

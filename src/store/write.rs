@@ -346,6 +346,9 @@ impl Inner {
                     self.fds.invalidate(&plan.hash);
                     over_victims.extend(self.index.commit(&plan.hash, bytes, offer));
                     Counters::add(&self.counters.puts, 1);
+                    if plan.reused.is_some() {
+                        Counters::add(&self.counters.reused_files, 1);
+                    }
                     Counters::add(&self.counters.bytes_written, plan.len as u64);
                     if self.opts.sync_writes && !synced.contains(&plan.rel.dir()) {
                         synced.push(plan.rel.dir());
@@ -897,6 +900,21 @@ impl Inner {
             OFlags::RDWR | direct,
         );
         let (fd, st) = match taken {
+            // Another name links this inode (a hard link, in the tree or outside it): writing
+            // the file would change what that name holds. It goes, as an unlink would take it.
+            Ok(Some((fd, st))) if st.st_nlink != 1 => {
+                drop(fd);
+                let rel = join(to.dir(), &name);
+                if let Err(e) =
+                    self.ns
+                        .unlink_in(&to_parent, &name, Some(crate::ns::Inode::of(&st)))
+                {
+                    tracing::warn!(path = %self.path(&rel).display(), error = %e,
+                        "could not unlink an evicted block");
+                }
+                self.index.drained(std::slice::from_ref(v));
+                return Taken::Unlinked;
+            }
             Ok(Some(t)) => t,
             Ok(None) => return Taken::Not,
             Err(e) => {
@@ -925,7 +943,6 @@ impl Inner {
             self.index.drained(std::slice::from_ref(v));
             return Taken::Unlinked;
         }
-        Counters::add(&self.counters.reused_files, 1);
         self.index.drained(std::slice::from_ref(v));
         Taken::Spare(Spare {
             parent: to_parent,
