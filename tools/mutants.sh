@@ -105,6 +105,8 @@ for f in "${FILES[@]}"; do
     --timeout "$TIMEOUT" --build-timeout 900 --output "$dir" "${testargs[@]}" \
     -- -- $(filters_for "$f") || status=1
   t1=$(date +%s)
+  # A file with no mutant in the diff leaves no output directory.
+  mkdir -p "$dir"
   o="$dir/mutants.out"
   count() {
     local n=0
