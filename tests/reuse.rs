@@ -458,3 +458,31 @@ fn shared_stores_unlink_what_they_evict() {
         assert_holds(&store, k, &payload(4 + i as u64, 0, LEN));
     }
 }
+
+/// Off by default: a store not asked to reuse unlinks what it evicts.
+#[test]
+fn reuse_is_off_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig::new()
+        .with_capacity_files(4)
+        .with_watermarks(1.0, 1.0)
+        .with_stats_interval(None);
+    let store = Store::open(dir.path(), worker("0"), cfg).unwrap();
+    let ks = keys(&store, 8);
+    put_batch(&store, &ks[..4], 0, |_| LEN);
+    let paths: Vec<_> = files_under(store.dir())
+        .into_iter()
+        .filter(|p| tierkv::BlockHash::from_hex(p.file_name().unwrap().to_str().unwrap()).is_ok())
+        .map(|p| rustix::fs::open(&p, rustix::fs::OFlags::PATH, rustix::fs::Mode::empty()).unwrap())
+        .collect();
+    put_batch(&store, &ks[4..], 4, |_| LEN);
+    assert_eq!(store.stats().evictions, 4);
+    assert_eq!(store.stats().reused_files, 0);
+    for fd in &paths {
+        assert_eq!(
+            rustix::fs::fstat(fd).unwrap().st_nlink,
+            0,
+            "an evicted file was kept"
+        );
+    }
+}

@@ -33,6 +33,7 @@ tests_for() {
     src/ns/mod.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test reuse" ;;
     src/store/sweep.rs) echo "--lib --test oracle --test semantics --test hostile" ;;
     src/offload/*) echo "--lib --test offload" ;;
+    src/store/config.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test reuse" ;;
     src/store/mod.rs | src/store/stats.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test offload --test reuse" ;;
     *) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity" ;;
   esac
