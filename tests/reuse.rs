@@ -30,12 +30,28 @@ fn reusing(files: u64) -> StoreConfig {
         .with_stats_interval(None)
 }
 
-/// The inode numbers of the block files (not temp files) under `dir`.
-fn block_inodes(dir: &Path) -> BTreeSet<u64> {
+/// The block files (not temp files) under `dir`.
+fn block_files(dir: &Path) -> Vec<std::path::PathBuf> {
     files_under(dir)
         .into_iter()
         .filter(|p| tierkv::BlockHash::from_hex(p.file_name().unwrap().to_str().unwrap()).is_ok())
+        .collect()
+}
+
+/// The inode numbers of the block files under `dir`.
+fn block_inodes(dir: &Path) -> BTreeSet<u64> {
+    block_files(dir)
+        .into_iter()
         .map(|p| std::fs::symlink_metadata(p).unwrap().ino())
+        .collect()
+}
+
+/// `O_PATH` descriptors on the block files under `dir`: they keep the inodes alive (an
+/// unlinked one cannot hand its number on) and do not count as open for a lease.
+fn path_descriptors(dir: &Path) -> Vec<std::os::fd::OwnedFd> {
+    block_files(dir)
+        .into_iter()
+        .map(|p| rustix::fs::open(&p, rustix::fs::OFlags::PATH, rustix::fs::Mode::empty()).unwrap())
         .collect()
 }
 
@@ -75,15 +91,7 @@ fn a_full_store_writes_new_blocks_into_the_files_it_evicts() {
         assert_eq!(before.len(), 8);
         // O_PATH descriptors keep the inodes (an unlinked one could not hand its number on)
         // and do not count as open for a lease: each must be linked again at the end.
-        let paths: Vec<_> = files_under(store.dir())
-            .into_iter()
-            .filter(|p| {
-                tierkv::BlockHash::from_hex(p.file_name().unwrap().to_str().unwrap()).is_ok()
-            })
-            .map(|p| {
-                rustix::fs::open(&p, rustix::fs::OFlags::PATH, rustix::fs::Mode::empty()).unwrap()
-            })
-            .collect();
+        let paths = path_descriptors(store.dir());
         // Two batches of 8 new blocks, each evicting all 8: shorter (within the same 4 KiB
         // page: the room reserved for them holds the old file) and longer than the files
         // they reuse. A reused file is cut to its block's length, or grows.
@@ -143,9 +151,8 @@ fn a_file_open_elsewhere_is_unlinked_not_reused() {
     put_batch(&store, &ks[..4], 0, |_| LEN);
     let before = block_inodes(store.dir());
     // Another reader's descriptors on every block file.
-    let mut held: Vec<(std::fs::File, Vec<u8>)> = files_under(store.dir())
+    let mut held: Vec<(std::fs::File, Vec<u8>)> = block_files(store.dir())
         .into_iter()
-        .filter(|p| tierkv::BlockHash::from_hex(p.file_name().unwrap().to_str().unwrap()).is_ok())
         .map(|p| (std::fs::File::open(&p).unwrap(), std::fs::read(&p).unwrap()))
         .collect();
     assert_eq!(held.len(), 4);
@@ -182,11 +189,7 @@ fn a_file_with_another_hard_link_is_unlinked_not_reused() {
     let ks = keys(&store, 8);
     put_batch(&store, &ks[..4], 0, |_| LEN);
     let mut links = Vec::new();
-    for (i, p) in files_under(store.dir())
-        .into_iter()
-        .filter(|p| tierkv::BlockHash::from_hex(p.file_name().unwrap().to_str().unwrap()).is_ok())
-        .enumerate()
-    {
+    for (i, p) in block_files(store.dir()).into_iter().enumerate() {
         let link = outside.path().join(format!("snapshot-{i}"));
         std::fs::hard_link(&p, &link).unwrap();
         links.push((link, std::fs::read(&p).unwrap()));
@@ -245,10 +248,7 @@ fn an_evicted_name_holding_a_symlink_is_left_alone() {
     let store = Store::open(dir.path(), worker("0"), reusing(4)).unwrap();
     let ks = keys(&store, 8);
     put_batch(&store, &ks[..4], 0, |_| LEN);
-    let names: Vec<_> = files_under(store.dir())
-        .into_iter()
-        .filter(|p| tierkv::BlockHash::from_hex(p.file_name().unwrap().to_str().unwrap()).is_ok())
-        .collect();
+    let names = block_files(store.dir());
     for p in &names {
         std::fs::remove_file(p).unwrap();
         std::os::unix::fs::symlink(&target, p).unwrap();
@@ -470,11 +470,7 @@ fn reuse_is_off_by_default() {
     let store = Store::open(dir.path(), worker("0"), cfg).unwrap();
     let ks = keys(&store, 8);
     put_batch(&store, &ks[..4], 0, |_| LEN);
-    let paths: Vec<_> = files_under(store.dir())
-        .into_iter()
-        .filter(|p| tierkv::BlockHash::from_hex(p.file_name().unwrap().to_str().unwrap()).is_ok())
-        .map(|p| rustix::fs::open(&p, rustix::fs::OFlags::PATH, rustix::fs::Mode::empty()).unwrap())
-        .collect();
+    let paths = path_descriptors(store.dir());
     put_batch(&store, &ks[4..], 4, |_| LEN);
     assert_eq!(store.stats().evictions, 4);
     assert_eq!(store.stats().reused_files, 0);
