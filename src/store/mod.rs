@@ -857,11 +857,7 @@ impl Inner {
     }
 
     fn read_flags(&self) -> OFlags {
-        if self.opts.direct {
-            OFlags::RDONLY | OFlags::DIRECT
-        } else {
-            OFlags::RDONLY
-        }
+        OFlags::RDONLY | self.direct_flag()
     }
 
     /// A put batch, then (for items that met ENOSPC below the capacity) eviction and one

@@ -537,6 +537,15 @@ impl Inner {
         }
     }
 
+    /// `O_DIRECT` if the store's block I/O is direct, else no flag.
+    pub(super) fn direct_flag(&self) -> OFlags {
+        if self.opts.direct {
+            OFlags::DIRECT
+        } else {
+            OFlags::empty()
+        }
+    }
+
     /// Creates the temp file of one validated, admitted put, or takes `spare`'s.
     fn plan_write<'s, D: Source>(
         &'s self,
@@ -551,11 +560,7 @@ impl Inner {
         };
         let rel = self.layout.rel_path(&key.hash);
 
-        let direct = if self.opts.direct {
-            OFlags::DIRECT
-        } else {
-            OFlags::empty()
-        };
+        let direct = self.direct_flag();
         let mode = Mode::from_raw_mode(FILE_MODE);
         let reused = spare.as_ref().map(|s| s.len);
         // A name that exists already (planted, or left by a crash): another sequence number.
@@ -636,14 +641,7 @@ impl Inner {
         let dir = rel.dir();
         let dir_err =
             |e: Errno| Error::from_io(self.path(if dir.is_empty() { "." } else { dir }), io_err(e));
-        let parent = match self.retry_emfile(|| self.ns.parent(dir)) {
-            Ok(p) => p,
-            Err(Errno::NOENT) => {
-                self.ns.make_dirs(dir).map_err(dir_err)?;
-                self.retry_emfile(|| self.ns.parent(dir)).map_err(dir_err)?
-            }
-            Err(e) => return Err(dir_err(e)),
-        };
+        let parent = self.block_dir(dir).map_err(dir_err)?;
         loop {
             if self.publish.tmpfile.load(Ordering::Relaxed) {
                 match self.retry_emfile(|| self.ns.tmpfile_in(&parent, OFlags::RDWR | direct, mode))
@@ -666,6 +664,18 @@ impl Inner {
                 Ok(fd) => Ok((parent, fd, false)),
                 Err(e) => Err(Error::from_io(self.path(&join(dir, temp_name)), io_err(e))),
             };
+        }
+    }
+
+    /// The block directory `dir` opened, its missing levels created first (retrying on
+    /// EMFILE): where a put's file is made or an evicted file is moved.
+    fn block_dir(&self, dir: &str) -> rustix::io::Result<Parent<'_>> {
+        match self.retry_emfile(|| self.ns.parent(dir)) {
+            Err(Errno::NOENT) => {
+                self.ns.make_dirs(dir)?;
+                self.retry_emfile(|| self.ns.parent(dir))
+            }
+            r => r,
         }
     }
 
@@ -876,22 +886,11 @@ impl Inner {
         let Ok(from_parent) = self.ns.parent(from.dir()) else {
             return Taken::Not;
         };
-        let to_parent = match self.ns.parent(to.dir()) {
-            Err(Errno::NOENT) => self
-                .ns
-                .make_dirs(to.dir())
-                .and_then(|()| self.ns.parent(to.dir())),
-            r => r,
-        };
-        let Ok(to_parent) = to_parent else {
+        let Ok(to_parent) = self.block_dir(to.dir()) else {
             return Taken::Not;
         };
         let name = self.ns.temp_name(to.file_name());
-        let direct = if self.opts.direct {
-            OFlags::DIRECT
-        } else {
-            OFlags::empty()
-        };
+        let direct = self.direct_flag();
         let taken = self.ns.take_file(
             &from_parent,
             from.file_name(),
@@ -904,16 +903,7 @@ impl Inner {
             // the file would change what that name holds. It goes, as an unlink would take it.
             Ok(Some((fd, st))) if st.st_nlink != 1 => {
                 drop(fd);
-                let rel = join(to.dir(), &name);
-                if let Err(e) =
-                    self.ns
-                        .unlink_in(&to_parent, &name, Some(crate::ns::Inode::of(&st)))
-                {
-                    tracing::warn!(path = %self.path(&rel).display(), error = %e,
-                        "could not unlink an evicted block");
-                }
-                self.index.drained(std::slice::from_ref(v));
-                return Taken::Unlinked;
+                return self.unlink_taken(v, &to_parent, &join(to.dir(), &name), &st);
             }
             Ok(Some(t)) => t,
             Ok(None) => return Taken::Not,
@@ -932,16 +922,7 @@ impl Inner {
                 self.publish.reuse.store(false, Ordering::Relaxed);
             }
             drop(fd);
-            let rel = join(to.dir(), &name);
-            if let Err(e) = self
-                .ns
-                .unlink_in(&to_parent, &name, Some(crate::ns::Inode::of(&st)))
-            {
-                tracing::warn!(path = %self.path(&rel).display(), error = %e,
-                    "could not unlink an evicted block");
-            }
-            self.index.drained(std::slice::from_ref(v));
-            return Taken::Unlinked;
+            return self.unlink_taken(v, &to_parent, &join(to.dir(), &name), &st);
         }
         self.index.drained(std::slice::from_ref(v));
         Taken::Spare(Spare {
@@ -950,5 +931,26 @@ impl Inner {
             fd,
             len: st.st_size as u64,
         })
+    }
+
+    /// Unlinks victim `v`'s file where [`Inner::take_victim`] moved it (`rel`, in `parent`;
+    /// only if it is still the inode `st` describes), completing its eviction.
+    fn unlink_taken<'s>(
+        &self,
+        v: &Victim,
+        parent: &Parent<'_>,
+        rel: &str,
+        st: &rustix::fs::Stat,
+    ) -> Taken<'s> {
+        let (_, name) = crate::ns::split(rel);
+        if let Err(e) = self
+            .ns
+            .unlink_in(parent, name, Some(crate::ns::Inode::of(st)))
+        {
+            tracing::warn!(path = %self.path(rel).display(), error = %e,
+                "could not unlink an evicted block");
+        }
+        self.index.drained(std::slice::from_ref(v));
+        Taken::Unlinked
     }
 }
