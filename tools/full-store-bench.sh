@@ -9,11 +9,14 @@
 # usage: tools/full-store-bench.sh [ROUNDS] [BS] [NBLOCKS] [FILESYSTEMS...]
 #        (defaults: 3 2m 128 ext4 xfs; each filesystem image is 4 GiB, removed at the end)
 # A filesystem given as dir:PATH runs in a fresh directory under PATH on the filesystem already
-# there (e.g. dir:/var/tmp, the VM's own disk) instead of a loop device.
+# there (e.g. dir:/var/tmp, the VM's own disk) instead of a loop device. TYPE:OPTIONS mounts the
+# loop device with those mount options (e.g. ext4:discard, online discard: each freed extent is
+# trimmed when the journal commits).
 # INLINE=1 adds, after each mode, its rows with --watermarks 1,1 (no background evictor: every
 # eviction inline in the put that needs the room), rounds of their own. REUSE=1 adds rows with
 # --watermarks 1,1 --reuse-evicted (each inline eviction's file reused for the new block); the
-# last column then says how many of the evictions reused their file.
+# last column then says how many of the evictions reused their file. MODES="direct" (any of
+# buffered, direct, sync) runs only those modes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}; BS=${2:-2m}; N=${3:-128}
@@ -37,7 +40,7 @@ echo "bs=$BS nblocks=$N (capacity $N blocks), put_many of 32 through io_uring at
 t_json() {
   python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["errors"]==0, d; p=d["write"]["clat_ns"]["percentile"]; print("%s,%s,%s,%s,%s,%s" % (d["bw_bytes_per_sec"], p["50.000000"], p["99.000000"], p["99.900000"], d["evictions"], d["store"].get("reused_files", 0)))'
 }
-MODES="buffered direct sync"
+MODES=${MODES:-buffered direct sync}
 MODES=$(for m in $MODES; do
   echo "$m"
   if [ "${INLINE:-0}" = 1 ]; then echo "$m-inline"; fi
@@ -50,8 +53,11 @@ for fs in "${FSS[@]}"; do
   else
     truncate -s 4G "$W/img"
     LOOP=$(losetup --find --show "$W/img")
-    if [ "$fs" = xfs ]; then mkfs.xfs -q -f "$LOOP"; else mkfs.ext4 -q -F "$LOOP"; fi
-    mkdir -p "$W/mnt"; mount "$LOOP" "$W/mnt"
+    fstype=${fs%%:*}; opts=""
+    if [ "$fstype" != "$fs" ]; then opts="-o ${fs#*:}"; fi
+    if [ "$fstype" = xfs ]; then mkfs.xfs -q -f "$LOOP"; else mkfs.ext4 -q -F "$LOOP"; fi
+    # shellcheck disable=SC2086 # $opts is empty or one -o OPTIONS pair
+    mkdir -p "$W/mnt"; mount $opts "$LOOP" "$W/mnt"
     M="$W/mnt"
   fi
   for mode in $MODES; do

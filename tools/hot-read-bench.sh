@@ -1,61 +1,74 @@
 #!/usr/bin/env bash
-# Hot reads (page cache) of whole blocks, one at a time (psync): tierkv through its open-file
-# cache (the main job's hot-read phase: every descriptor cached; the default verify mode and
-# --verify always)
-# against fio reading one cached file of the same size with the same block size
-# (--rw=randread --ioengine=psync, into a page-aligned buffer: --iomem_align=4096, as the store's are;
-# fio's default alignment copies several times slower on this VM), and against the naive mode (flat directory, open + read +
-# close per access). Interleaved round by round; the table gives the median of the per-round
-# ratios to fio and per-read latency percentiles.
+# Hot reads (page cache) of whole blocks, one at a time (psync), time-based like fio: tierkv
+# through its open-file cache (default verify mode and --verify always) against
+#   - fio reading one cached file of the same total size with the same block size (the target's
+#     baseline: --rw=randread --ioengine=psync, into a page-aligned buffer, --iomem_align=4096,
+#     as the store's are; fio's default alignment copies several times slower on this VM),
+#   - fio reading the store's own block files (each block's payload, 4 KiB into its file, through
+#     hard links in a flat directory: what the kernel can do with the files as laid out), and
+#   - the naive mode (flat directory, open + read + close per access, no checksum).
+# Each tree is written once and synced before the rounds, so no round reads while writeback of
+# its own writes runs; every reader runs for RUNTIME seconds (default 3), interleaved round by
+# round. The table gives the median of the per-round ratios and per-read latency percentiles.
 #
-# usage: tools/hot-read-bench.sh [ROUNDS] [SIZES...]   (defaults: 3 4k 64k 256k 2m 8m 32m)
+# usage: [RUNTIME=S] tools/hot-read-bench.sh [ROUNDS] [SIZES...]   (defaults: 3 4k 64k 256k 2m 8m 32m)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/bench-common.sh
 rounds_and_sizes 3 "4k 64k 256k 2m 8m 32m" "$@"
+RUNTIME=${RUNTIME:-3}
 need_fio
 build_bin tierkv-bench
 W=$(mktemp -d /tmp/tierkv-hot.XXXXXX); trap 'rm -rf "$W"' EXIT
 machine_line "$W"
-# The main job's hot-read phase: the passes after the first (which opens every file), so every
-# read goes through a cached descriptor (the naive mode opens and closes every time).
+# A time-based randread run of an existing tree (no layout): its first pass opens every file,
+# the passes after it read through cached descriptors (the fd-cache hits are checked below).
 t_json() {
-  python3 -c 'import json,sys; d=json.load(sys.stdin); h=d["phases"]["hot_read"]; r=h["read"]; assert r["errors"]==0 and h["misses"]==0, d; p=r["lat_us"]; print("%s,%s,%s,%s" % (r["bw_bytes"], p["p50"] * 1e3, p["p99"] * 1e3, p["p99.9"] * 1e3))'
+  python3 -c 'import json,sys; d=json.load(sys.stdin); r=d["read"]; assert r["errors"]==0 and d["misses"]==0 and d["verify_errors"]==0, d; p=r["lat_us"]; print("%s,%s,%s,%s" % (r["bw_bytes"], p["p50"] * 1e3, p["p99"] * 1e3, p["p99.9"] * 1e3))'
 }
 for bs in "${SIZES[@]}"; do
   bytes=$(size_bytes "$bs")
   total=$(( bytes < (64 << 10) ? (16 << 20) : (512 << 20) ))
   n=$(( total / bytes )); [ "$n" -gt 2000 ] && n=2000; [ "$n" -lt 16 ] && n=16
-  loops=$(( bytes >= (2 << 20) ? 6 : 11 ))
-  rm -rf "$W"/*
+  rm -rf "${W:?}"/*
   $B --dir "$W/s" --rw write --bs "$bs" --nblocks "$n" --output-format json >/dev/null
   $B --dir "$W/n" --rw write --bs "$bs" --nblocks "$n" --layout-depth 0 --output-format json >/dev/null
   fio --name=lay --filename="$W/big" --size=$(( n * bytes )) --rw=write --bs="$bs" >/dev/null
-  cat "$W/big" >/dev/null
+  # The store's block files, hard-linked into one flat directory that fio reads whole
+  # (--opendir: its --filename takes at most 4096 characters).
+  mkdir "$W/links"
+  i=0
+  while IFS= read -r f; do ln "$f" "$W/links/b$i"; i=$((i + 1)); done < <(find "$W/s" -type f -name '[0-9a-f]*' -size +$(( bytes / 1024 - 1 ))k)
+  [ "$i" -eq "$n" ] || { echo "found $i block files in $W/s, expected $n" >&2; exit 1; }
+  sync
+  cat "$W/big" "$W/links"/* > /dev/null
   out="$W/rows"; : > "$out"
   for r in $(seq "$ROUNDS"); do
     f=$(fio --name=hot --filename="$W/big" --rw=randread --bs="$bs" --ioengine=psync --invalidate=0 --iomem_align=4096 \
-          --time_based --runtime=3 --output-format=json 2>/dev/null | fio_json read)
-    t() { $B --rw main --bs "$bs" --nblocks "$n" --loops "$loops" --batch 1 --output-format json "$@" | t_json; }
+          --time_based --runtime="$RUNTIME" --output-format=json 2>/dev/null | fio_json read)
+    fb=$(fio --name=hotfiles --opendir="$W/links" --file_service_type=random --offset=4096 --size=$(( n * bytes )) \
+          --rw=randread --bs="$bs" --ioengine=psync --invalidate=0 --iomem_align=4096 \
+          --time_based --runtime="$RUNTIME" --output-format=json 2>/dev/null | fio_json read)
+    t() { $B --rw randread --no-layout --bs "$bs" --nblocks "$n" --runtime "$RUNTIME" --batch 1 --output-format json "$@" | t_json; }
     s=$(t --dir "$W/s")
     a=$(t --dir "$W/s" --verify always)
     nv=$(t --dir "$W/n" --fd-cache 0 --verify never)
-    echo "$f $s $a $nv" >> "$out"
+    echo "$f $fb $s $a $nv" >> "$out"
   done
   python3 - "$bs" "$n" "$out" <<'PY'
 import statistics, sys
 bs, n, path = sys.argv[1:4]
-cols = ["fio, one cached file", "tierkv (default verify)", "tierkv --verify always", "naive (open+read+close)"]
+cols = ["fio, one cached file", "fio, the block files", "tierkv (default verify)", "tierkv --verify always", "naive (open+read+close)"]
 rows = [[[float(x) for x in c.split(",")] for c in l.split()] for l in open(path) if l.strip()]
 print(f"\n{bs}: {n} blocks; MiB/s per round ({', '.join(cols)})")
 for r in rows:
-    print("  " + "  ".join(f"{c[0] / 1048576:7.0f}" for c in r) + "   ratios to fio " + "  ".join(f"{c[0] / r[0][0]:.2f}x" for c in r[1:]) + f"   store/naive {r[1][0] / r[3][0]:.2f}x")
+    print("  " + "  ".join(f"{c[0] / 1048576:7.0f}" for c in r) + "   ratios to fio " + "  ".join(f"{c[0] / r[0][0]:.2f}x" for c in r[1:]) + f"   store/naive {r[2][0] / r[4][0]:.2f}x")
 print("| bs | reader | MiB/s | ratio to fio | ratio to naive | p50 us | p99 us | p99.9 us |")
 print("|---:|---|---:|---:|---:|---:|---:|---:|")
 for i, m in enumerate(cols):
     med = lambda k: statistics.median(r[i][k] for r in rows)
     rf = statistics.median(r[i][0] / r[0][0] for r in rows)
-    rn = statistics.median(r[i][0] / r[3][0] for r in rows)
+    rn = statistics.median(r[i][0] / r[4][0] for r in rows)
     print(f"| {bs} | {m} | {med(0) / 1048576:.0f} | {rf:.2f}x | {rn:.2f}x | {med(1) / 1e3:.1f} | {med(2) / 1e3:.1f} | {med(3) / 1e3:.1f} |")
 PY
 done
