@@ -75,3 +75,15 @@ fio_json() {
 size_bytes() {
   python3 -c "import sys; s=sys.argv[1]; m={'k':1<<10,'m':1<<20,'g':1<<30}; print(int(s[:-1])*m[s[-1]])" "$1"
 }
+
+# link_block_files TREE DEST BYTES N: hard-links the N block files of BYTES-byte blocks a store
+# wrote under TREE into the new flat directory DEST as f0..f(N-1) (a block file's name starts
+# with a lower-case hex digit; control files do not, and are smaller); fails unless it finds
+# exactly N.
+link_block_files() {
+  local tree=$1 dest=$2 bytes=$3 n=$4 i=0 f
+  mkdir "$dest"
+  while IFS= read -r f; do ln "$f" "$dest/f$i"; i=$((i + 1)); done \
+    < <(find "$tree" -type f -name '[0-9a-f]*' -size +$(( bytes / 1024 - 1 ))k)
+  [ "$i" -eq "$n" ] || { echo "found $i block files in $tree, expected $n" >&2; return 1; }
+}

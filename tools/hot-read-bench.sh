@@ -37,10 +37,7 @@ for bs in "${SIZES[@]}"; do
   fio --name=lay --filename="$W/big" --size=$(( n * bytes )) --rw=write --bs="$bs" >/dev/null
   # The store's block files, hard-linked into one flat directory that fio reads whole
   # (--opendir: its --filename takes at most 4096 characters).
-  mkdir "$W/links"
-  i=0
-  while IFS= read -r f; do ln "$f" "$W/links/b$i"; i=$((i + 1)); done < <(find "$W/s" -type f -name '[0-9a-f]*' -size +$(( bytes / 1024 - 1 ))k)
-  [ "$i" -eq "$n" ] || { echo "found $i block files in $W/s, expected $n" >&2; exit 1; }
+  link_block_files "$W/s" "$W/links" "$bytes" "$n"
   sync
   cat "$W/big" "$W/links"/* > /dev/null
   out="$W/rows"; : > "$out"

@@ -57,10 +57,8 @@ int main(int argc, char **argv) {
 C
 cc -O2 -o "$W/hot" "$W/hot.c"
 $B --dir "$W/s" --rw write --bs "$BS" --nblocks "$N" --output-format json >/dev/null
-mkdir "$W/store" "$W/zero"
-i=0
-while IFS= read -r f; do ln "$f" "$W/store/f$i"; i=$((i + 1)); done < <(find "$W/s" -type f -name '[0-9a-f]*' -size +$(( bytes / 1024 - 1 ))k)
-[ "$i" -eq "$N" ] || { echo "found $i block files, expected $N" >&2; exit 1; }
+link_block_files "$W/s" "$W/store" "$bytes" "$N"
+mkdir "$W/zero"
 # Each written with one write() of the whole payload, as a put writes its block (one pwritev):
 # the page cache then holds it in large folios. Files written in small pieces (head -c, 8 KiB
 # writes) read back at about half this speed on this VM.
