@@ -713,6 +713,66 @@ fn iodepth_is_in_flight_batch_is_per_call_and_json_reads_like_fio() {
     );
 }
 
+/// `--ramp-time` (fio's `ramp_time`): the run lasts ramp + runtime, and its figures cover the
+/// runtime only: every timed figure restarts together (the latency count is the op count, hits
+/// are the ops of an all-hit read) and the elapsed time leaves the ramp out.
+#[test]
+fn ramp_time_leaves_the_ramp_out_of_the_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    run_json(&words(&format!(
+        "--dir {d} --rw write --bs 4k --nblocks 50"
+    )));
+    let t = std::time::Instant::now();
+    let r = run_json(&words(&format!(
+        "--dir {d} --rw randread --no-layout --bs 4k --nblocks 50 --batch 1 --ramp-time 600ms --runtime 100ms"
+    )));
+    let wall = t.elapsed().as_secs_f64();
+    assert!(wall >= 0.7, "ramp + runtime, not {wall} s");
+    assert_eq!(
+        (r["ramp_time_s"].as_f64(), r["runtime_s"].as_f64()),
+        (Some(0.6), Some(0.1))
+    );
+    let elapsed = r["elapsed_s"].as_f64().unwrap();
+    // About the runtime (from the first batch after the ramp to the deadline); a run that
+    // kept the ramp's time would be past 0.7 s.
+    assert!(
+        (0.05..0.6).contains(&elapsed),
+        "elapsed {elapsed} s of {wall} s"
+    );
+    let read = &r["read"];
+    let ops = read["ops"].as_u64().unwrap();
+    assert!(ops > 0, "{r}");
+    assert_eq!(read["clat_ns"]["N"].as_u64(), Some(ops), "{r}");
+    assert_eq!(r["hits"].as_u64(), Some(ops), "{r}");
+    assert_eq!(read["bytes"].as_u64(), Some(ops * 4096), "{r}");
+    assert_eq!(r["verify_errors"].as_u64(), Some(0), "{r}");
+    // fio's spelling; the text report's header says both.
+    let out = bench()
+        .args(words(&format!(
+            "--dir {d} --rw read --no-layout --bs 4k --nblocks 50 --ramp_time=50ms --runtime 50ms"
+        )))
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success() && text.contains(" ramp_time=0.05s runtime=0.05s "),
+        "{text}"
+    );
+    // A ramp needs a runtime to follow it.
+    let out = bench()
+        .args(words(&format!(
+            "--dir {d} --rw read --no-layout --bs 4k --nblocks 50 --ramp-time 50ms"
+        )))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(2) && err.contains("--runtime"),
+        "{err}"
+    );
+}
+
 /// fio's spellings are accepted; contradictions and a --dir of another block size are refused.
 #[test]
 fn fio_spellings_and_refusals() {
@@ -956,7 +1016,7 @@ fn key_offset_writes_new_blocks() {
 fn watermarks_set_where_the_background_evictor_starts_and_stops() {
     let run = |dir: &str, wm: &str| {
         plain(&format!(
-            "--dir {dir} --rw write --bs 4k --nblocks 20 --batch 1 --capacity-blocks 20 --sync-writes --watermarks {wm}"
+            "--dir {dir} --rw write --bs 4k --nblocks 20 --batch 1 --capacity-blocks 20 --sync-writes --reuse-evicted false --watermarks {wm}"
         ))
     };
     // 1,1: no background eviction; 20 blocks fit a bound of 20 exactly.
@@ -988,14 +1048,21 @@ fn reuse_evicted_writes_into_the_files_a_full_store_evicts() {
             "--dir {dir} --rw write --bs 64k --nblocks 24 --batch 4 --capacity-blocks 8 {reuse}"
         ))
     };
-    let a = tempfile::tempdir().unwrap();
-    let r = run(a.path().to_str().unwrap(), "--reuse-evicted");
-    // 24 blocks into a bound of 8: 16 evictions, each in the put that needed the room, each
-    // file reused.
-    assert_eq!(r["evictions"].as_u64(), Some(16), "{r}");
-    assert_eq!(r["store"]["reused_files"].as_u64(), Some(16), "{r}");
-    assert_eq!(common::oracle::read_tree(a.path()).blocks.len(), 8);
+    // The default, a bare --reuse-evicted and --reuse-evicted=true: 24 blocks into a bound of
+    // 8 make 16 evictions, each in the put that needed the room, each file reused.
+    for flag in ["", "--reuse-evicted", "--reuse-evicted=true"] {
+        let a = tempfile::tempdir().unwrap();
+        let r = run(a.path().to_str().unwrap(), flag);
+        assert_eq!(r["evictions"].as_u64(), Some(16), "{flag}: {r}");
+        assert_eq!(r["store"]["reused_files"].as_u64(), Some(16), "{flag}: {r}");
+        assert_eq!(
+            common::oracle::read_tree(a.path()).blocks.len(),
+            8,
+            "{flag}"
+        );
+    }
     let b = tempfile::tempdir().unwrap();
-    let r = run(b.path().to_str().unwrap(), "");
+    let r = run(b.path().to_str().unwrap(), "--reuse-evicted false");
     assert_eq!(r["store"]["reused_files"].as_u64(), Some(0), "{r}");
+    assert!(r["evictions"].as_u64() >= Some(16), "{r}");
 }

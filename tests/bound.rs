@@ -72,9 +72,11 @@ fn the_bound_is_never_exceeded() {
     let Some(fs) = Tmpfs::mount("256m", "counting files and bytes at one instant") else {
         return;
     };
+    // Evicted files unlinked (reuse has its own part, the last).
     let flat = quiet()
         .with_layout(Layout::new(0, 256).unwrap())
-        .with_watermarks(1.0, 1.0);
+        .with_watermarks(1.0, 1.0)
+        .with_reuse_evicted(false);
     // A file-count bound, one chain of 200 blocks, then unrelated single puts.
     let store = Store::open(fs.path(), worker("0"), flat.clone().with_capacity_files(10)).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -115,7 +117,8 @@ fn the_bound_is_never_exceeded() {
         worker("2"),
         quiet()
             .with_layout(Layout::new(0, 256).unwrap())
-            .with_capacity_files(20),
+            .with_capacity_files(20)
+            .with_reuse_evicted(false),
     )
     .unwrap();
     let stop = Arc::new(AtomicBool::new(false));

@@ -22,16 +22,23 @@ fn du_blocks(dir: &std::path::Path) -> u64 {
 fn the_tree_stays_under_the_capacity() {
     let dir = tempfile::tempdir().unwrap();
     const CAP: u64 = 1 << 20;
-    for policy in [
+    // Evicted files reused (the default: every eviction inline) and unlinked (the
+    // background evictor at the default watermarks beside the inline evictions).
+    for (policy_kind, reuse) in [
         PolicyKind::Lru,
         PolicyKind::Admit2,
         PolicyKind::Arc,
         PolicyKind::Adaptive,
-    ] {
-        let w = format!("w-{policy}");
+    ]
+    .into_iter()
+    .flat_map(|p| [(p, true), (p, false)])
+    {
+        let w = format!("w-{policy_kind}-{reuse}");
+        let policy = format!("{policy_kind}, reuse {reuse}");
         let cfg = StoreConfig::new()
             .with_capacity_bytes(CAP)
-            .with_policy(policy);
+            .with_reuse_evicted(reuse)
+            .with_policy(policy_kind);
         let store = Store::open(dir.path(), worker(&w), cfg).unwrap();
         let ks = keys(&store, 120);
         // Batches of 4 blocks of 40 KiB (44 KiB on disk each), 5 MiB in all, each batch
@@ -54,6 +61,7 @@ fn the_tree_stays_under_the_capacity() {
         }
         let s = store.stats();
         assert!(s.evictions > 0, "{policy}: {s:?}");
+        assert_eq!(s.reused_files > 0, reuse, "{policy}: {s:?}");
         // The background evictor keeps usage near the watermarks; wait for it, then check.
         std::thread::sleep(std::time::Duration::from_millis(300));
         let s = store.stats();

@@ -210,16 +210,14 @@ fn a_file_with_another_hard_link_is_unlinked_not_reused() {
     assert!(temp_files_under(dir.path()).is_empty());
 }
 
-#[test]
-fn without_leases_evicted_files_are_unlinked() {
+/// Puts 12 blocks into `reusing(4)` opened with `faults` and returns the store's stats; the
+/// last four blocks read back whole and no temp file is left.
+fn twelve_into_four(faults: &Arc<NsFaults>) -> tierkv::StoreStats {
     let dir = tempfile::tempdir().unwrap();
-    let faults = Arc::new(NsFaults::new());
-    // As a filesystem without leases answers (FUSE, NFS, `fs.leases-enable = 0`).
-    faults.fail(NsOp::Lease, Errno::INVAL, 0, u64::MAX);
     let store = Store::open_with(
         dir.path(),
         worker("0"),
-        reusing(4),
+        reusing(4).with_watermarks(1.0, 1.0),
         Parts::new().with_ns_faults(faults.clone()),
     )
     .unwrap();
@@ -227,16 +225,81 @@ fn without_leases_evicted_files_are_unlinked() {
     put_batch(&store, &ks[..4], 0, |_| LEN);
     put_batch(&store, &ks[4..8], 4, |_| LEN);
     put_batch(&store, &ks[8..], 8, |_| LEN);
-    let s = store.stats();
-    assert_eq!((s.evictions, s.reused_files), (8, 0));
-    // Asked once: after the first refusal the store stops trying.
-    assert_eq!(faults.injected(), 1);
     for (i, k) in ks[8..].iter().enumerate() {
         assert_holds(&store, k, &payload(8 + i as u64, 0, LEN));
     }
     assert!(temp_files_under(dir.path()).is_empty());
+    let s = store.stats();
     drop(store);
     assert_eq!(check_all_blocks(dir.path()), 4);
+    s
+}
+
+/// Where the filesystem grants no leases the store finds out when it opens (it takes and
+/// releases one on an anonymous file) and unlinks what it evicts; a filesystem that stops
+/// granting them later (the first refusal) stops reuse for the store's life; a file it may
+/// not lease (another owner's: EACCES) is only unlinked, and reuse goes on.
+#[test]
+fn without_leases_evicted_files_are_unlinked() {
+    // As a filesystem without leases answers (FUSE, NFS, `fs.leases-enable = 0`): the
+    // open's probe is refused, and no eviction asks again.
+    let faults = Arc::new(NsFaults::new());
+    faults.fail(NsOp::Lease, Errno::INVAL, 0, u64::MAX);
+    let s = twelve_into_four(&faults);
+    assert_eq!((s.evictions, s.reused_files), (8, 0));
+    assert_eq!(faults.injected(), 1);
+    // The probe passes, the first eviction's lease is refused: asked once more, never again.
+    let faults = Arc::new(NsFaults::new());
+    faults.fail(NsOp::Lease, Errno::INVAL, 1, u64::MAX);
+    let s = twelve_into_four(&faults);
+    assert_eq!((s.evictions, s.reused_files), (8, 0));
+    assert_eq!(faults.injected(), 1);
+    // One file that may not be leased: that one is unlinked, the other seven reused.
+    let faults = Arc::new(NsFaults::new());
+    faults.fail(NsOp::Lease, Errno::ACCESS, 1, 1);
+    let s = twelve_into_four(&faults);
+    assert_eq!((s.evictions, s.reused_files), (8, 7));
+    assert_eq!(faults.injected(), 1);
+}
+
+/// Reuse replaces the background evictor only where it is in effect: a store whose open
+/// found no leases runs the evictor (down to the low watermark); a reusing one evicts only
+/// in the put that needs the room.
+#[test]
+fn without_leases_the_background_evictor_runs() {
+    let faults = Arc::new(NsFaults::new());
+    faults.fail(NsOp::Lease, Errno::INVAL, 0, u64::MAX);
+    let open = |dir: &Path, faults: Arc<NsFaults>| {
+        // Default watermarks, 0.95 and 0.90: the evictor starts at 19 of 20 blocks and
+        // evicts down to 18.
+        Store::open_with(
+            dir,
+            worker("0"),
+            reusing(20),
+            Parts::new().with_ns_faults(faults),
+        )
+        .unwrap()
+    };
+    let a = tempfile::tempdir().unwrap();
+    let store = open(a.path(), faults);
+    let ks = keys(&store, 20);
+    put_batch(&store, &ks, 0, |_| LEN);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while store.stats().used_files > 18 {
+        assert!(std::time::Instant::now() < deadline, "{:?}", store.stats());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(store.stats().reused_files, 0);
+    // With leases, the same 20 blocks stay: nothing evicts ahead of the puts.
+    let b = tempfile::tempdir().unwrap();
+    let store = open(b.path(), Arc::new(NsFaults::new()));
+    let ks = keys(&store, 21);
+    put_batch(&store, &ks[..20], 0, |_| LEN);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(store.stats().used_files, 20);
+    put_batch(&store, &ks[20..], 20, |_| LEN);
+    let s = store.stats();
+    assert_eq!((s.used_files, s.evictions, s.reused_files), (20, 1, 1));
 }
 
 #[test]
@@ -459,26 +522,32 @@ fn shared_stores_unlink_what_they_evict() {
     }
 }
 
-/// Off by default: a store not asked to reuse unlinks what it evicts.
+/// On by default; a store told not to reuse unlinks what it evicts.
 #[test]
-fn reuse_is_off_by_default() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = StoreConfig::new()
-        .with_capacity_files(4)
-        .with_watermarks(1.0, 1.0)
-        .with_stats_interval(None);
-    let store = Store::open(dir.path(), worker("0"), cfg).unwrap();
-    let ks = keys(&store, 8);
-    put_batch(&store, &ks[..4], 0, |_| LEN);
-    let paths = path_descriptors(store.dir());
-    put_batch(&store, &ks[4..], 4, |_| LEN);
-    assert_eq!(store.stats().evictions, 4);
-    assert_eq!(store.stats().reused_files, 0);
-    for fd in &paths {
-        assert_eq!(
-            rustix::fs::fstat(fd).unwrap().st_nlink,
-            0,
-            "an evicted file was kept"
-        );
+fn reuse_is_on_by_default_and_off_when_asked() {
+    for reuse in [None, Some(false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = StoreConfig::new()
+            .with_capacity_files(4)
+            .with_watermarks(1.0, 1.0)
+            .with_stats_interval(None);
+        if let Some(on) = reuse {
+            cfg = cfg.with_reuse_evicted(on);
+        }
+        let store = Store::open(dir.path(), worker("0"), cfg).unwrap();
+        let ks = keys(&store, 8);
+        put_batch(&store, &ks[..4], 0, |_| LEN);
+        let paths = path_descriptors(store.dir());
+        put_batch(&store, &ks[4..], 4, |_| LEN);
+        let s = store.stats();
+        let kept = paths
+            .iter()
+            .filter(|fd| rustix::fs::fstat(fd).unwrap().st_nlink > 0)
+            .count();
+        if reuse.is_none() {
+            assert_eq!((s.evictions, s.reused_files, kept), (4, 4, 4), "default");
+        } else {
+            assert_eq!((s.evictions, s.reused_files, kept), (4, 0, 0), "off");
+        }
     }
 }

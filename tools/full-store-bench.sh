@@ -12,11 +12,13 @@
 # there (e.g. dir:/var/tmp, the VM's own disk) instead of a loop device. TYPE:OPTIONS mounts the
 # loop device with those mount options (e.g. ext4:discard, online discard: each freed extent is
 # trimmed when the journal commits).
-# INLINE=1 adds, after each mode, its rows with --watermarks 1,1 (no background evictor: every
-# eviction inline in the put that needs the room), rounds of their own. REUSE=1 adds rows with
-# --watermarks 1,1 --reuse-evicted (each inline eviction's file reused for the new block); the
-# last column then says how many of the evictions reused their file. MODES="direct" (any of
-# buffered, direct, sync) runs only those modes.
+# Each mode's first row is the store's default: evicted files reused (each eviction inline in
+# the put that needs the room, its file taken for the new block) where the filesystem grants
+# write leases; the last column says how many evictions reused their file. UNLINK=1 adds, after
+# each mode, rows with --reuse-evicted false (evicted files unlinked, the background evictor at
+# the default watermarks 0.95,0.90), and INLINE=1 rows with --reuse-evicted false --watermarks
+# 1,1 (unlinked, every eviction inline), rounds of their own. MODES="direct" (any of buffered,
+# direct, sync) runs only those modes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}; BS=${2:-2m}; N=${3:-128}
@@ -43,8 +45,8 @@ t_json() {
 MODES=${MODES:-buffered direct sync}
 MODES=$(for m in $MODES; do
   echo "$m"
+  if [ "${UNLINK:-0}" = 1 ]; then echo "$m-unlink"; fi
   if [ "${INLINE:-0}" = 1 ]; then echo "$m-inline"; fi
-  if [ "${REUSE:-0}" = 1 ]; then echo "$m-reuse"; fi
 done | xargs)
 for fs in "${FSS[@]}"; do
   if [ "${fs#dir:}" != "$fs" ]; then
@@ -64,8 +66,8 @@ for fs in "${FSS[@]}"; do
     flags=(--ioengine io_uring --iodepth 32 --batch 32 --capacity-blocks "$N")
     case $mode in direct*) flags+=(--direct) ;; sync*) flags+=(--sync-writes) ;; esac
     case $mode in
-      *-inline) flags+=(--watermarks 1,1) ;;
-      *-reuse) flags+=(--watermarks 1,1 --reuse-evicted) ;;
+      *-unlink) flags+=(--reuse-evicted false) ;;
+      *-inline) flags+=(--reuse-evicted false --watermarks 1,1) ;;
     esac
     out="$W/rows.${fs//[^a-z0-9]/_}.$mode"; : > "$out"
     for r in $(seq "$ROUNDS"); do
@@ -87,7 +89,7 @@ ratio = statistics.median(r[1][0] / r[0][0] for r in rows)
 per = "  ".join(f"{r[1][0] / r[0][0]:.2f}x" for r in rows)
 print(f"| {fs} | {bs} | {mode} | {med(0, 0) / 1048576:.0f} | {med(1, 0) / 1048576:.0f} | {ratio:.2f}x ({per}) | "
       f"{med(0, 1) / 1e6:.1f} / {med(0, 2) / 1e6:.1f} / {med(0, 3) / 1e6:.1f} | {med(1, 1) / 1e6:.1f} / {med(1, 2) / 1e6:.1f} / {med(1, 3) / 1e6:.1f} | {med(1, 4):.0f}"
-      + (f" ({med(1, 5):.0f} reused)" if mode.endswith("-reuse") else "") + " |")
+      + f" ({med(1, 5):.0f} reused)" + " |")
 PY
   done
   if [ -n "$LOOP" ]; then

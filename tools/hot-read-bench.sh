@@ -8,15 +8,23 @@
 #     hard links in a flat directory: what the kernel can do with the files as laid out), and
 #   - the naive mode (flat directory, open + read + close per access, no checksum).
 # Each tree is written once and synced before the rounds, so no round reads while writeback of
-# its own writes runs; every reader runs for RUNTIME seconds (default 3), interleaved round by
-# round. The table gives the median of the per-round ratios and per-read latency percentiles.
+# its own writes runs; every reader runs for RAMP seconds untimed (fio's ramp_time, default 1:
+# tierkv's first pass opens and checks every file, which the prefix-load benchmark measures)
+# and then RUNTIME seconds (default 3), interleaved round by round. The table gives the median
+# of the per-round ratios and per-read latency percentiles.
 #
-# usage: [RUNTIME=S] tools/hot-read-bench.sh [ROUNDS] [SIZES...]   (defaults: 3 4k 64k 256k 2m 8m 32m)
+# usage: [RUNTIME=S] [RAMP=S] tools/hot-read-bench.sh [ROUNDS] [SIZES...]
+#        (defaults: 3 4k 64k 256k 2m 8m 32m)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/bench-common.sh
 rounds_and_sizes 3 "4k 64k 256k 2m 8m 32m" "$@"
 RUNTIME=${RUNTIME:-3}
+RAMP=${RAMP:-1}
+# Both as milliseconds, which fio and tierkv-bench both take ("1500ms").
+ms() { python3 -c "import sys; print(round(float(sys.argv[1]) * 1000))" "$1"; }
+RT="$(ms "$RUNTIME")ms"; RP="$(ms "$RAMP")ms"
+echo "each reader: ${RAMP} s ramp (untimed), then ${RUNTIME} s timed"
 need_fio
 build_bin tierkv-bench
 W=$(mktemp -d /tmp/tierkv-hot.XXXXXX); trap 'rm -rf "$W"' EXIT
@@ -40,19 +48,31 @@ for bs in "${SIZES[@]}"; do
   link_block_files "$W/s" "$W/links" "$bytes" "$n"
   sync
   cat "$W/big" "$W/links"/* > /dev/null
+  # How the page cache holds each reader's files (folio sizes), before and after the rounds:
+  # a hot read's speed follows it (root only).
+  folios() {
+    if [ "$(id -u)" = 0 ]; then
+      tools/page-cache-folios.py "fio's file, $1" "$W/big"
+      tools/page-cache-folios.py "the store's block files, $1" "$W/links"/*
+      mapfile -t naive < <(find "$W/n" -type f -regextype posix-extended -regex '.*/[0-9a-f]{64}')
+      tools/page-cache-folios.py "the naive files, $1" "${naive[@]}"
+    fi
+  }
+  folios "before the rounds"
   out="$W/rows"; : > "$out"
   for r in $(seq "$ROUNDS"); do
     f=$(fio --name=hot --filename="$W/big" --rw=randread --bs="$bs" --ioengine=psync --invalidate=0 --iomem_align=4096 \
-          --time_based --runtime="$RUNTIME" --output-format=json 2>/dev/null | fio_json read)
+          --time_based --ramp_time="$RP" --runtime="$RT" --output-format=json 2>/dev/null | fio_json read)
     fb=$(fio --name=hotfiles --opendir="$W/links" --file_service_type=random --offset=4096 --size=$(( n * bytes )) \
           --rw=randread --bs="$bs" --ioengine=psync --invalidate=0 --iomem_align=4096 \
-          --time_based --runtime="$RUNTIME" --output-format=json 2>/dev/null | fio_json read)
-    t() { $B --rw randread --no-layout --bs "$bs" --nblocks "$n" --runtime "$RUNTIME" --batch 1 --output-format json "$@" | t_json; }
+          --time_based --ramp_time="$RP" --runtime="$RT" --output-format=json 2>/dev/null | fio_json read)
+    t() { $B --rw randread --no-layout --bs "$bs" --nblocks "$n" --ramp-time "$RP" --runtime "$RT" --batch 1 --output-format json "$@" | t_json; }
     s=$(t --dir "$W/s")
     a=$(t --dir "$W/s" --verify always)
     nv=$(t --dir "$W/n" --fd-cache 0 --verify never)
     echo "$f $fb $s $a $nv" >> "$out"
   done
+  folios "after the rounds"
   python3 - "$bs" "$n" "$out" <<'PY'
 import statistics, sys
 bs, n, path = sys.argv[1:4]

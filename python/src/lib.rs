@@ -129,7 +129,7 @@ impl PyStore {
         root, worker, *, capacity_bytes=None, capacity_files=None, policy="adaptive", engine="auto",
         read_only=false, verify="after-reboot", direct_io=false, sync_writes=false, fd_cache=None,
         max_block_size=None, layout=None, publish="rename", watermarks=None, queue_depth=None,
-        stats_interval=Some(1.0), keep_temp_files=false
+        stats_interval=Some(1.0), keep_temp_files=false, reuse_evicted=true
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -152,6 +152,7 @@ impl PyStore {
         queue_depth: Option<u32>,
         stats_interval: Option<f64>,
         keep_temp_files: bool,
+        reuse_evicted: bool,
     ) -> PyResult<Self> {
         // A worker is a name; a TP rank may be given as an int.
         let worker: String = if worker.is_instance_of::<pyo3::types::PyInt>() {
@@ -167,7 +168,8 @@ impl PyStore {
             .with_verify(parse::<VerifyMode>(py, verify)?)
             .with_direct_io(direct_io)
             .with_sync_writes(sync_writes)
-            .with_publish(parse::<Publish>(py, publish)?);
+            .with_publish(parse::<Publish>(py, publish)?)
+            .with_reuse_evicted(reuse_evicted);
         config.keep_temp_files = keep_temp_files;
         if let Some(b) = capacity_bytes {
             config = config.with_capacity_bytes(b);

@@ -188,6 +188,22 @@ def test_a_bounded_store_evicts_and_stays_under_its_capacity(open_store):
     assert s.contains_prefix(keys(4, 4)) == 4  # the newest chain stays
 
 
+def test_a_full_store_reuses_evicted_files_unless_told_not_to(open_store):
+    # Default: where the filesystem grants write leases (the test's tmp dir does), a put
+    # that evicts writes into the evicted block's file.
+    s = open_store(capacity_files=4)
+    for seed in range(3):
+        s.put_many(keys(4, seed), [b"r" * 100] * 4)
+    st = s.stats()
+    assert st["evictions"] == 8 and st["reused_files"] == 8, st
+    s.close()
+    t = open_store(worker="w1", capacity_files=4, watermarks=(1.0, 1.0), reuse_evicted=False)
+    for seed in range(3):
+        t.put_many(keys(4, seed), [b"u" * 100] * 4)
+    st = t.stats()
+    assert st["evictions"] == 8 and st["reused_files"] == 0, st
+
+
 def test_wrong_arguments_are_type_and_value_errors(store):
     k = keys(2)
     with pytest.raises(ValueError, match="2 keys but 1 buffers"):

@@ -87,7 +87,7 @@ class Store(_tierkv.Store):
     ``Store(root, worker, *, capacity_bytes=None, capacity_files=None, policy="adaptive",
     engine="auto", read_only=False, verify="after-reboot", direct_io=False, sync_writes=False,
     fd_cache=None, max_block_size=None, layout=None, publish="rename", watermarks=None,
-    queue_depth=None, stats_interval=1.0, keep_temp_files=False)``
+    queue_depth=None, stats_interval=1.0, keep_temp_files=False, reuse_evicted=True)``
 
     - ``root``: the cache directory (shared by all workers); ``worker``: this worker's id
       (``[A-Za-z0-9_.-]``, 1 to 64 characters; an int TP rank is accepted as its digits).
@@ -104,8 +104,12 @@ class Store(_tierkv.Store):
     - ``fd_cache``: open-file cache size (None: a quarter of the open-file limit, at most
       4096; 0: none). ``max_block_size``: largest block (default 256 MiB).
     - ``layout``: ``(depth, fanout)`` of the shard tree (None: the tree's, else ``(2, 256)``).
-    - ``publish``: ``"rename"`` or ``"tmpfile"``; ``watermarks``: ``(high, low)`` fractions
-      of the capacity for background eviction (default ``(0.95, 0.90)``).
+    - ``publish``: ``"rename"`` or ``"tmpfile"``.
+    - ``reuse_evicted``: a put that evicts writes its block into the evicted block's file
+      (where the filesystem grants write leases: ext4, XFS, tmpfs; evictions are then made
+      by the puts, exactly at the bound). False: evicted files are unlinked and a background
+      thread evicts from ``watermarks`` ``(high, low)``, fractions of the capacity (default
+      ``(0.95, 0.90)``).
     - ``stats_interval``: seconds between writes of the live counters (``tierkv-stat
       --live``), None: never. ``keep_temp_files``: leave a crashed store's temp files.
 

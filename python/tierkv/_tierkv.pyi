@@ -53,6 +53,7 @@ class Store:
         queue_depth: Optional[int] = None,
         stats_interval: Optional[float] = 1.0,
         keep_temp_files: bool = False,
+        reuse_evicted: bool = True,
     ) -> None: ...
     def close(self) -> None: ...
     @property

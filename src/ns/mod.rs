@@ -631,6 +631,27 @@ impl BlockDir {
         }
     }
 
+    /// Whether this filesystem grants write leases ([`BlockDir::take_lease`]) to this
+    /// process: takes and releases one on a new anonymous (`O_TMPFILE`) file in the worker
+    /// directory, which leaves no name behind whatever happens. `Ok(false)` if the lease was
+    /// refused as held elsewhere (it cannot be, the file being new). The error is why no
+    /// lease or no such file could be had: the filesystem's answer where it has no leases or
+    /// no `O_TMPFILE` (NFS, FUSE, `fs.leases-enable = 0`).
+    pub fn leases_granted(&self) -> rustix::io::Result<bool> {
+        // Not through `tmpfile_in`: this file is no put's, and injected create faults are.
+        let fd = rustix::fs::openat(
+            self.fd.as_fd(),
+            ".",
+            OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?;
+        let granted = self.take_lease(fd.as_fd())?;
+        if granted {
+            self.release_lease(fd.as_fd())?;
+        }
+        Ok(granted)
+    }
+
     /// Releases a lease [`BlockDir::take_lease`] took: opens waiting on it go on.
     pub fn release_lease(&self, fd: BorrowedFd<'_>) -> rustix::io::Result<()> {
         fcntl_int(fd, libc::F_SETLEASE, libc::F_UNLCK as libc::c_int)

@@ -208,14 +208,16 @@ pub struct StoreConfig {
     /// Shared mode: the age after which another node's temp files are taken as abandoned
     /// (default [`DEFAULT_TEMP_LEASE`]).
     pub temp_lease: std::time::Duration,
-    /// Reuse the files of blocks a put evicts for the blocks it writes (default off):
-    /// the victim is renamed to a temp name, overwritten and published under the new
-    /// block's name, instead of being unlinked while a new file is created. Only in
-    /// exclusive mode, only for files no descriptor anywhere on the machine holds open
-    /// (checked with a write lease; where the filesystem grants none, files are unlinked
-    /// as without reuse). With reuse on, the background evictor does not run: every
-    /// eviction happens in the put that needs the room, exactly at the bound, as with
-    /// watermarks of 1.0. See docs/design.md.
+    /// Reuse the files of blocks a put evicts for the blocks it writes (default on): the
+    /// victim is renamed to a temp name, overwritten and published under the new block's
+    /// name, instead of being unlinked while a new file is created (a full store then puts
+    /// as fast as an empty one; docs/benchmarks.md). Only in exclusive mode, only for files
+    /// no descriptor anywhere on the machine holds open (checked with a write lease). When
+    /// the store opens it takes and releases a lease on an anonymous file: a filesystem that
+    /// grants none (NFS, FUSE, `fs.leases-enable = 0`) or has no `O_TMPFILE` turns reuse
+    /// off, and files are unlinked as without it. With reuse in effect the background
+    /// evictor does not run and the watermarks do nothing: every eviction happens in the put
+    /// that needs the room, exactly at the bound. See docs/design.md.
     pub reuse_evicted: bool,
 }
 
@@ -242,7 +244,7 @@ impl Default for StoreConfig {
             sharing: Sharing::default(),
             negative_ttl: DEFAULT_NEGATIVE_TTL,
             temp_lease: DEFAULT_TEMP_LEASE,
-            reuse_evicted: false,
+            reuse_evicted: true,
         }
     }
 }
@@ -284,7 +286,7 @@ impl StoreConfig {
         self
     }
 
-    /// Turns the reuse of evicted files on or off (default off; see
+    /// Turns the reuse of evicted files on or off (default on; see
     /// [`StoreConfig::reuse_evicted`]).
     pub fn with_reuse_evicted(mut self, on: bool) -> Self {
         self.reuse_evicted = on;

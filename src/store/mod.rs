@@ -435,6 +435,21 @@ impl Store {
         }
         tracing::debug!(worker = %worker, %layout, fd_cache = fd_cap, engine = engine.name(), "store open");
         let stats_interval = config.stats_interval.filter(|_| !read_only);
+        // Evicted files are reused where something is evicted by this store alone and the
+        // filesystem grants the write leases that keep other readers safe; else they are
+        // unlinked, and the background evictor runs.
+        let reuse = config.reuse_evicted
+            && !read_only
+            && !shared_mode
+            && limits.is_bounded()
+            && match ns.leases_granted() {
+                Ok(granted) => granted,
+                Err(e) => {
+                    tracing::info!(path = %ns.path().display(), error = %e,
+                        "no write leases here: evicted files are unlinked, not reused");
+                    false
+                }
+            };
         let inner = Arc::new(Inner {
             worker,
             layout,
@@ -456,7 +471,7 @@ impl Store {
             publish: Publisher {
                 tmpfile: AtomicBool::new(config.publish == Publish::Tmpfile),
                 link_empty_path: AtomicBool::new(true),
-                reuse: AtomicBool::new(config.reuse_evicted && !read_only && !shared_mode),
+                reuse: AtomicBool::new(reuse),
             },
             threads: Background {
                 evictor: Mutex::new(None),
@@ -475,12 +490,7 @@ impl Store {
         };
         // With reuse, every eviction is inline, where the put takes the victim's file: an evictor
         // unlinking ahead of the puts would leave nothing to reuse.
-        if !read_only
-            && !shared_mode
-            && !config.reuse_evicted
-            && limits.is_bounded()
-            && limits.high < 1.0
-        {
+        if !read_only && !shared_mode && !reuse && limits.is_bounded() && limits.high < 1.0 {
             let ev = Evictor::spawn(Arc::downgrade(&inner)).map_err(thread_err)?;
             *inner
                 .threads

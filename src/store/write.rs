@@ -915,8 +915,11 @@ impl Inner {
         };
         let lease = self.ns.take_lease(fd.as_fd());
         if !matches!(lease, Ok(true)) {
-            if let Err(e) = &lease {
-                // No leases here (a network filesystem, leases disabled): reuse stops.
+            // No leases here (a network filesystem, leases disabled): reuse stops. A file of
+            // another owner (EACCES without CAP_LEASE) is only this file's refusal.
+            if let Err(e) = lease
+                && !matches!(e, Errno::ACCESS | Errno::PERM)
+            {
                 tracing::info!(path = %self.path(&join(to.dir(), &name)).display(), error = %e,
                     "no write lease on an evicted file: evicted files are unlinked from now on");
                 self.publish.reuse.store(false, Ordering::Relaxed);

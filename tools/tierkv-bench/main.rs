@@ -104,6 +104,12 @@ struct Args {
     /// job: its hot-read phase.
     #[arg(long, value_parser = parse_duration)]
     runtime: Option<Duration>,
+    /// Run this long before the figures start (fio's `--ramp_time`, e.g. 1s): the run lasts
+    /// ramp + runtime, and the throughput, operations, hits, misses and latencies cover the
+    /// runtime only (a read run's first pass opens and checks every file: this leaves it out).
+    /// Errors and verify errors count from the start, as do the store's own counters.
+    #[arg(long = "ramp-time", alias = "ramp_time", value_parser = parse_duration, requires = "runtime")]
+    ramp_time: Option<Duration>,
     /// Stop after this many block operations in all (the main job: of its hot-read phase).
     #[arg(long)]
     ops: Option<u64>,
@@ -180,12 +186,15 @@ struct Args {
     capacity_blocks: Option<u64>,
     /// Eviction watermarks HIGH,LOW as fractions of the capacity (the store's default
     /// 0.95,0.90: a background thread evicts from HIGH down to LOW; 1,1 evicts only inline,
-    /// exactly at the bound).
+    /// exactly at the bound). Only with `--reuse-evicted false`, or where reuse is off.
     #[arg(long, value_parser = parse_watermarks)]
     watermarks: Option<(f64, f64)>,
-    /// Write the blocks a put evicts for into the evicted files (the store's
-    /// `reuse_evicted`; exclusive mode, evictions made inline by puts).
-    #[arg(long)]
+    /// Write the blocks a put evicts for into the evicted files: true (the store's default,
+    /// `reuse_evicted`: where the filesystem grants write leases, evictions are made inline
+    /// by puts and the watermarks do nothing) or false (evicted files are unlinked, the
+    /// background evictor runs). A bare `--reuse-evicted` is true.
+    #[arg(long, value_name = "BOOL", default_value_t = true, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
     reuse_evicted: bool,
     /// Eviction policy: adaptive (default), lru, admit2, arc; belady (replay only: knows the
     /// trace).
@@ -354,6 +363,9 @@ impl Zipf {
 /// When every job stops: a deadline and an operation budget shared by all jobs.
 struct Budget {
     deadline: Option<Instant>,
+    /// When the figures start (`--ramp-time`): a job resets its timed figures at the first
+    /// batch after it.
+    ramp_end: Option<Instant>,
     ops_left: Option<std::sync::atomic::AtomicI64>,
     progress: indicatif::ProgressBar,
 }
@@ -363,6 +375,7 @@ impl Budget {
     fn unlimited() -> Budget {
         Budget {
             deadline: None,
+            ramp_end: None,
             ops_left: None,
             progress: indicatif::ProgressBar::hidden(),
         }
@@ -419,6 +432,16 @@ impl Dir {
             errors: 0,
             first_error: None,
             lat: Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram"),
+        }
+    }
+
+    /// Empty timed figures (operations, bytes, latencies) that keep `d`'s errors: the start
+    /// of the figures after `--ramp-time`.
+    fn restart(d: &Dir) -> Dir {
+        Dir {
+            errors: d.errors,
+            first_error: d.first_error.clone(),
+            ..Dir::new()
         }
     }
 
@@ -1102,8 +1125,11 @@ fn budget(args: &Args, ranks: &[Rank], rw: Rw, loops: u64, nblocks: u64) -> Budg
     } else {
         indicatif::ProgressBar::hidden()
     };
+    let now = Instant::now();
+    let ramp_end = args.ramp_time.map(|r| now + r);
     Budget {
-        deadline: args.runtime.map(|d| Instant::now() + d),
+        deadline: args.runtime.map(|d| ramp_end.unwrap_or(now) + d),
+        ramp_end,
         ops_left: args
             .ops
             .map(|n| std::sync::atomic::AtomicI64::new(n.min(i64::MAX as u64) as i64)),
@@ -1295,7 +1321,8 @@ fn run_job(
         .collect();
     let instance = args.instance.map_or(0, |(i, _)| i as u64);
     let mut rng = fastrand::Rng::with_seed(0x7165_726b + job + (instance << 32));
-    let start = Instant::now();
+    let mut start = Instant::now();
+    let mut ramping = budget.ramp_end.is_some();
     let mut order: Vec<usize> = (0..keys.len()).collect();
     let mut batch_idx: Vec<usize> = Vec::with_capacity(args.batch);
     // With --runtime or --ops, passes repeat until that limit (fio's time_based); else
@@ -1349,6 +1376,15 @@ fn run_job(
             };
             let batch: Vec<BlockKey> = batch_idx.iter().map(|&i| keys[i].clone()).collect();
             let t = Instant::now();
+            if ramping && budget.ramp_end.is_some_and(|r| t >= r) {
+                // The ramp is over: the timed figures start here (errors stay).
+                ramping = false;
+                run.read = Dir::restart(&run.read);
+                run.write = Dir::restart(&run.write);
+                run.hits = 0;
+                run.misses = 0;
+                start = t;
+            }
             if write {
                 let batch_gens: Vec<u64> = batch_idx
                     .iter()

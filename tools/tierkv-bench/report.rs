@@ -194,6 +194,7 @@ pub(crate) fn report(
                 "nblocks": nblocks,
                 "loops": loops_json(args),
                 "runtime_s": args.runtime.map(|d| d.as_secs_f64()),
+                "ramp_time_s": args.ramp_time.map(|d| d.as_secs_f64()),
                 "iodepth": iodepth(args),
                 "batch": args.batch,
                 "numjobs": args.numjobs,
@@ -313,7 +314,14 @@ pub(crate) fn report(
 /// The header's passes: `loops=N`, or the limit that ends the run instead.
 fn passes_text(args: &Args) -> String {
     match (args.runtime, args.ops) {
-        (Some(d), _) => format!("runtime={}s", d.as_secs_f64()),
+        (Some(d), _) => match args.ramp_time {
+            Some(r) => format!(
+                "ramp_time={}s runtime={}s",
+                r.as_secs_f64(),
+                d.as_secs_f64()
+            ),
+            None => format!("runtime={}s", d.as_secs_f64()),
+        },
         (None, Some(n)) => format!("ops={n}"),
         (None, None) => format!("loops={}", args.loops()),
     }
