@@ -21,6 +21,10 @@
 # direct, sync) runs only those modes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ -n "${REUSE:-}" ]; then
+  echo "tools/full-store-bench.sh: REUSE=1 is gone: reuse is the store's default now (each mode's first row); UNLINK=1 and INLINE=1 add the unlinking rows" >&2
+  exit 2
+fi
 ROUNDS=${1:-3}; BS=${2:-2m}; N=${3:-128}
 shift $(( $# > 2 ? 3 : $# )) || true
 FSS=("${@:-ext4 xfs}")

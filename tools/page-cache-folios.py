@@ -46,8 +46,8 @@ def main() -> None:
         ino = os.stat(path).st_ino
         start = None
         for line in open("/proc/self/maps"):
-            fields = line.split()
-            if len(fields) >= 6 and int(fields[4]) == ino and os.path.samefile(fields[5], path):
+            fields = line.rstrip("\n").split(maxsplit=5)
+            if len(fields) == 6 and int(fields[4]) == ino and os.path.samefile(fields[5], path):
                 start = int(fields[0].split("-")[0], 16)
                 break
         if start is None:

@@ -185,7 +185,10 @@ pub struct StoreConfig {
     pub policy: PolicyKind,
     /// Background eviction starts above this fraction of the capacity (default 0.95) and
     /// stops at `low_watermark` (default 0.90). `1.0` for both evicts only inline, exactly
-    /// at the bound (what trace replay uses).
+    /// at the bound (what trace replay uses). Only an exclusive store that unlinks what it
+    /// evicts runs background eviction: with [`StoreConfig::reuse_evicted`] in effect (the
+    /// default where the filesystem grants leases) every eviction is inline and the
+    /// watermarks do nothing.
     pub high_watermark: f64,
     /// See `high_watermark`.
     pub low_watermark: f64,
@@ -342,7 +345,8 @@ impl StoreConfig {
         self
     }
 
-    /// Sets the eviction watermarks as fractions of the capacity (default 0.95 and 0.90).
+    /// Sets the eviction watermarks as fractions of the capacity (default 0.95 and 0.90; see
+    /// [`StoreConfig::high_watermark`] for when they apply).
     pub fn with_watermarks(mut self, high: f64, low: f64) -> Self {
         self.high_watermark = high;
         self.low_watermark = low;

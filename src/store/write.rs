@@ -917,12 +917,13 @@ impl Inner {
         if !matches!(lease, Ok(true)) {
             // No leases here (a network filesystem, leases disabled): reuse stops. A file of
             // another owner (EACCES without CAP_LEASE) is only this file's refusal.
-            if let Err(e) = lease
-                && !matches!(e, Errno::ACCESS | Errno::PERM)
-            {
-                tracing::info!(path = %self.path(&join(to.dir(), &name)).display(), error = %e,
-                    "no write lease on an evicted file: evicted files are unlinked from now on");
-                self.publish.reuse.store(false, Ordering::Relaxed);
+            match lease {
+                Err(e) if !matches!(e, Errno::ACCESS | Errno::PERM) => {
+                    tracing::info!(path = %self.path(&join(to.dir(), &name)).display(), error = %e,
+                        "no write lease on an evicted file: evicted files are unlinked from now on");
+                    self.publish.reuse.store(false, Ordering::Relaxed);
+                }
+                _ => {}
             }
             drop(fd);
             return self.unlink_taken(v, &to_parent, &join(to.dir(), &name), &st);

@@ -586,6 +586,12 @@ fn check_usage(args: &Args) -> Result<(), UsageError> {
             format!("{:?}", args.rw).to_lowercase()
         )));
     }
+    if args.ramp_time.is_some() && matches!(args.rw, Rw::Replay | Rw::Metadata) {
+        return Err(UsageError(format!(
+            "--ramp-time is for the block-I/O patterns, not --rw {}",
+            format!("{:?}", args.rw).to_lowercase()
+        )));
+    }
     if args.rw == Rw::Main && args.no_layout {
         return Err(UsageError(
             "--no-layout is for --rw read/randread/randrw: the main job writes its blocks".into(),
