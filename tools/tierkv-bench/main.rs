@@ -107,7 +107,9 @@ struct Args {
     /// Run this long before the figures start (fio's `--ramp_time`, e.g. 1s): the run lasts
     /// ramp + runtime, and the throughput, operations, hits, misses and latencies cover the
     /// runtime only (a read run's first pass opens and checks every file: this leaves it out).
-    /// Errors and verify errors count from the start, as do the store's own counters.
+    /// Errors and verify errors count from the start, as do the store's own counters and the
+    /// operations an `--ops` budget allows. The main job ramps its hot-read phase (its text
+    /// report does not say so); replay and metadata take none.
     #[arg(long = "ramp-time", alias = "ramp_time", value_parser = parse_duration, requires = "runtime")]
     ramp_time: Option<Duration>,
     /// Stop after this many block operations in all (the main job: of its hot-read phase).
