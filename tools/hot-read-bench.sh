@@ -25,9 +25,9 @@ RAMP=${RAMP:-1}
 ms() { python3 -c "import sys; print(round(float(sys.argv[1]) * 1000))" "$1"; }
 RT="$(ms "$RUNTIME")ms"
 # fio's and tierkv's ramp options, none for RAMP=0 (tierkv-bench takes no zero duration).
-FIO_RAMP=(); T_RAMP=()
-if [ "$(ms "$RAMP")" -gt 0 ]; then
-  FIO_RAMP=(--ramp_time="$(ms "$RAMP")ms"); T_RAMP=(--ramp-time "$(ms "$RAMP")ms")
+FIO_RAMP=(); T_RAMP=(); rp=$(ms "$RAMP")
+if [ "$rp" -gt 0 ]; then
+  FIO_RAMP=(--ramp_time="${rp}ms"); T_RAMP=(--ramp-time "${rp}ms")
 fi
 echo "each reader: ${RAMP} s ramp (untimed), then ${RUNTIME} s timed"
 need_fio

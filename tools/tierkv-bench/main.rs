@@ -1330,7 +1330,8 @@ fn run_job(
     let instance = args.instance.map_or(0, |(i, _)| i as u64);
     let mut rng = fastrand::Rng::with_seed(0x7165_726b + job + (instance << 32));
     let mut start = Instant::now();
-    let mut ramping = budget.ramp_end.is_some();
+    // Until the ramp is over (`--ramp-time`): then the figures restart, once.
+    let mut ramp_end = budget.ramp_end;
     let mut order: Vec<usize> = (0..keys.len()).collect();
     let mut batch_idx: Vec<usize> = Vec::with_capacity(args.batch);
     // With --runtime or --ops, passes repeat until that limit (fio's time_based); else
@@ -1384,9 +1385,9 @@ fn run_job(
             };
             let batch: Vec<BlockKey> = batch_idx.iter().map(|&i| keys[i].clone()).collect();
             let t = Instant::now();
-            if ramping && budget.ramp_end.is_some_and(|r| t >= r) {
+            if ramp_end.is_some_and(|r| t >= r) {
                 // The ramp is over: the timed figures start here (errors stay).
-                ramping = false;
+                ramp_end = None;
                 run.read = Dir::restart(&run.read);
                 run.write = Dir::restart(&run.write);
                 run.hits = 0;
