@@ -210,6 +210,43 @@ fn a_file_with_another_hard_link_is_unlinked_not_reused() {
     assert!(temp_files_under(dir.path()).is_empty());
 }
 
+#[test]
+fn a_file_others_may_write_or_of_another_owner_is_unlinked_not_reused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), worker("0"), reusing(4)).unwrap();
+    let ks = keys(&store, 8);
+    put_batch(&store, &ks[..4], 0, |_| LEN);
+    let files = block_files(store.dir());
+    // Root may give a file away (the owner part needs it); everyone may loosen a mode.
+    let chowned = privileged("chown a block file to another user");
+    if chowned {
+        std::os::unix::fs::chown(&files[2], Some(12345), Some(12345)).unwrap();
+    }
+    std::fs::set_permissions(&files[0], std::fs::Permissions::from_mode(0o6666)).unwrap();
+    std::fs::set_permissions(&files[1], std::fs::Permissions::from_mode(0o666)).unwrap();
+    put_batch(&store, &ks[4..], 4, |_| LEN);
+    let s = store.stats();
+    let foreign = 2 + u64::from(chowned);
+    assert_eq!((s.evictions, s.reused_files), (4, 4 - foreign));
+    let me = rustix::process::geteuid().as_raw();
+    for p in block_files(store.dir()) {
+        let m = std::fs::metadata(&p).unwrap();
+        assert_eq!(m.uid(), me, "{}: owned by {}", p.display(), m.uid());
+        assert_eq!(
+            m.mode() & 0o7777,
+            0o644,
+            "{}: mode {:o}",
+            p.display(),
+            m.mode()
+        );
+    }
+    for (i, k) in ks[4..].iter().enumerate() {
+        assert_holds(&store, k, &payload(4 + i as u64, 0, LEN));
+    }
+    assert!(temp_files_under(dir.path()).is_empty());
+}
+
 /// Puts 12 blocks into `reusing(4)` opened with `faults` and returns the store's stats; the
 /// last four blocks read back whole and no temp file is left.
 fn twelve_into_four(faults: &Arc<NsFaults>) -> tierkv::StoreStats {

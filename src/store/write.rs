@@ -905,6 +905,13 @@ impl Inner {
                 drop(fd);
                 return self.unlink_taken(v, &to_parent, &join(to.dir(), &name), &st);
             }
+            // A file the store did not make as it makes its own: another owner, or a mode
+            // that lets others write (or set-id bits). Its owner and mode would pass to the
+            // new block, and whoever may write it could change a published block: it goes.
+            Ok(Some((fd, st))) if !own_file(&st) => {
+                drop(fd);
+                return self.unlink_taken(v, &to_parent, &join(to.dir(), &name), &st);
+            }
             Ok(Some(t)) => t,
             Ok(None) => return Taken::Not,
             Err(e) => {
@@ -957,4 +964,10 @@ impl Inner {
         self.index.drained(std::slice::from_ref(v));
         Taken::Unlinked
     }
+}
+
+/// True if `st` is a file this process could have made as the store makes its block files:
+/// owned by the effective user, no set-id or sticky bit, and writable by its owner alone.
+fn own_file(st: &rustix::fs::Stat) -> bool {
+    st.st_uid == rustix::process::geteuid().as_raw() && st.st_mode & 0o7022 == 0
 }
