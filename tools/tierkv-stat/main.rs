@@ -1032,10 +1032,26 @@ fn print_scan_prometheus(out: &mut impl Write, r: &Report) -> std::io::Result<()
     for (name, help, f) in metrics {
         writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge")?;
         for (w, wr) in &r.workers {
-            writeln!(out, "{name}{{worker=\"{w}\"}} {}", f(wr))?;
+            writeln!(out, "{name}{{worker=\"{}\"}} {}", escape_label(w), f(wr))?;
         }
     }
     Ok(())
+}
+
+/// A Prometheus label value as the text exposition format writes it: backslash, double
+/// quote and line feed escaped (`\\`, `\"`, `\n`), so that a name taken from a STATS file
+/// (a host name, a worker id) cannot end the label or start a metric line of its own.
+fn escape_label(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// (name, help, counter?, value)
@@ -1327,7 +1343,7 @@ fn live(args: &Args, vdir: &Path, workers: &[String]) -> Result<ExitCode, BoxErr
                         if counter { "counter" } else { "gauge" }
                     )?;
                     for (w, v) in vals {
-                        writeln!(out, "{name}{{worker=\"{w}\"}} {v}")?;
+                        writeln!(out, "{name}{{worker=\"{}\"}} {v}", escape_label(w))?;
                     }
                 }
             }
@@ -1496,5 +1512,29 @@ mod tests {
         assert_eq!(strip_key(age_bucket(30)), "<1m");
         assert_eq!(strip_key(age_bucket(8 * 86_400)), ">=7d");
         assert_eq!(human(10 << 20), "10MiB");
+    }
+
+    #[test]
+    fn out_of_range_durations_are_errors_not_panics() {
+        assert!(parse_duration("99999999999999999999999s").is_err());
+        assert!(parse_duration("99999999999999999999999h").is_err());
+        assert!(parse_duration("0.0000000000001s").is_err());
+        assert_eq!(
+            parse_duration("0.000000001s").unwrap(),
+            Duration::from_nanos(1)
+        );
+    }
+
+    #[test]
+    fn prometheus_label_values_are_escaped() {
+        // A STATS file's host that would end the label and inject a metric line.
+        let hostile = "evil\"} 1\ntierkv_hits_total{worker=\"0";
+        assert_eq!(
+            escape_label(hostile),
+            "evil\\\"} 1\\ntierkv_hits_total{worker=\\\"0"
+        );
+        assert_eq!(escape_label("a\\b"), "a\\\\b");
+        assert_eq!(escape_label("0/host:12"), "0/host:12");
+        assert!(!escape_label(hostile).contains('\n'));
     }
 }
