@@ -68,7 +68,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if secs <= 0.0 {
         return Err("the duration must be positive".into());
     }
-    Ok(Duration::from_secs_f64(secs))
+    // `from_secs_f64` panics past `Duration::MAX`; a duration that rounds to nothing is as
+    // much a mistake as zero.
+    match Duration::try_from_secs_f64(secs) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err(format!("bad duration {s:?}: shorter than a nanosecond")),
+        Err(_) => Err(format!("bad duration {s:?}: too long")),
+    }
 }
 
 /// Parses `4096`, `4k`, `64KiB`, `1MiB`, `1m`, `2GiB` (fio's convention: k = 1024).
