@@ -899,16 +899,9 @@ impl Inner {
             OFlags::RDWR | direct,
         );
         let (fd, st) = match taken {
-            // Another name links this inode (a hard link, in the tree or outside it): writing
-            // the file would change what that name holds. It goes, as an unlink would take it.
-            Ok(Some((fd, st))) if st.st_nlink != 1 => {
-                drop(fd);
-                return self.unlink_taken(v, &to_parent, &join(to.dir(), &name), &st);
-            }
-            // A file the store did not make as it makes its own: another owner, or a mode
-            // that lets others write (or set-id bits). Its owner and mode would pass to the
-            // new block, and whoever may write it could change a published block: it goes.
-            Ok(Some((fd, st))) if !own_file(&st) => {
+            // A file that may not be written in place ([`rewritable`]) goes, as an unlink
+            // would take it.
+            Ok(Some((fd, st))) if !rewritable(&st) => {
                 drop(fd);
                 return self.unlink_taken(v, &to_parent, &join(to.dir(), &name), &st);
             }
@@ -966,8 +959,13 @@ impl Inner {
     }
 }
 
-/// True if `st` is a file this process could have made as the store makes its block files:
-/// owned by the effective user, no set-id or sticky bit, and writable by its owner alone.
-fn own_file(st: &rustix::fs::Stat) -> bool {
-    st.st_uid == rustix::process::geteuid().as_raw() && st.st_mode & 0o7022 == 0
+/// True if an evicted file `st` may be written in place for a new block:
+/// - no other name links it (a hard link, in the tree or outside it), since writing it would
+///   change what that name holds;
+/// - it is a file this process could have made as the store makes its block files: owned by
+///   the effective user, no set-id or sticky bit, writable by its owner alone. Otherwise its
+///   owner and mode would pass to the new block, and whoever may write it could change a
+///   published block.
+fn rewritable(st: &rustix::fs::Stat) -> bool {
+    st.st_nlink == 1 && st.st_uid == rustix::process::geteuid().as_raw() && st.st_mode & 0o7022 == 0
 }
