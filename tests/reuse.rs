@@ -247,6 +247,74 @@ fn a_file_others_may_write_or_of_another_owner_is_unlinked_not_reused() {
     assert!(temp_files_under(dir.path()).is_empty());
 }
 
+/// A pipe of at least `bytes`, and the bytes of `file` spliced into it (the pipe then holds
+/// the file's page-cache pages, not copies), read back after `then` runs.
+fn spliced_then(file: &Path, then: impl FnOnce()) -> Vec<u8> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let len = std::fs::metadata(file).unwrap().len() as usize;
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is an array of two ints, which pipe2 fills.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: pipe2 returned two new descriptors that nothing else owns.
+    let (rx, tx) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: F_SETPIPE_SZ takes an integer.
+    let size = unsafe { libc::fcntl(tx.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
+    assert!(size as usize >= len, "pipe of {size} bytes for {len}");
+    {
+        let f = std::fs::File::open(file).unwrap();
+        let mut off: libc::loff_t = 0;
+        while (off as usize) < len {
+            // SAFETY: both descriptors are open; `off` is a valid loff_t the call updates.
+            let n = unsafe {
+                libc::splice(
+                    f.as_raw_fd(),
+                    &mut off,
+                    tx.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    len - off as usize,
+                    0,
+                )
+            };
+            assert!(n > 0, "splice: {}", std::io::Error::last_os_error());
+        }
+    }
+    then();
+    drop(tx);
+    let mut out = Vec::new();
+    std::fs::File::from(rx).read_to_end(&mut out).unwrap();
+    out
+}
+
+/// Bytes a reader took out with `splice` (or `sendfile`, `vmsplice` of a mapping: page
+/// references the kernel does not report as opens) before closing its descriptor stay the
+/// old block's when the store reuses the file: a buffered store empties the file before its
+/// write, so the new block goes into new pages; an `O_DIRECT` write never goes into cached
+/// pages.
+#[test]
+fn bytes_spliced_out_of_a_reused_file_stay_the_old_blocks() {
+    for direct in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            Store::open(dir.path(), worker("0"), reusing(4).with_direct_io(direct)).unwrap();
+        let ks = keys(&store, 8);
+        put_batch(&store, &ks[..4], 0, |_| LEN);
+        let victim = store.path_of(&ks[0].hash);
+        let old = std::fs::read(&victim).unwrap();
+        let piped = spliced_then(&victim, || {
+            put_batch(&store, &ks[4..], 4, |_| LEN);
+            assert_eq!(store.stats().reused_files, 4, "direct {direct}");
+        });
+        assert!(
+            piped == old,
+            "direct {direct}: the pipe delivered other bytes than the evicted block's (first difference at {:?})",
+            piped.iter().zip(&old).position(|(a, b)| a != b)
+        );
+        for (i, k) in ks[4..].iter().enumerate() {
+            assert_holds(&store, k, &payload(4 + i as u64, 0, LEN));
+        }
+    }
+}
+
 /// Puts 12 blocks into `reusing(4)` opened with `faults` and returns the store's stats; the
 /// last four blocks read back whole and no temp file is left.
 fn twelve_into_four(faults: &Arc<NsFaults>) -> tierkv::StoreStats {
@@ -440,6 +508,8 @@ struct OpenDuringWrite {
     inner: Arc<dyn IoEngine>,
     dir: std::path::PathBuf,
     armed: AtomicBool,
+    /// How long the write waits for the open.
+    wait: std::time::Duration,
     /// Whether the open was still waiting when the write started; what it read, once done.
     seen: Mutex<Option<(bool, std::thread::JoinHandle<Vec<u8>>)>>,
 }
@@ -469,7 +539,7 @@ impl IoEngine for OpenDuringWrite {
                         .unwrap();
                     bytes
                 });
-                std::thread::sleep(std::time::Duration::from_millis(300));
+                std::thread::sleep(self.wait);
                 *self.seen.lock().unwrap() = Some((!opener.is_finished(), opener));
             }
             out.extend(self.inner.submit(&mut [r]));
@@ -482,11 +552,13 @@ impl IoEngine for OpenDuringWrite {
 /// whole block: never the evicted bytes, never a mix.
 #[test]
 fn an_open_racing_the_reuse_waits_for_the_whole_new_block() {
+    let _sysctl = LEASE_BREAK_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let engine = Arc::new(OpenDuringWrite {
         inner: EngineKind::Psync.build().unwrap(),
         dir: dir.path().to_path_buf(),
         armed: AtomicBool::new(false),
+        wait: std::time::Duration::from_millis(300),
         seen: Mutex::new(None),
     });
     let store =
@@ -515,6 +587,79 @@ fn an_open_racing_the_reuse_waits_for_the_whole_new_block() {
         "the racing open read other bytes than the new block's file"
     );
     assert_holds(&store, &ks[1], &payload(1, 0, LEN + 500));
+}
+
+/// Held by the tests whose opens wait on a lease, so that the one that shortens the kernel's
+/// lease-break time does not let theirs through.
+static LEASE_BREAK_TIME: Mutex<()> = Mutex::new(());
+
+/// `/proc/sys/fs/lease-break-time` set to `secs` while it lives, then put back.
+struct LeaseBreakTime(String);
+
+impl LeaseBreakTime {
+    const PATH: &str = "/proc/sys/fs/lease-break-time";
+    fn set(secs: u32) -> Self {
+        let old = std::fs::read_to_string(Self::PATH).unwrap();
+        std::fs::write(Self::PATH, secs.to_string()).unwrap();
+        Self(old)
+    }
+}
+
+impl Drop for LeaseBreakTime {
+    fn drop(&mut self) {
+        std::fs::write(Self::PATH, self.0.trim()).unwrap();
+    }
+}
+
+/// A put during whose write the kernel let a waiting `open` through (the lease-break time
+/// passed: a slow disk, a large block) fails and publishes nothing: the process that opened
+/// the file may have read a mix of both blocks, and holds it.
+#[test]
+fn a_put_whose_lease_was_broken_fails_and_publishes_nothing() {
+    if !privileged("set fs.lease-break-time") {
+        return;
+    }
+    let _sysctl = LEASE_BREAK_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for direct in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Arc::new(OpenDuringWrite {
+            inner: EngineKind::Psync.build().unwrap(),
+            dir: dir.path().to_path_buf(),
+            armed: AtomicBool::new(false),
+            wait: std::time::Duration::from_millis(1500),
+            seen: Mutex::new(None),
+        });
+        let cfg = reusing(1).with_direct_io(direct);
+        let store = Store::open_with_engine(dir.path(), worker("0"), cfg, engine.clone()).unwrap();
+        let ks = keys(&store, 3);
+        store.put(&ks[0], &payload(0, 0, LEN)).unwrap();
+        let err = {
+            let _short = LeaseBreakTime::set(1);
+            engine.armed.store(true, Ordering::Relaxed);
+            store.put(&ks[1], &payload(1, 0, LEN)).unwrap_err()
+        };
+        let (waited, opener) = engine.seen.lock().unwrap().take().expect("armed");
+        assert!(
+            !waited,
+            "direct {direct}: the kernel did not let the open through"
+        );
+        opener.join().unwrap();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("broken during the put") && msg.contains(dir.path().to_str().unwrap()),
+            "direct {direct}: {msg}"
+        );
+        let mut buf = vec![0u8; 2 * LEN];
+        for k in &ks[..2] {
+            assert_eq!(store.get(k, &mut buf).unwrap(), Lookup::Miss, "{k}");
+        }
+        assert!(temp_files_under(dir.path()).is_empty());
+        assert!(block_files(store.dir()).is_empty());
+        assert_eq!(store.stats().reused_files, 0);
+        // The store goes on, reusing again.
+        store.put(&ks[2], &payload(2, 0, LEN)).unwrap();
+        assert_holds(&store, &ks[2], &payload(2, 0, LEN));
+    }
 }
 
 /// A reader's non-blocking open that meets a writer's lease (`EAGAIN`: the name it resolved

@@ -625,7 +625,7 @@ impl BlockDir {
         self.check(NsOp::Lease)?;
         fcntl_int(fd, F_SETSIG, libc::SIGURG)?;
         match fcntl_int(fd, libc::F_SETLEASE, libc::F_WRLCK as libc::c_int) {
-            Ok(()) => Ok(true),
+            Ok(_) => Ok(true),
             Err(Errno::AGAIN) => Ok(false),
             Err(e) => Err(e),
         }
@@ -652,9 +652,32 @@ impl BlockDir {
         Ok(granted)
     }
 
+    /// Whether no other open of `fd`'s file can have got through the write lease
+    /// [`BlockDir::take_lease`] took at `taken`: the lease is still whole, or an open has
+    /// started to break it and still waits. The kernel lets such an open through once
+    /// `/proc/sys/fs/lease-break-time` has passed since the break began (after `taken`),
+    /// downgrading or removing the lease, and a lease being broken reads the same either
+    /// way (`F_GETLEASE` gives the type it goes to); so a broken lease counts as kept only
+    /// while less than half that time has passed since `taken`. An unreadable break time
+    /// counts as none.
+    pub fn lease_kept(
+        &self,
+        fd: BorrowedFd<'_>,
+        taken: std::time::Instant,
+    ) -> rustix::io::Result<bool> {
+        if fcntl_int(fd, libc::F_GETLEASE, 0)? == libc::F_WRLCK as libc::c_int {
+            return Ok(true);
+        }
+        let break_time = std::fs::read_to_string("/proc/sys/fs/lease-break-time")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .map_or(std::time::Duration::ZERO, std::time::Duration::from_secs);
+        Ok(taken.elapsed() < break_time / 2)
+    }
+
     /// Releases a lease [`BlockDir::take_lease`] took: opens waiting on it go on.
     pub fn release_lease(&self, fd: BorrowedFd<'_>) -> rustix::io::Result<()> {
-        fcntl_int(fd, libc::F_SETLEASE, libc::F_UNLCK as libc::c_int)
+        fcntl_int(fd, libc::F_SETLEASE, libc::F_UNLCK as libc::c_int).map(drop)
     }
 
     /// Links the anonymous inode `fd` as `name` in `parent`: `linkat` with `AT_EMPTY_PATH`
@@ -1137,15 +1160,19 @@ const F_SETSIG: libc::c_int = 10;
 
 /// `fcntl(fd, cmd, arg)` for the commands that take an integer (`F_SETSIG`, `F_SETLEASE`),
 /// which rustix does not wrap.
-fn fcntl_int(fd: BorrowedFd<'_>, cmd: libc::c_int, arg: libc::c_int) -> rustix::io::Result<()> {
+fn fcntl_int(
+    fd: BorrowedFd<'_>,
+    cmd: libc::c_int,
+    arg: libc::c_int,
+) -> rustix::io::Result<libc::c_int> {
     use std::os::fd::AsRawFd;
     // SAFETY: the descriptor is open for the length of the borrow; these commands take an
-    // integer argument and read or write no memory of the caller's.
+    // integer argument (F_GETLEASE ignores it) and read or write no memory of the caller's.
     let r = unsafe { libc::fcntl(fd.as_raw_fd(), cmd, arg) };
     if r < 0 {
         Err(Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::IO))
     } else {
-        Ok(())
+        Ok(r)
     }
 }
 

@@ -42,8 +42,8 @@ pub(super) struct WritePlan<'a> {
     /// from the bytes in the file and written (see `Inner::seal`).
     pub device: bool,
     /// The file is an evicted block's, reused ([`Spare`]): its length before this put, and
-    /// the write lease held on it until the put's bytes are in.
-    pub reused: Option<u64>,
+    /// when the write lease held on it until the put's bytes are in was taken.
+    pub reused: Option<(u64, std::time::Instant)>,
 }
 
 /// What became of an evicted block's file offered for reuse.
@@ -63,8 +63,10 @@ pub(super) struct Spare<'a> {
     parent: Parent<'a>,
     name: String,
     fd: OwnedFd,
-    /// Its length as evicted.
+    /// Its length once taken: as evicted (`O_DIRECT`), or 0 (emptied).
     len: u64,
+    /// When its lease was taken.
+    leased: std::time::Instant,
 }
 
 /// How a put's file was published.
@@ -491,11 +493,24 @@ impl Inner {
             return Err(Error::from_io(temp_path(), short));
         }
         // A reused file longer than this block is cut to its length.
-        if plan.bounce.is_some() || plan.reused.is_some_and(|old| old > total as u64) {
+        if plan.bounce.is_some() || plan.reused.is_some_and(|(old, _)| old > total as u64) {
             rustix::fs::ftruncate(&plan.fd, total as u64)
                 .map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
         }
-        if plan.reused.is_some() {
+        if let Some((_, leased)) = plan.reused {
+            // An open that got through the lease (the kernel's lease-break time passed while
+            // the put wrote) holds the file: it may have read a mix of both blocks, or may
+            // write. The put fails and the file is discarded, never published.
+            let kept = self
+                .ns
+                .lease_kept(plan.fd.as_fd(), leased)
+                .map_err(|e| Error::from_io(temp_path(), io_err(e)))?;
+            if !kept {
+                let broken = std::io::Error::other(
+                    "the write lease on a reused file was broken during the put: another process opened it",
+                );
+                return Err(Error::from_io(temp_path(), broken));
+            }
             // The new block's bytes are in: an open that raced the reuse may go on (it sees
             // the new header, not its block's, and misses).
             self.ns
@@ -562,7 +577,7 @@ impl Inner {
 
         let direct = self.direct_flag();
         let mode = Mode::from_raw_mode(FILE_MODE);
-        let reused = spare.as_ref().map(|s| s.len);
+        let reused = spare.as_ref().map(|s| (s.len, s.leased));
         // A name that exists already (planted, or left by a crash): another sequence number.
         let mut tries = 0;
         let (temp_name, (parent, fd, anonymous)) = if let Some(s) = spare {
@@ -913,6 +928,7 @@ impl Inner {
                 return Taken::Not;
             }
         };
+        let leased = std::time::Instant::now();
         let lease = self.ns.take_lease(fd.as_fd());
         if !matches!(lease, Ok(true)) {
             // No leases here (a network filesystem, leases disabled): reuse stops. A file of
@@ -928,12 +944,28 @@ impl Inner {
             drop(fd);
             return self.unlink_taken(v, &to_parent, &join(to.dir(), &name), &st);
         }
+        // Buffered: the old block's pages leave the file before anything is written, so the
+        // write fills new pages and never changes one a reader may still hold (a pipe that
+        // `splice` or `sendfile` filled from it keeps the old bytes). An `O_DIRECT` write
+        // goes to the disk's blocks, not into cached pages, and keeps the allocated blocks.
+        let len = if direct.is_empty() {
+            if let Err(e) = rustix::fs::ftruncate(&fd, 0) {
+                tracing::warn!(path = %self.path(&join(to.dir(), &name)).display(), error = %e,
+                    "could not empty an evicted file for reuse: unlinking it");
+                drop(fd);
+                return self.unlink_taken(v, &to_parent, &join(to.dir(), &name), &st);
+            }
+            0
+        } else {
+            st.st_size as u64
+        };
         self.index.drained(std::slice::from_ref(v));
         Taken::Spare(Spare {
             parent: to_parent,
             name,
             fd,
-            len: st.st_size as u64,
+            len,
+            leased,
         })
     }
 
