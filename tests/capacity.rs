@@ -346,3 +346,122 @@ fn a_batch_over_the_byte_capacity_writes_only_what_fits() {
     assert_eq!(store.contains_prefix(&ks).unwrap(), 4);
     assert_eq!(check_all_blocks(store.dir()), 4);
 }
+
+/// `chattr +i` on `files` while it lives (an immutable file can be neither unlinked nor
+/// renamed, even by root), `-i` when dropped, so the temp dir can go.
+struct Immutable(Vec<std::path::PathBuf>);
+
+impl Immutable {
+    fn set(files: &[std::path::PathBuf]) -> Self {
+        for f in files {
+            let ok = std::process::Command::new("chattr")
+                .arg("+i")
+                .arg(f)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "chattr +i {}", f.display());
+        }
+        Self(files.to_vec())
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        for f in &self.0 {
+            let _ = std::process::Command::new("chattr")
+                .arg("-i")
+                .arg(f)
+                .status();
+        }
+    }
+}
+
+/// The block files under `dir`.
+fn block_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    files_under(dir)
+        .into_iter()
+        .filter(|p| tierkv::BlockHash::from_hex(p.file_name().unwrap().to_str().unwrap()).is_ok())
+        .collect()
+}
+
+/// An evicted block whose file cannot be unlinked (immutable here; a mount point or a
+/// directory the store may not write do the same) keeps counting against the capacity: the
+/// put that needed its room is not admitted, and the file is unlinked by a later eviction
+/// once it can be. The tree never holds more files than the capacity.
+#[test]
+fn evicted_files_that_cannot_be_unlinked_still_count() {
+    if !privileged("chattr +i") {
+        return;
+    }
+    // One put at a time, or one batch of 8 (with reuse: 4 of its files taken from the
+    // victims that could be, then given up with the puts declined).
+    for (reuse, batch) in [(true, false), (false, false), (true, true), (false, true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StoreConfig::new()
+            .with_capacity_files(8)
+            .with_watermarks(1.0, 1.0)
+            .with_policy(PolicyKind::Lru)
+            .with_reuse_evicted(reuse)
+            .with_stats_interval(None);
+        let store = Store::open(dir.path(), worker("0"), cfg).unwrap();
+        let ks = keys(&store, 24);
+        for (i, k) in ks[..8].iter().enumerate() {
+            store.put(k, &payload(i as u64, 0, 4096)).unwrap();
+        }
+        // The four least recent, the next victims.
+        let stuck: Vec<_> = ks[..4].iter().map(|k| store.path_of(&k.hash)).collect();
+        let guard = Immutable::set(&stuck);
+        if batch {
+            let datas: Vec<Vec<u8>> = (8..16).map(|i| payload(i, 0, 4096)).collect();
+            assert!(
+                store
+                    .put_many(&items(&ks[8..16], &datas))
+                    .iter()
+                    .all(Result::is_ok)
+            );
+        }
+        for (i, k) in ks[8..16].iter().enumerate().filter(|_| !batch) {
+            store.put(k, &payload(8 + i as u64, 0, 4096)).unwrap();
+            let n = block_files(store.dir()).len();
+            assert!(
+                n <= 8,
+                "reuse {reuse}: {n} block files for a capacity of 8 after put {i}"
+            );
+        }
+        let n = block_files(store.dir()).len();
+        assert!(
+            n <= 8,
+            "reuse {reuse}, batch {batch}: {n} block files for 8"
+        );
+        let s = store.stats();
+        assert_eq!(s.not_admitted, 4, "reuse {reuse}, batch {batch}: {s:?}");
+        assert!(
+            temp_files_under(dir.path()).is_empty(),
+            "reuse {reuse}, batch {batch}"
+        );
+        assert!(stuck.iter().all(|p| p.exists()), "reuse {reuse}");
+        // Unlinkable again: the next eviction's unlinks take them too.
+        drop(guard);
+        for (i, k) in ks[16..].iter().enumerate() {
+            store.put(k, &payload(16 + i as u64, 0, 4096)).unwrap();
+            let n = block_files(store.dir()).len();
+            assert!(n <= 8, "reuse {reuse}: {n} block files for a capacity of 8");
+        }
+        assert!(
+            stuck.iter().all(|p| !p.exists()),
+            "reuse {reuse}: left behind"
+        );
+        assert_eq!(block_files(store.dir()).len(), 8, "reuse {reuse}");
+        let mut buf = vec![0u8; 4096];
+        for (i, k) in ks[16..].iter().enumerate() {
+            assert_eq!(
+                store.get(k, &mut buf).unwrap(),
+                Lookup::Hit(4096),
+                "reuse {reuse}"
+            );
+            assert!(buf == payload(16 + i as u64, 0, 4096), "reuse {reuse}");
+        }
+        drop(store);
+        assert_eq!(check_all_blocks(dir.path()), 8, "reuse {reuse}");
+    }
+}

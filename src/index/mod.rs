@@ -114,6 +114,9 @@ struct State {
     /// before creating its own files.
     draining_bytes: u64,
     draining_files: u64,
+    /// Draining victims whose files could not be unlinked (immutable, under a mount point, in
+    /// a directory the store may not write): they still count, and are tried again.
+    stuck: Vec<Victim>,
     /// Running mean of offered block sizes, to turn a byte capacity into the block count
     /// that policies size their ghost lists by.
     mean_bytes: f64,
@@ -174,6 +177,7 @@ impl Index {
                 extra_files: 0,
                 draining_bytes: 0,
                 draining_files: 0,
+                stuck: Vec::new(),
                 mean_bytes: 0.0,
             }),
             limits,
@@ -581,6 +585,30 @@ impl Index {
             st.draining_bytes = st.draining_bytes.saturating_sub(v.bytes);
             st.draining_files = st.draining_files.saturating_sub(1);
         }
+    }
+
+    /// The files of `victims` could not be unlinked: they stay on disk, so they go on
+    /// counting against the bound (as draining) until [`Index::take_stuck`] hands them out
+    /// again and they are `drained`.
+    pub fn stuck(&self, victims: Vec<Victim>) {
+        if !victims.is_empty() {
+            self.lock().stuck.extend(victims);
+        }
+    }
+
+    /// At most `max` of the victims left [`Index::stuck`], to try to unlink again (they still
+    /// count as draining).
+    pub fn take_stuck(&self, max: usize) -> Vec<Victim> {
+        let mut st = self.lock();
+        let n = st.stuck.len().min(max);
+        st.stuck.drain(..n).collect()
+    }
+
+    /// True if what is held, reserved and still draining exceeds the capacity (victims that
+    /// could not be unlinked can put it there; never for a bound kept elsewhere).
+    pub fn over_bound(&self) -> bool {
+        let st = self.lock();
+        self.over_disk(&st, 0, 0, (0, 0))
     }
 
     /// Forgets a block that left behind the store's back (found missing, corrupt, or not a

@@ -9,6 +9,8 @@ use super::Inner;
 
 /// Blocks the background evictor takes from the index before unlinking them.
 const EVICT_STEP: usize = 16;
+/// Victims whose files could not be unlinked, tried again by each later unlinking call.
+const RETRY_STUCK: usize = 16;
 use crate::index::Victim;
 use crate::ns::Unlinked;
 
@@ -102,11 +104,17 @@ fn run(store: Weak<Inner>, signal: Arc<Signal>) {
 }
 
 impl Inner {
-    /// Unlinks the files of blocks the index has given up. A key published again since it
-    /// was chosen is left alone (checked under its stripe lock).
-    /// Each victim stops counting against the bound (`Index::drained`) once its file is gone.
-    pub(super) fn unlink_victims(&self, victims: Vec<Victim>) {
-        for v in victims {
+    /// Unlinks the files of blocks the index has given up, and tries again up to
+    /// [`RETRY_STUCK`] whose files could not be unlinked before. A key published again since
+    /// it was chosen is left alone (checked under its stripe lock).
+    /// Each victim stops counting against the bound (`Index::drained`) once its file is gone;
+    /// one whose unlink fails stays counted (`Index::stuck`). True if any did: the caller
+    /// that counted on that room must check the bound again (`Index::over_bound`).
+    pub(super) fn unlink_victims(&self, victims: Vec<Victim>) -> bool {
+        let retry = self.index.take_stuck(RETRY_STUCK);
+        let mut stuck = Vec::new();
+        let first = victims.len();
+        for (i, v) in victims.into_iter().chain(retry).enumerate() {
             let _stripe = self.lock_stripe(self.stripe_of(&v.hash));
             if self.index.contains(&v.hash) {
                 // Published again: the file is the new block's; the old one was renamed over.
@@ -122,13 +130,22 @@ impl Inner {
                     path = %self.path(rel.as_str()).display(),
                     "an evicted block's name holds something else: left alone"
                 ),
-                Err(e) => tracing::warn!(
-                    path = %self.path(rel.as_str()).display(),
-                    error = %e,
-                    "could not unlink an evicted block"
-                ),
+                Err(e) => {
+                    if i < first {
+                        tracing::warn!(path = %self.path(rel.as_str()).display(), error = %e,
+                            "could not unlink an evicted block: it counts against the capacity until it can be");
+                    } else {
+                        tracing::debug!(path = %self.path(rel.as_str()).display(), error = %e,
+                            "still cannot unlink an evicted block");
+                    }
+                    stuck.push(v);
+                    continue;
+                }
             }
             self.index.drained(&[v]);
         }
+        let any = !stuck.is_empty();
+        self.index.stuck(stuck);
+        any
     }
 }

@@ -233,19 +233,22 @@ impl Inner {
             .collect();
         let (mut offers, victims) = self.index.offer(&offered, replace, after);
         // Exclusive mode: the victims' files become the new blocks' files where they can.
-        let mut spares: Vec<Option<Spare<'_>>> = if self.publish.reuse.load(Ordering::Relaxed) {
-            let targets: Vec<(&BlockKey, u64)> = valid
-                .iter()
-                .zip(&offers)
-                .zip(&offered)
-                .filter(|((_, o), _)| matches!(o, Offer::Reserved | Offer::Replace { .. }))
-                .map(|((&slot, _), &(_, room))| (&items[which[slot]].0, room))
-                .collect();
-            self.reuse_victims(victims, &targets)
-        } else {
-            self.unlink_victims(victims);
-            Vec::new()
-        };
+        let (mut spares, stuck): (Vec<Option<Spare<'_>>>, bool) =
+            if self.publish.reuse.load(Ordering::Relaxed) {
+                let targets: Vec<(&BlockKey, u64)> = valid
+                    .iter()
+                    .zip(&offers)
+                    .zip(&offered)
+                    .filter(|((_, o), _)| matches!(o, Offer::Reserved | Offer::Replace { .. }))
+                    .map(|((&slot, _), &(_, room))| (&items[which[slot]].0, room))
+                    .collect();
+                self.reuse_victims(victims, &targets)
+            } else {
+                (Vec::new(), self.unlink_victims(victims))
+            };
+        if stuck {
+            self.shed_over_bound(&offered, &mut offers, &mut spares);
+        }
         // Shared: room under the tree's one capacity, reserved in its ledger.
         let reserved = match &self.shared {
             Some(sh) => match self.reserve_shared(sh, &offered, &mut offers, after) {
@@ -851,7 +854,7 @@ impl Inner {
         &'s self,
         victims: Vec<Victim>,
         targets: &[(&BlockKey, u64)],
-    ) -> Vec<Option<Spare<'s>>> {
+    ) -> (Vec<Option<Spare<'s>>>, bool) {
         let mut spares = Vec::with_capacity(targets.len());
         let mut unlink = Vec::new();
         let mut victims: Vec<Option<Victim>> = victims.into_iter().map(Some).collect();
@@ -881,8 +884,44 @@ impl Inner {
             }
         }
         unlink.extend(victims.into_iter().flatten());
-        self.unlink_victims(unlink);
-        spares
+        let stuck = self.unlink_victims(unlink);
+        (spares, stuck)
+    }
+
+    /// A batch's victims that could not be unlinked still take their room: while the
+    /// capacity is exceeded, the batch's last reservation is declined, as not admitted (a
+    /// suffix of the batch, so no block is kept whose chain parent was declined); a file taken
+    /// for it is unlinked. `offers` are the batch's, `spares` one per reservation (or fewer:
+    /// none past the end); `spares` loses what is declined.
+    fn shed_over_bound<'s>(
+        &self,
+        offered: &[(BlockHash, u64)],
+        offers: &mut [Offer],
+        spares: &mut Vec<Option<Spare<'s>>>,
+    ) {
+        let reserved: Vec<usize> = (0..offers.len())
+            .filter(|&i| matches!(offers[i], Offer::Reserved | Offer::Replace { .. }))
+            .collect();
+        spares.resize_with(reserved.len(), || None);
+        for &i in reserved.iter().rev() {
+            if !self.index.over_bound() {
+                break;
+            }
+            tracing::debug!(block = %offered[i].0,
+                "not admitted: evicted files that could not be unlinked hold its room");
+            if let Some(Some(spare)) = spares.pop() {
+                let Spare {
+                    parent, name, fd, ..
+                } = spare;
+                drop(fd);
+                if let Err(e) = self.ns.unlink_in(&parent, &name, None) {
+                    tracing::warn!(path = %self.path(&join(self.layout.rel_path(&offered[i].0).dir(), &name)).display(),
+                        error = %e, "could not unlink an evicted file taken for a declined put");
+                }
+            }
+            self.index.decline(&offered[i].0, offers[i]);
+            offers[i] = Offer::NotAdmitted;
+        }
     }
 
     /// Takes the file of victim `v` for the new block `key`, under the victim's stripe lock
