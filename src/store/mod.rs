@@ -410,8 +410,9 @@ impl Store {
                         files: report.entries.len() as u64,
                     };
                     match sh.read()? {
-                        // Another store keeps it: the temp files swept here were reserved.
-                        Some(_) if !alone => sh.freed(report.temp_bytes, report.temp),
+                        // Another store keeps it: the temp files of dead writers swept here
+                        // were reserved (a live writer's put returns its own).
+                        Some(_) if !alone => sh.freed(report.temp_dead_bytes, report.temp_dead),
                         // Alone (or no valid record): the tree is what the scan found.
                         _ => sh.reset(found)?,
                     }
@@ -1037,7 +1038,7 @@ impl Inner {
             },
             true,
         );
-        sh.freed(report.temp_bytes, report.temp);
+        sh.freed(report.temp_dead_bytes, report.temp_dead);
         report
             .entries
             .sort_unstable_by_key(|e| (e.recency_ns, e.hash));

@@ -224,29 +224,33 @@ impl Shared {
         let mut granted = 0;
         let (mut need_b, mut need_f) = (0u64, 0u64);
         for &est in estimates {
-            while !self.fits(u, need_b + est, need_f + 1) {
-                let over_b = self
-                    .limits
-                    .max_bytes
-                    .map_or(0, |m| (u.bytes + need_b + est).saturating_sub(m));
-                let over_f = self
-                    .limits
-                    .max_files
-                    .map_or(0, |m| (u.files + need_f + 1).saturating_sub(m));
+            while !self.fits(u, need_b.saturating_add(est), need_f + 1) {
+                let over_b = self.limits.max_bytes.map_or(0, |m| {
+                    u.bytes
+                        .saturating_add(need_b)
+                        .saturating_add(est)
+                        .saturating_sub(m)
+                });
+                let over_f = self.limits.max_files.map_or(0, |m| {
+                    u.files
+                        .saturating_add(need_f)
+                        .saturating_add(1)
+                        .saturating_sub(m)
+                });
                 if !evict(over_b, over_f) {
                     break;
                 }
                 self.apply_pending(&mut u);
             }
-            if !self.fits(u, need_b + est, need_f + 1) {
+            if !self.fits(u, need_b.saturating_add(est), need_f + 1) {
                 break;
             }
             need_b += est;
             need_f += 1;
             granted += 1;
         }
-        u.bytes += need_b;
-        u.files += need_f;
+        u.bytes = u.bytes.saturating_add(need_b);
+        u.files = u.files.saturating_add(need_f);
         self.write(&g, u)?;
         Ok(granted)
     }

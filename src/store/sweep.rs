@@ -31,6 +31,14 @@ pub struct SweepReport {
     pub temp: u64,
     /// Bytes on disk of the temp files removed.
     pub temp_bytes: u64,
+    /// Of the temp files removed, those whose writer is known to be gone (a process of this
+    /// node that is not alive, or any under [`TempRule::All`]), and their bytes: the room
+    /// they held in a shared ledger is theirs to return. One removed only for its age may
+    /// belong to a writer still at work (stopped, or slower than the lease), whose failed put
+    /// returns its reservation itself.
+    pub temp_dead: u64,
+    /// Bytes on disk of those.
+    pub temp_dead_bytes: u64,
     /// Temp files kept because their owner may still be writing them (shared mode).
     pub temp_kept: u64,
     /// Stats files of shared stores that are gone, removed.
@@ -54,6 +62,8 @@ impl SweepReport {
         self.blocks += o.blocks;
         self.temp += o.temp;
         self.temp_bytes += o.temp_bytes;
+        self.temp_dead += o.temp_dead;
+        self.temp_dead_bytes += o.temp_dead_bytes;
         self.temp_kept += o.temp_kept;
         self.stale_instances += o.stale_instances;
         self.foreign += o.foreign;
@@ -74,10 +84,11 @@ pub enum TempRule {
     /// All of them: no other store can be writing (the worker lock is held exclusively).
     All,
     /// Those whose owner is gone (shared mode): a temp file of this node whose process is not
-    /// alive, and any temp file older than `lease` (another node's, or of a name without a
-    /// node). Stats files of shared stores that are gone go by the same rule.
+    /// alive, and one of another node (or of a name without a node) older than `lease`. A
+    /// temp file of a live process of this node stays whatever its age (the process may be
+    /// stopped, or slow). Stats files of shared stores that are gone go by the same rule.
     OwnerGone {
-        /// The age after which a temp file is abandoned whoever wrote it.
+        /// The age after which another node's temp file is abandoned.
         lease: std::time::Duration,
     },
 }
@@ -255,7 +266,7 @@ fn scan_dir(
             EntryName::Meta if level == 0 => {
                 let owner = crate::layout::instance_stats_owner(name);
                 if owner.is_some()
-                    && abandoned(ns, &parent, name, owner, mode.temps)
+                    && abandoned(ns, &parent, name, owner, mode.temps).is_some()
                     && ns.unlink_in(&parent, name, None).is_ok()
                 {
                     r.stale_instances += 1;
@@ -266,25 +277,38 @@ fn scan_dir(
     }
 }
 
-/// True if the file `name` (a temp file or a shared store's stats file), written by `owner`
+/// Why a file is abandoned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gone {
+    /// Its writer is known not to be running: a process of this node that is not alive, or
+    /// any writer under [`TempRule::All`].
+    Dead,
+    /// Another node's (or a name's without a node) and older than the lease: its writer may
+    /// still be at work.
+    Aged,
+}
+
+/// Whether the file `name` (a temp file or a shared store's stats file), written by `owner`
 /// as its name says (`None`: a name of an earlier version, which says no owner), is abandoned
-/// under `rule`: under `OwnerGone`, its owner is a process of this node that is not alive, or
-/// the file is older than the lease.
+/// under `rule`, and why: under `OwnerGone`, its owner is a process of this node that is not
+/// alive, or it is another node's (or says no node) and older than the lease. A process of
+/// this node that is alive keeps its files at any age.
 fn abandoned(
     ns: &BlockDir,
     parent: &Parent<'_>,
     name: &str,
     owner: Option<crate::layout::Owner>,
     rule: TempRule,
-) -> bool {
+) -> Option<Gone> {
     match rule {
-        TempRule::Keep => false,
-        TempRule::All => true,
-        TempRule::OwnerGone { lease } => {
-            owner.is_some_and(|o| {
-                o.node == Some(crate::ns::node_id()) && !crate::ns::pid_alive(o.pid)
-            }) || older_than(ns, parent, name, lease)
-        }
+        TempRule::Keep => None,
+        TempRule::All => Some(Gone::Dead),
+        TempRule::OwnerGone { lease } => match owner {
+            Some(o) if o.node == Some(crate::ns::node_id()) => {
+                (!crate::ns::pid_alive(o.pid)).then_some(Gone::Dead)
+            }
+            _ => older_than(ns, parent, name, lease).then_some(Gone::Aged),
+        },
     }
 }
 
@@ -303,7 +327,7 @@ fn older_than(ns: &BlockDir, parent: &Parent<'_>, name: &str, lease: std::time::
 /// True if the temp file `name` in `parent` is abandoned under `rule`: what a sweep would
 /// remove (for tools that clean a tree, e.g. `tierkv-stat --repair --sharing shared`).
 pub fn temp_abandoned(ns: &BlockDir, parent: &Parent<'_>, name: &str, rule: TempRule) -> bool {
-    abandoned(ns, parent, name, Layout::temp_owner(name), rule)
+    abandoned(ns, parent, name, Layout::temp_owner(name), rule).is_some()
 }
 
 /// Counts a temp file, and removes it (if it is still a regular file) when the rule says
@@ -320,13 +344,19 @@ fn remove_temp(
         r.temp += 1;
         return;
     }
-    if !temp_abandoned(ns, parent, name, mode.temps) {
+    let Some(gone) = abandoned(ns, parent, name, Layout::temp_owner(name), mode.temps) else {
         r.temp_kept += 1;
         return;
-    }
+    };
     r.temp += 1;
     match ns.unlink_in_sized(parent, name, None) {
-        Ok((_, bytes)) => r.temp_bytes += bytes,
+        Ok((_, bytes)) => {
+            r.temp_bytes += bytes;
+            if gone == Gone::Dead {
+                r.temp_dead += 1;
+                r.temp_dead_bytes += bytes;
+            }
+        }
         Err(e) => {
             r.errors
                 .push((ns.full(&crate::ns::join(rel, name)), io_err(e).to_string()));
