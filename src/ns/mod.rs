@@ -283,25 +283,59 @@ pub struct BlockDir {
 /// This node's identity in names of temp and stats files: 64 bits of the blake3 hash of the
 /// host name, the kernel's boot id and the pid namespace. Processes with equal ids see each
 /// other's pids (so a temp file's owner can be checked with `kill(pid, 0)`); a reboot, another
-/// host or another pid namespace (a container) is another node.
+/// host or another pid namespace (a container) is another node. Where the boot id or the pid
+/// namespace cannot be read (no /proc, or another /proc mounted over it), this process is a
+/// node of its own ([`node_id_of`]).
 pub fn node_id() -> u64 {
     static ID: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *ID.get_or_init(|| {
-        let mut h = blake3::Hasher::new();
-        h.update(host_name().as_bytes());
-        h.update(b"\0");
-        h.update(
-            std::fs::read("/proc/sys/kernel/random/boot_id")
-                .unwrap_or_default()
-                .as_slice(),
-        );
-        h.update(b"\0");
-        if let Ok(p) = std::fs::read_link("/proc/self/ns/pid") {
-            h.update(p.as_os_str().as_encoded_bytes());
-        }
-        let b = h.finalize();
-        u64::from_le_bytes(b.as_bytes()[..8].try_into().expect("8 bytes"))
+        let boot_id = std::fs::read("/proc/sys/kernel/random/boot_id").ok();
+        let pid_ns = std::fs::read_link("/proc/self/ns/pid")
+            .ok()
+            .map(|p| p.into_os_string().into_encoded_bytes());
+        node_id_of(&host_name(), boot_id.as_deref(), pid_ns.as_deref())
     })
+}
+
+/// The node id of a process on host `host` whose boot id and pid namespace link read as
+/// given. Without either, processes of two pid namespaces (two containers, `unshare -p` with
+/// a tmpfs over /proc) could share an id and take each other's live pids for dead ones (or a
+/// reboot could keep the id, and a dead writer's pid pass for a live one): the id then also
+/// hashes 16 random bytes drawn for this call, so that no other process has it.
+pub fn node_id_of(host: &str, boot_id: Option<&[u8]>, pid_ns: Option<&[u8]>) -> u64 {
+    let mut h = blake3::Hasher::new();
+    h.update(host.as_bytes());
+    h.update(b"\0");
+    match (boot_id, pid_ns) {
+        (Some(b), Some(p)) if !b.is_empty() && !p.is_empty() => {
+            h.update(b);
+            h.update(b"\0");
+            h.update(p);
+        }
+        _ => {
+            h.update(b"\0alone\0");
+            h.update(&process_nonce());
+        }
+    }
+    let b = h.finalize();
+    u64::from_le_bytes(b.as_bytes()[..8].try_into().expect("8 bytes"))
+}
+
+/// 16 random bytes from the kernel (`getrandom`), or where that fails, the time, the pid and
+/// an address of this call's stack.
+fn process_nonce() -> [u8; 16] {
+    let mut n = [0u8; 16];
+    // SAFETY: `n` is a writable buffer of `n.len()` bytes for the length of the call.
+    let got = unsafe { libc::getrandom(n.as_mut_ptr().cast(), n.len(), 0) };
+    if got != n.len() as isize {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let here = &n as *const _ as u64;
+        n[..8].copy_from_slice(&(t ^ here).to_le_bytes());
+        n[8..].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+    }
+    n
 }
 
 /// True if a process `pid` exists on this node (`kill(pid, 0)`: alive unless `ESRCH`).
@@ -1317,6 +1351,35 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let d = BlockDir::open(t.path(), "w", true).unwrap();
         (t, d)
+    }
+
+    /// Issue 27 item 7: two stores in `unshare -mpf` namespaces with a tmpfs over /proc read
+    /// no boot id and no pid namespace, and shared one node id.
+    #[test]
+    fn without_a_boot_id_or_a_pid_namespace_each_process_is_its_own_node() {
+        let (boot, ns) = (&b"0f1e2d3c-4b5a"[..], &b"pid:[4026531836]"[..]);
+        // Both known: the same node for every process that reads them.
+        assert_eq!(
+            node_id_of("h", Some(boot), Some(ns)),
+            node_id_of("h", Some(boot), Some(ns))
+        );
+        assert_ne!(
+            node_id_of("h", Some(boot), Some(ns)),
+            node_id_of("h", Some(boot), Some(b"pid:[4026532000]"))
+        );
+        assert_ne!(
+            node_id_of("h", Some(boot), Some(ns)),
+            node_id_of("g", Some(boot), Some(ns))
+        );
+        // Either missing (or empty): never the id of another process.
+        for (b, p) in [
+            (None, Some(ns)),
+            (Some(boot), None),
+            (None, None),
+            (Some(&b""[..]), Some(ns)),
+        ] {
+            assert_ne!(node_id_of("h", b, p), node_id_of("h", b, p), "{b:?} {p:?}");
+        }
     }
 
     #[test]
