@@ -733,3 +733,37 @@ fn a_ledger_at_the_largest_count_admits_nothing_and_does_not_overflow() {
     }
     assert_eq!(store.stats().not_admitted, 3);
 }
+
+/// A store that holds the usage ledger's lock and does not let go (stopped with `SIGSTOP`:
+/// here, the lock taken through another open file and kept) makes other shared stores' opens
+/// and puts fail once the ledger wait has passed, with an error naming the ledger, instead of
+/// waiting for ever; they work again once the lock is let go.
+#[test]
+fn a_ledger_lock_that_is_never_let_go_fails_opens_and_puts_after_the_wait() {
+    let root = tempfile::tempdir().unwrap();
+    let wait = Duration::from_millis(300);
+    let cfg = || shared().with_ledger_wait(wait);
+    let store = open_shared(root.path(), cfg());
+    store.put(&store.key(hash(0)), &payload(0, 0, 4096)).unwrap();
+    let usage = root.path().join("v1/0/USAGE");
+    let holder = std::fs::File::open(&usage).unwrap();
+    rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let started = std::time::Instant::now();
+    let err = Store::open(root.path(), worker("0"), cfg()).unwrap_err();
+    let waited = started.elapsed();
+    let msg = err.to_string();
+    assert!(
+        msg.contains(usage.to_str().unwrap()) && msg.contains("not let go"),
+        "{msg}"
+    );
+    assert!(waited >= wait, "failed after {waited:?}, before the wait");
+    let err = store
+        .put(&store.key(hash(1)), &payload(1, 0, 4096))
+        .unwrap_err();
+    assert!(err.to_string().contains(usage.to_str().unwrap()), "{err}");
+    // Let go: both work again.
+    drop(holder);
+    let second = open_shared(root.path(), cfg());
+    store.put(&store.key(hash(1)), &payload(1, 0, 4096)).unwrap();
+    assert_eq!(get(&second, 1, 4096), Lookup::Hit(4096));
+}

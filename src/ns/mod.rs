@@ -153,6 +153,8 @@ pub struct Ledger {
     direct: bool,
     /// Threads of this process: `flock` on one open file does not exclude them.
     local: std::sync::Mutex<()>,
+    /// How long [`Ledger::lock`] waits for another holder.
+    wait: std::time::Duration,
 }
 
 /// A held ledger lock; released when dropped.
@@ -168,12 +170,16 @@ impl Ledger {
         &self.path
     }
 
-    /// Takes the ledger's exclusive lock (blocking: every holder keeps it for one short
-    /// update).
+    /// Takes the ledger's exclusive lock. Every holder keeps it for one short update, so
+    /// this polls (`LOCK_NB`, backing off from 1 to 20 ms) for at most the ledger's wait: a
+    /// holder that does not let go (stopped with `SIGSTOP`, or hung on a dead filesystem)
+    /// makes it fail with `TimedOut`, naming the ledger, instead of waiting for ever.
     pub fn lock(&self) -> Result<LedgerGuard<'_>> {
         let local = self.local.lock().unwrap_or_else(|e| e.into_inner());
+        let started = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(1);
         loop {
-            match rustix::fs::flock(&self.fd, FlockOperation::LockExclusive) {
+            match rustix::fs::flock(&self.fd, FlockOperation::NonBlockingLockExclusive) {
                 Ok(()) => {
                     return Ok(LedgerGuard {
                         ledger: self,
@@ -181,6 +187,18 @@ impl Ledger {
                     });
                 }
                 Err(Errno::INTR) => {}
+                Err(Errno::WOULDBLOCK) if started.elapsed() < self.wait => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(20));
+                }
+                Err(Errno::WOULDBLOCK) => {
+                    let msg = format!(
+                        "another store has held the usage ledger's lock for {:?} and not let go (stopped, or hung)",
+                        self.wait
+                    );
+                    let e = std::io::Error::new(std::io::ErrorKind::TimedOut, msg);
+                    return Err(Error::from_io(&self.path, e));
+                }
                 Err(e) => return Err(Error::from_io(&self.path, io_err(e))),
             }
         }
@@ -945,12 +963,13 @@ impl BlockDir {
     }
 
     /// Opens (creating it if missing) the shared worker's usage ledger [`USAGE_FILE`], a
-    /// regular file beneath the worker directory (a symlink or FIFO there is refused).
+    /// regular file beneath the worker directory (a symlink or FIFO there is refused), whose
+    /// lock waits at most `wait` ([`Ledger::lock`]).
     ///
     /// It is opened `O_DIRECT` where the filesystem allows it: no page cache of this client
     /// (nor a distributed filesystem's client caches) may serve another client's older record
     /// (GlusterFS's did, until it was; docs/shared.md).
-    pub fn open_ledger(&self) -> Result<Ledger> {
+    pub fn open_ledger(&self, wait: std::time::Duration) -> Result<Ledger> {
         let path = self.full(USAGE_FILE);
         let open = |flags: OFlags| match self.open_file(USAGE_FILE, flags) {
             Err(Errno::NOENT) => {
@@ -974,6 +993,7 @@ impl BlockDir {
                 path,
                 direct,
                 local: std::sync::Mutex::new(()),
+                wait,
             }),
             Ok(Opened::NotRegular(kind)) => Err(Error::Corrupt {
                 path,

@@ -141,6 +141,10 @@ pub const DEFAULT_NEGATIVE_TTL: std::time::Duration = std::time::Duration::from_
 /// (default 10 minutes; a temp file of this node goes as soon as its process is gone).
 pub const DEFAULT_TEMP_LEASE: std::time::Duration = std::time::Duration::from_secs(600);
 
+/// How long a shared store waits for the usage ledger's lock by default
+/// ([`StoreConfig::ledger_wait`]).
+pub const DEFAULT_LEDGER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Default largest block: 256 MiB.
 pub const DEFAULT_MAX_BLOCK_SIZE: usize = 256 << 20;
 /// Largest default open-file cache.
@@ -211,6 +215,12 @@ pub struct StoreConfig {
     /// Shared mode: the age after which another node's temp files are taken as abandoned
     /// (default [`DEFAULT_TEMP_LEASE`]).
     pub temp_lease: std::time::Duration,
+    /// Shared mode: how long to wait for the usage ledger's lock (default
+    /// [`DEFAULT_LEDGER_WAIT`]). Every holder keeps it for one short update; one that does
+    /// not let go (a store stopped with `SIGSTOP` while it held it) makes what needs the
+    /// ledger fail past this wait, with an error naming it: an open, a put's reservation,
+    /// the flush of its corrections.
+    pub ledger_wait: std::time::Duration,
     /// Reuse the files of blocks a put evicts for the blocks it writes (default on): the
     /// victim is renamed to a temp name, overwritten and published under the new block's
     /// name, instead of being unlinked while a new file is created (a full store then puts
@@ -247,6 +257,7 @@ impl Default for StoreConfig {
             sharing: Sharing::default(),
             negative_ttl: DEFAULT_NEGATIVE_TTL,
             temp_lease: DEFAULT_TEMP_LEASE,
+            ledger_wait: DEFAULT_LEDGER_WAIT,
             reuse_evicted: true,
         }
     }
@@ -374,6 +385,12 @@ impl StoreConfig {
     /// Shared mode: the age after which another node's temp files are swept.
     pub fn with_temp_lease(mut self, lease: std::time::Duration) -> Self {
         self.temp_lease = lease;
+        self
+    }
+
+    /// Shared mode: how long to wait for the usage ledger's lock before failing.
+    pub fn with_ledger_wait(mut self, wait: std::time::Duration) -> Self {
+        self.ledger_wait = wait;
         self
     }
 

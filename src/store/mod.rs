@@ -403,22 +403,28 @@ impl Store {
         );
 
         let shared = if shared_mode {
-            let sh = match shared::Shared::new(&ns, limits, config.negative_ttl, config.temp_lease)
-                .and_then(|sh| {
-                    let found = shared::Usage {
-                        bytes: report.entries.iter().map(|e| e.bytes).sum(),
-                        files: report.entries.len() as u64,
-                    };
-                    match sh.read()? {
-                        // Another store keeps it: the temp files of dead writers swept here
-                        // were reserved (a live writer's put returns its own).
-                        Some(_) if !alone => sh.freed(report.temp_dead_bytes, report.temp_dead),
-                        // Alone (or no valid record): the tree is what the scan found.
-                        _ => sh.reset(found)?,
-                    }
-                    sh.flush()?;
-                    Ok(sh)
-                }) {
+            let sh = match shared::Shared::new(
+                &ns,
+                limits,
+                config.negative_ttl,
+                config.temp_lease,
+                config.ledger_wait,
+            )
+            .and_then(|sh| {
+                let found = shared::Usage {
+                    bytes: report.entries.iter().map(|e| e.bytes).sum(),
+                    files: report.entries.len() as u64,
+                };
+                match sh.read()? {
+                    // Another store keeps it: the temp files of dead writers swept here
+                    // were reserved (a live writer's put returns its own).
+                    Some(_) if !alone => sh.freed(report.temp_dead_bytes, report.temp_dead),
+                    // Alone (or no valid record): the tree is what the scan found.
+                    _ => sh.reset(found)?,
+                }
+                sh.flush()?;
+                Ok(sh)
+            }) {
                 Ok(sh) => sh,
                 Err(e) => {
                     unlock(&ns);

@@ -90,9 +90,10 @@ impl Shared {
         limits: Limits,
         negative_ttl: Duration,
         temp_lease: Duration,
+        ledger_wait: Duration,
     ) -> Result<Shared> {
         Ok(Shared {
-            ledger: ns.open_ledger()?,
+            ledger: ns.open_ledger(ledger_wait)?,
             limits,
             pending: Mutex::new(Delta::default()),
             negative: Mutex::new(lru::LruCache::new(
