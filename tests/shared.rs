@@ -761,6 +761,8 @@ fn a_ledger_lock_that_is_never_let_go_fails_opens_and_puts_after_the_wait() {
         .put(&store.key(hash(1)), &payload(1, 0, 4096))
         .unwrap_err();
     assert!(err.to_string().contains(usage.to_str().unwrap()), "{err}");
+    // Reads need no ledger.
+    assert_eq!(get(&store, 0, 4096), Lookup::Hit(4096));
     // Let go: both work again.
     drop(holder);
     let second = open_shared(root.path(), cfg());
