@@ -744,7 +744,9 @@ fn a_ledger_lock_that_is_never_let_go_fails_opens_and_puts_after_the_wait() {
     let wait = Duration::from_millis(300);
     let cfg = || shared().with_ledger_wait(wait);
     let store = open_shared(root.path(), cfg());
-    store.put(&store.key(hash(0)), &payload(0, 0, 4096)).unwrap();
+    store
+        .put(&store.key(hash(0)), &payload(0, 0, 4096))
+        .unwrap();
     let usage = root.path().join("v1/0/USAGE");
     let holder = std::fs::File::open(&usage).unwrap();
     rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockExclusive).unwrap();
@@ -766,6 +768,8 @@ fn a_ledger_lock_that_is_never_let_go_fails_opens_and_puts_after_the_wait() {
     // Let go: both work again.
     drop(holder);
     let second = open_shared(root.path(), cfg());
-    store.put(&store.key(hash(1)), &payload(1, 0, 4096)).unwrap();
+    store
+        .put(&store.key(hash(1)), &payload(1, 0, 4096))
+        .unwrap();
     assert_eq!(get(&second, 1, 4096), Lookup::Hit(4096));
 }

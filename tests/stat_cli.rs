@@ -433,3 +433,32 @@ fn a_file_under_a_reusing_writers_lease_is_skipped_as_gone() {
     assert_eq!(code, Some(0), "{r}");
     assert_eq!(r["workers"]["a"]["files"], 2, "{r}");
 }
+
+/// Names taken from a STATS file reach the terminal as text: an escape sequence in the policy
+/// or host (issue 27 item 10) is written as `\u{1b}`, never as the control character.
+#[test]
+fn live_text_output_escapes_control_characters_from_stats_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        tierkv::Store::open(dir.path(), worker("0"), tierkv::StoreConfig::default()).unwrap();
+    drop(store); // writes the final STATS.json
+    let stats = dir.path().join("v1/0/STATS.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    v["policy"] = "lru\u{1b}[2J\u{1b}]0;owned\u{7}\r".into();
+    std::fs::write(&stats, serde_json::to_vec(&v).unwrap()).unwrap();
+    let d = dir.path().to_str().unwrap();
+    let out = Command::new(STAT).args([d, "--live"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        !text
+            .chars()
+            .any(|c| c.is_control() && c != '\n' && c != '\t'),
+        "{text:?}"
+    );
+    assert!(text.contains("policy lru\\u{1b}[2J"), "{text}");
+}

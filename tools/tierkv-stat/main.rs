@@ -231,7 +231,7 @@ fn run(args: &Args) -> Result<ExitCode, BoxError> {
     let mut out = std::io::stdout().lock();
     match args.format {
         Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
-        Format::Text => print_text(&mut out, &report)?,
+        Format::Text => print_text(&mut Printable(&mut out), &report)?,
         Format::Prometheus => print_scan_prometheus(&mut out, &report)?,
     }
     for w in report.workers.values() {
@@ -1038,6 +1038,39 @@ fn print_scan_prometheus(out: &mut impl Write, r: &Report) -> std::io::Result<()
     Ok(())
 }
 
+/// A writer for text meant for a terminal: control characters other than line feed and tab
+/// (escape sequences, carriage returns, C1 controls such as U+009B, DEL) are written as
+/// `\u{..}`, so a name taken from a file of the tree (a STATS file's host or policy, a path)
+/// cannot move the cursor, clear the screen or hide a line.
+struct Printable<W: Write>(W);
+
+impl<W: Write> Write for Printable<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(buf);
+        if !text
+            .chars()
+            .any(|c| c.is_control() && c != '\n' && c != '\t')
+        {
+            self.0.write_all(text.as_bytes())?;
+            return Ok(buf.len());
+        }
+        let mut clean = String::with_capacity(text.len() + 8);
+        for c in text.chars() {
+            if c.is_control() && c != '\n' && c != '\t' {
+                clean.push_str(&c.escape_unicode().to_string());
+            } else {
+                clean.push(c);
+            }
+        }
+        self.0.write_all(clean.as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
 /// A Prometheus label value as the text exposition format writes it: backslash, double
 /// quote and line feed escaped (`\\`, `\"`, `\n`), so that a name taken from a STATS file
 /// (a host name, a worker id) cannot end the label or start a metric line of its own.
@@ -1348,6 +1381,7 @@ fn live(args: &Args, vdir: &Path, workers: &[String]) -> Result<ExitCode, BoxErr
                 }
             }
             Format::Text => {
+                let mut out = Printable(&mut out);
                 for (w, l) in &snaps {
                     let s = &l.stats;
                     let state = if live_fresh(l) {
@@ -1523,6 +1557,27 @@ mod tests {
             parse_duration("0.000000001s").unwrap(),
             Duration::from_nanos(1)
         );
+    }
+
+    #[test]
+    fn text_output_escapes_control_characters() {
+        let mut buf = Vec::new();
+        let hostile = "policy \x1b[2J\x1b]0;owned\x07 \u{9b}31m\rhidden\x7f";
+        writeln!(Printable(&mut buf), "worker 0: {hostile}\tok").unwrap();
+        let out = String::from_utf8(buf).unwrap();
+        assert!(
+            !out.chars()
+                .any(|c| c.is_control() && c != '\n' && c != '\t'),
+            "{out:?}"
+        );
+        assert!(
+            out.contains("\\u{1b}[2J") && out.contains("\\u{9b}31m"),
+            "{out}"
+        );
+        assert!(out.ends_with("\tok\n"), "{out:?}");
+        let mut plain = Vec::new();
+        writeln!(Printable(&mut plain), "worker 0/h\u{e9}te:12 running").unwrap();
+        assert_eq!(plain, "worker 0/h\u{e9}te:12 running\n".as_bytes());
     }
 
     #[test]
