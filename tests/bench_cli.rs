@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_tierkv-bench");
 
@@ -1075,4 +1075,43 @@ fn reuse_evicted_writes_into_the_files_a_full_store_evicts() {
     let r = run(b.path().to_str().unwrap(), "--reuse-evicted false");
     assert_eq!(r["store"]["reused_files"].as_u64(), Some(0), "{r}");
     assert!(r["evictions"].as_u64() >= Some(16), "{r}");
+}
+
+/// A `--trace` naming a FIFO that no writer has open is a usage error naming it, at once
+/// (issue 27 item 11: the bench waited for a writer for ever); an empty file is one too.
+#[test]
+fn a_trace_fifo_without_a_writer_or_an_empty_trace_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("trace.fifo");
+    let ok = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "mkfifo");
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "\n").unwrap();
+    for trace in [&fifo, &empty] {
+        let mut child = bench()
+            .args(["--rw", "replay", "--bs", "4k", "--trace"])
+            .arg(trace)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > std::time::Duration::from_secs(20) {
+                let _ = child.kill();
+                panic!("{}: still waiting after 20 s", trace.display());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains(trace.to_str().unwrap()) && err.contains("no requests"),
+            "{err}"
+        );
+    }
 }

@@ -745,3 +745,25 @@ fn verify_always_serves_a_good_cached_block_every_time() {
     let s = store.stats();
     assert_eq!((s.fd_cache_hits, s.corrupt), (2, 0));
 }
+
+/// A stats interval under 1 ms (one that rounds to nothing: Python's `stats_interval=1e-300`)
+/// is refused at open instead of rewriting STATS.json in a busy loop (issue 27 item 11).
+#[test]
+fn a_stats_interval_under_a_millisecond_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    for tiny in [
+        std::time::Duration::ZERO,
+        std::time::Duration::from_micros(999),
+    ] {
+        match tierkv::Store::open(
+            root.path(),
+            worker("0"),
+            cfg().with_stats_interval(Some(tiny)),
+        ) {
+            Err(tierkv::Error::Config(msg)) => assert!(msg.contains("stats interval"), "{msg}"),
+            other => panic!("{tiny:?}: {other:?}"),
+        }
+    }
+    let ok = cfg().with_stats_interval(Some(tierkv::store::MIN_STATS_INTERVAL));
+    drop(tierkv::Store::open(root.path(), worker("0"), ok).unwrap());
+}

@@ -198,7 +198,14 @@ impl PyStore {
                     "stats_interval must be a positive number of seconds or None, got {s}"
                 )));
             }
-            s => s.map(Duration::from_secs_f64),
+            // Too long for a Duration (1e300) is an error, not a panic; one that rounds to
+            // nothing (1e-300), or is under the store's minimum, the store refuses.
+            Some(s) => Some(Duration::try_from_secs_f64(s).map_err(|e| {
+                PyValueError::new_err(format!(
+                    "stats_interval must be a positive number of seconds or None, got {s}: {e}"
+                ))
+            })?),
+            None => None,
         };
         config = config.with_stats_interval(interval);
         let w = worker.clone();

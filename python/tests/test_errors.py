@@ -102,6 +102,13 @@ def test_read_only_worker_busy_layout_mismatch_config(open_store, tmp_path):
             tierkv.Store(tmp_path, "rank1", **kw)
     with pytest.raises(ValueError):
         tierkv.Store(tmp_path, "rank1", stats_interval=0)
+    # Too long for a duration: an error, not a Rust panic (issue 27 item 11).
+    with pytest.raises(ValueError, match="stats_interval"):
+        tierkv.Store(tmp_path, "rank1", stats_interval=1e300)
+    # Rounds to nothing, or under the store's 1 ms: refused, not a busy loop.
+    for tiny in [1e-300, 1e-4]:
+        with pytest.raises(tierkv.ConfigError, match="stats interval"):
+            tierkv.Store(tmp_path, "rank1", stats_interval=tiny)
 
 
 def test_corrupt_control_file_is_corrupt_error(tmp_path):

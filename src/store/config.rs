@@ -141,6 +141,10 @@ pub const DEFAULT_NEGATIVE_TTL: std::time::Duration = std::time::Duration::from_
 /// (default 10 minutes; a temp file of this node goes as soon as its process is gone).
 pub const DEFAULT_TEMP_LEASE: std::time::Duration = std::time::Duration::from_secs(600);
 
+/// The shortest interval at which a store rewrites its live counters
+/// ([`StoreConfig::stats_interval`]); a shorter one is refused at open.
+pub const MIN_STATS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// How long a shared store waits for the usage ledger's lock by default
 /// ([`StoreConfig::ledger_wait`]).
 pub const DEFAULT_LEDGER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -453,6 +457,12 @@ impl StoreConfig {
         }
         if self.max_block_size() as u64 > (1u64 << 40) {
             return Err(Error::Config("max_block_size above 1 TiB".into()));
+        }
+        if self.stats_interval.is_some_and(|i| i < MIN_STATS_INTERVAL) {
+            return Err(Error::Config(format!(
+                "a stats interval under {MIN_STATS_INTERVAL:?} rewrites STATS.json in a busy loop, got {:?}; None turns the file off",
+                self.stats_interval.unwrap_or_default()
+            )));
         }
         Ok(())
     }

@@ -32,8 +32,8 @@ pub mod sweep;
 mod write;
 
 pub use config::{
-    DEFAULT_FD_CACHE_MAX, DEFAULT_MAX_BLOCK_SIZE, DEFAULT_NEGATIVE_TTL, DEFAULT_TEMP_LEASE,
-    Publish, Sharing, StoreConfig, VerifyMode,
+    DEFAULT_FD_CACHE_MAX, DEFAULT_LEDGER_WAIT, DEFAULT_MAX_BLOCK_SIZE, DEFAULT_NEGATIVE_TTL,
+    DEFAULT_TEMP_LEASE, MIN_STATS_INTERVAL, Publish, Sharing, StoreConfig, VerifyMode,
 };
 pub(crate) use stats::Latency;
 pub use stats::{ErrorCounts, LatencySummary, StoreStats};

@@ -9,7 +9,7 @@ use tierkv::index::policy::{Oracle, belady::NEVER};
 use tierkv::offload::{FilterKind, OffloadConfig, Offloader, OnClose};
 use tierkv::{BlockHash, BlockKey, Lookup, Store};
 
-use crate::common::BoxError;
+use crate::common::{BoxError, UsageError};
 use crate::{Args, OutputFormat, fill_block, human_bytes};
 
 pub(crate) struct ReplayRun {
@@ -42,7 +42,14 @@ fn trace_hash(id: u64) -> BlockHash {
 }
 
 fn load_trace(path: &std::path::Path) -> Result<Vec<Vec<u64>>, BoxError> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = read_trace(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if text.trim().is_empty() {
+        return Err(UsageError(format!(
+            "{}: the trace holds no requests (an empty file, or a FIFO no writer has open)",
+            path.display()
+        ))
+        .into());
+    }
     let mut out = Vec::new();
     for (n, line) in text
         .lines()
@@ -64,6 +71,23 @@ fn load_trace(path: &std::path::Path) -> Result<Vec<Vec<u64>>, BoxError> {
         out.push(ids);
     }
     Ok(out)
+}
+
+/// The text of the trace at `path`. Opened without blocking, so that a FIFO no writer has open
+/// reads as empty instead of waiting for one for ever; a pipe with a writer (`--trace
+/// <(zcat trace.gz)`) is then read to its end as a file is.
+fn read_trace(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let flags = rustix::fs::fcntl_getfl(&f)?;
+    rustix::fs::fcntl_setfl(&f, flags - rustix::fs::OFlags::NONBLOCK)?;
+    let mut text = String::new();
+    f.read_to_string(&mut text)?;
+    Ok(text)
 }
 
 /// Per request: hits = longest present prefix (read for real, every block verified), then
