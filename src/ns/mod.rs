@@ -356,6 +356,94 @@ fn process_nonce() -> [u8; 16] {
     n
 }
 
+/// Makes sure that nothing written to `fd`'s file (of `len` bytes, under the caller's write
+/// lease) goes into a page-cache page that something may still reference without an open
+/// descriptor: a pipe filled by `splice`, a socket by `sendfile`. Such a page stays in the
+/// file's cache for as long as it is referenced (reclaim cannot take it), so:
+/// 1. no page of the file cached (`cachestat`): nothing to do, the write fills new pages
+///    into the blocks the file has;
+/// 2. only clean pages: `POSIX_FADV_DONTNEED` drops those nothing references; none left,
+///    the same;
+/// 3. otherwise (dirty pages, pages something holds, or no `cachestat`): `ftruncate` to 0,
+///    which takes every folio out of the file (a held one keeps its bytes, detached; a dirty
+///    one is discarded unwritten) and frees the blocks. Nothing short of the whole file will
+///    do: a large folio cut in its middle (a truncate to a page boundary, a hole punched in
+///    one page) is zeroed in place, under whoever holds it. ext4 and XFS start writing back
+///    what is written next when the file is closed (`auto_da_alloc`, their truncate-then-
+///    rewrite heuristics), which is slower than the other two.
+///
+/// Returns which of these it took.
+pub fn drop_pages(fd: BorrowedFd<'_>, len: u64) -> rustix::io::Result<PagesDropped> {
+    if len == 0 {
+        return Ok(PagesDropped::NoneCached);
+    }
+    match cachestat(fd, len) {
+        Some((0, _)) => return Ok(PagesDropped::NoneCached),
+        Some((_, 0)) => {
+            rustix::fs::fadvise(
+                fd,
+                0,
+                std::num::NonZeroU64::new(len),
+                rustix::fs::Advice::DontNeed,
+            )?;
+            if matches!(cachestat(fd, len), Some((0, _))) {
+                return Ok(PagesDropped::Clean);
+            }
+        }
+        _ => {}
+    }
+    rustix::fs::ftruncate(fd, 0).map(|()| PagesDropped::Truncated)
+}
+
+/// What [`drop_pages`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PagesDropped {
+    /// No page of the file was cached.
+    NoneCached,
+    /// Its cached pages were clean and referenced by nothing: dropped.
+    Clean,
+    /// Some were dirty or held (or the kernel has no `cachestat`): the file was truncated
+    /// to 0.
+    Truncated,
+}
+
+/// `(cached pages, dirty pages)` of the first `len` bytes of `fd`'s file (`cachestat(2)`,
+/// Linux 6.5); `None` where the kernel has no such call.
+fn cachestat(fd: BorrowedFd<'_>, len: u64) -> Option<(u64, u64)> {
+    use std::os::fd::AsRawFd;
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Cachestat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    /// The syscall's number in the table every architecture shares since 6.5.
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let range = Range { off: 0, len };
+    let mut cs = Cachestat::default();
+    // SAFETY: both pointers are to live values of the layouts the kernel reads and writes
+    // (struct cachestat_range, struct cachestat), and the descriptor is open for the call.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            fd.as_raw_fd(),
+            &range as *const Range,
+            &mut cs as *mut Cachestat,
+            0u32,
+        )
+    };
+    (r == 0).then_some((cs.nr_cache, cs.nr_dirty + cs.nr_writeback))
+}
+
 /// True if a process `pid` exists on this node (`kill(pid, 0)`: alive unless `ESRCH`).
 pub fn pid_alive(pid: u32) -> bool {
     let Ok(p) = i32::try_from(pid) else {

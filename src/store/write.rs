@@ -63,7 +63,7 @@ pub(super) struct Spare<'a> {
     parent: Parent<'a>,
     name: String,
     fd: OwnedFd,
-    /// Its length once taken: as evicted (`O_DIRECT`), or 0 (emptied).
+    /// Its length once taken: as evicted, or 0 if its pages were dropped by truncating it.
     len: u64,
     /// When its lease was taken.
     leased: std::time::Instant,
@@ -983,21 +983,23 @@ impl Inner {
             drop(fd);
             return self.unlink_taken(v, &to_parent, &join(to.dir(), &name), &st);
         }
-        // Buffered: the old block's pages leave the file before anything is written, so the
-        // write fills new pages and never changes one a reader may still hold (a pipe that
-        // `splice` or `sendfile` filled from it keeps the old bytes). An `O_DIRECT` write
-        // goes to the disk's blocks, not into cached pages, and keeps the allocated blocks.
-        let len = if direct.is_empty() {
-            if let Err(e) = rustix::fs::ftruncate(&fd, 0) {
-                tracing::warn!(path = %self.path(&join(to.dir(), &name)).display(), error = %e,
-                    "could not empty an evicted file for reuse: unlinking it");
-                drop(fd);
-                return self.unlink_taken(v, &to_parent, &join(to.dir(), &name), &st);
+        // Buffered: the write must never go into a cached page a reader may still hold (a
+        // pipe that `splice` or `sendfile` filled from it keeps the old bytes): such pages
+        // leave the file first (`drop_pages`). An `O_DIRECT` write goes to the disk's blocks,
+        // not into cached pages.
+        let mut len = st.st_size as u64;
+        if direct.is_empty() {
+            match crate::ns::drop_pages(fd.as_fd(), len) {
+                Ok(crate::ns::PagesDropped::Truncated) => len = 0,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(path = %self.path(&join(to.dir(), &name)).display(), error = %e,
+                        "could not drop an evicted file's cached pages for reuse: unlinking it");
+                    drop(fd);
+                    return self.unlink_taken(v, &to_parent, &join(to.dir(), &name), &st);
+                }
             }
-            0
-        } else {
-            st.st_size as u64
-        };
+        }
         self.index.drained(std::slice::from_ref(v));
         Taken::Spare(Spare {
             parent: to_parent,
