@@ -760,6 +760,50 @@ fn item13_deleting_the_lock_file_does_not_unlock() {
     }
 }
 
+/// Issue 27 item 8: on GlusterFS the directory's flock holds only on one client, so the lock
+/// file alone keeps other nodes out, and `rm FLOCK` let another node's store open the
+/// worker. The holder puts a removed (or replaced) lock file back within a few checks of
+/// `ns::LOCK_KEEP_INTERVAL`, locked, so the next opener anywhere is refused by it.
+#[test]
+fn item13_a_removed_lock_file_is_put_back_locked() {
+    let root = tempfile::tempdir().unwrap();
+    let store = Store::open(root.path(), worker("0"), quiet()).unwrap();
+    let flock = store.dir().join("FLOCK");
+    let locked_by_other = |p: &std::path::Path| {
+        let f = std::fs::File::open(p).unwrap();
+        matches!(
+            rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive),
+            Err(rustix::io::Errno::WOULDBLOCK)
+        )
+    };
+    assert!(locked_by_other(&flock));
+    for round in 0..2 {
+        if round == 0 {
+            std::fs::remove_file(&flock).unwrap();
+        } else {
+            // Replaced by a new, unlocked file.
+            let planted = store.dir().join("planted");
+            std::fs::write(&planted, b"").unwrap();
+            std::fs::rename(&planted, &flock).unwrap();
+        }
+        let start = std::time::Instant::now();
+        while !(flock.exists() && locked_by_other(&flock)) {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(5),
+                "round {round}: the lock file was not put back, locked"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    assert!(
+        temp_files_under(root.path()).is_empty(),
+        "the lock file's temp name is gone"
+    );
+    // The store still writes (it holds the worker).
+    let k = store.key(hash(1));
+    store.put(&k, &payload(1, 0, 4096)).unwrap();
+}
+
 // ---- 14-20: limits, sizes and errors ----
 
 #[test]

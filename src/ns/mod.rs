@@ -205,6 +205,27 @@ impl Ledger {
     }
 }
 
+/// How often a store checks that its worker lock's file is still in place
+/// ([`BlockDir::keep_lock`]).
+pub const LOCK_KEEP_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// How long an opener waits for a missing lock file to be put back by a holder before it
+/// creates one: several of the holder's checks ([`LOCK_KEEP_INTERVAL`]).
+pub const LOCK_FILE_GRACE: std::time::Duration = std::time::Duration::from_millis(1500);
+
+/// What [`BlockDir::keep_lock`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockKept {
+    /// The lock file is in place.
+    Held,
+    /// It was gone or replaced: a new one is in place, and locked by this store.
+    Restored,
+    /// It was gone, and another store has locked the one made since: the worker is no longer
+    /// this store's alone.
+    Lost,
+}
+
 /// The ledger file's length: one 4 KiB block (the record, then NUL bytes), so it can be read
 /// and written `O_DIRECT`.
 pub const LEDGER_LEN: usize = 4096;
@@ -1028,10 +1049,21 @@ impl BlockDir {
     }
 
     /// Opens (creating) [`FLOCK_FILE`], a regular file: a symlink or FIFO there is `ELOOP` /
-    /// refused.
+    /// refused. Missing in a worker that has a `LAYOUT` (removed behind a holder's back, or a
+    /// tree of a version before it), it is waited for up to [`LOCK_FILE_GRACE`] first: a
+    /// store holding the worker puts it back within [`LOCK_KEEP_INTERVAL`]
+    /// ([`BlockDir::keep_lock`]), and its lock then refuses this one.
     fn open_lock_file(&self) -> rustix::io::Result<OwnedFd> {
         let top = Parent::Top(self.fd.as_fd());
-        let fd = match self.open_file(FLOCK_FILE, OFlags::RDONLY) {
+        let mut first = self.open_file(FLOCK_FILE, OFlags::RDONLY);
+        if matches!(first, Err(Errno::NOENT)) && self.stat(crate::layout::LAYOUT_FILE).is_ok() {
+            let start = std::time::Instant::now();
+            while matches!(first, Err(Errno::NOENT)) && start.elapsed() < LOCK_FILE_GRACE {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                first = self.open_file(FLOCK_FILE, OFlags::RDONLY);
+            }
+        }
+        let fd = match first {
             Err(Errno::NOENT) => match self.create_in(
                 &top,
                 FLOCK_FILE,
@@ -1048,6 +1080,56 @@ impl BlockDir {
             Opened::File(fd, _) => Ok(fd),
             Opened::NotRegular(_) => Err(Errno::INVAL),
         }
+    }
+
+    /// Checks that the lock file this store holds its worker lock on (taken with `op`, as
+    /// [`BlockDir::try_lock`] or [`BlockDir::try_lock_shared`] did) is still the file named
+    /// [`FLOCK_FILE`], and puts one back if not. A distributed filesystem that keeps
+    /// directory locks to one client (GlusterFS) excludes other nodes through that file
+    /// alone: once it is removed (or renamed over), another node's store creates a new one
+    /// and locks it. So a new file is made under a temp name, locked with `op`, and linked as
+    /// [`FLOCK_FILE`]; if another store made one first, that one is locked instead. Run by
+    /// the store every [`LOCK_KEEP_INTERVAL`].
+    pub fn keep_lock(&self, op: FlockOperation) -> rustix::io::Result<LockKept> {
+        let mut lf = self.lock_file.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(held) = lf.as_ref() else {
+            return Ok(LockKept::Held);
+        };
+        let mine = Inode::of(&rustix::fs::fstat(held)?);
+        match rustix::fs::statat(self.fd.as_fd(), FLOCK_FILE, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if Inode::of(&st) == mine => return Ok(LockKept::Held),
+            Ok(_) | Err(Errno::NOENT) => {}
+            Err(e) => return Err(e),
+        }
+        let top = Parent::Top(self.fd.as_fd());
+        let temp = self.temp_name(FLOCK_FILE);
+        let fd = self.create_in(&top, &temp, OFlags::RDONLY, Mode::from_raw_mode(FILE_MODE))?;
+        let linked = rustix::fs::flock(&fd, op).and_then(|()| {
+            rustix::fs::linkat(
+                self.fd.as_fd(),
+                temp.as_str(),
+                self.fd.as_fd(),
+                FLOCK_FILE,
+                AtFlags::empty(),
+            )
+        });
+        let _ = rustix::fs::unlinkat(self.fd.as_fd(), temp.as_str(), AtFlags::empty());
+        let fd = match linked {
+            Ok(()) => fd,
+            // Another store made one first (an opener about to lock it, or one that has):
+            // whoever locks it first holds the worker.
+            Err(Errno::EXIST) => match self.open_file(FLOCK_FILE, OFlags::RDONLY)? {
+                Opened::File(other, _) => match rustix::fs::flock(&other, op) {
+                    Ok(()) => other,
+                    Err(Errno::WOULDBLOCK) => return Ok(LockKept::Lost),
+                    Err(e) => return Err(e),
+                },
+                Opened::NotRegular(_) => return Err(Errno::INVAL),
+            },
+            Err(e) => return Err(e),
+        };
+        *lf = Some(fd);
+        Ok(LockKept::Restored)
     }
 
     /// Opens (creating it if missing) the shared worker's usage ledger [`USAGE_FILE`], a

@@ -24,6 +24,7 @@ mod config;
 mod device;
 mod evict;
 mod fdcache;
+mod periodic;
 mod read;
 mod shared;
 mod stats;
@@ -41,8 +42,8 @@ pub use statsfile::LiveStats;
 
 use evict::Evictor;
 use fdcache::FdCache;
+use periodic::Periodic;
 use stats::Counters;
-use statsfile::StatsWriter;
 
 pub use crate::ns::{DIR_MODE, FILE_MODE};
 
@@ -164,6 +165,9 @@ struct Inner {
     /// The counters of the offloader in front of this store (the latest one attached), part
     /// of its stats.
     offload: Mutex<Option<Arc<crate::offload::OffloadCounters>>>,
+    /// The worker lock's file was removed and another store locked the one made since
+    /// ([`crate::ns::LockKept::Lost`]): puts fail from then on.
+    lock_lost: AtomicBool,
 }
 
 /// How the store reads and writes, fixed when it opens.
@@ -192,14 +196,47 @@ struct Publisher {
 #[derive(Debug)]
 struct Background {
     evictor: Mutex<Option<Evictor>>,
-    stats_writer: Mutex<Option<StatsWriter>>,
+    stats_writer: Mutex<Option<Periodic>>,
+    /// Puts the worker lock's file back if it is removed ([`Inner::keep_lock`]).
+    lock_keeper: Mutex<Option<Periodic>>,
     stats_interval: std::time::Duration,
 }
 
 impl Inner {
+    /// Checks that the worker lock's file is still the one this store locked, and puts one
+    /// back if it was removed ([`BlockDir::keep_lock`]); run every
+    /// [`crate::ns::LOCK_KEEP_INTERVAL`]. Lost to another store, puts fail from then on.
+    fn keep_lock(&self) {
+        let op = match self.opts.sharing {
+            Sharing::Exclusive => rustix::fs::FlockOperation::NonBlockingLockExclusive,
+            Sharing::Shared => rustix::fs::FlockOperation::NonBlockingLockShared,
+        };
+        let path = || self.ns.full(FLOCK_FILE);
+        match self.ns.keep_lock(op) {
+            Ok(crate::ns::LockKept::Held) => {}
+            Ok(crate::ns::LockKept::Restored) => tracing::warn!(path = %path().display(),
+                "the worker lock's file was removed or replaced: put back, and locked"),
+            Ok(_) => {
+                if !self.lock_lost.swap(true, Ordering::Relaxed) {
+                    tracing::error!(path = %path().display(), holder = %self.ns.holder(),
+                        "the worker lock's file was removed and another store locked a new one: this store writes nothing from now on");
+                }
+            }
+            Err(e) => tracing::debug!(path = %path().display(), error = %e,
+                "could not check the worker lock's file"),
+        }
+    }
+
     /// Stops the background threads (waiting for work in progress), publishes the final
     /// counters and releases the worker lock.
     fn close(&self) {
+        let keeper = self
+            .threads
+            .lock_keeper
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(keeper);
         let evictor = self
             .threads
             .evictor
@@ -483,11 +520,13 @@ impl Store {
             threads: Background {
                 evictor: Mutex::new(None),
                 stats_writer: Mutex::new(None),
+                lock_keeper: Mutex::new(None),
                 stats_interval: stats_interval.unwrap_or_default(),
             },
             counters,
             boot: crate::ns::boot_id(),
             offload: Mutex::new(None),
+            lock_lost: AtomicBool::new(false),
         });
         // The background threads; a failure to start one fails the open (the lock is released
         // as `inner` drops).
@@ -506,7 +545,10 @@ impl Store {
                 .unwrap_or_else(|e| e.into_inner()) = Some(ev);
         }
         if let Some(i) = stats_interval {
-            let w = StatsWriter::spawn(Arc::downgrade(&inner), i).map_err(thread_err)?;
+            let w = Periodic::spawn("tierkv-stats", Arc::downgrade(&inner), i, move |inner| {
+                inner.write_live_stats(true, i)
+            })
+            .map_err(thread_err)?;
             *inner
                 .threads
                 .stats_writer
@@ -537,6 +579,20 @@ impl Store {
                 }
                 Err(e) => return Err(Error::from_io(inner.ns.path(), io_err(e))),
             }
+        }
+        if !read_only {
+            let k = Periodic::spawn(
+                "tierkv-lock",
+                Arc::downgrade(&inner),
+                crate::ns::LOCK_KEEP_INTERVAL,
+                Inner::keep_lock,
+            )
+            .map_err(|e| Error::from_io(inner.ns.path(), e))?;
+            *inner
+                .threads
+                .lock_keeper
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(k);
         }
         Ok(Store {
             _open: Arc::new(OpenGuard(inner.clone())),
@@ -892,6 +948,18 @@ impl Inner {
                     Err(Error::ReadOnly {
                         path: self.ns.path().to_path_buf(),
                         op: "put",
+                    })
+                })
+                .collect();
+        }
+        if self.lock_lost.load(Ordering::Relaxed) {
+            let holder = self.ns.holder();
+            return items
+                .iter()
+                .map(|_| {
+                    Err(Error::WorkerBusy {
+                        path: self.ns.path().to_path_buf(),
+                        holder: holder.clone(),
                     })
                 })
                 .collect();

@@ -2,8 +2,6 @@
 //! (temp file + rename) every interval, and once more when it closes. docs/stat.md documents
 //! the fields.
 
-use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -50,62 +48,6 @@ pub struct LiveStats {
 
 fn exclusive() -> String {
     "exclusive".into()
-}
-
-#[derive(Debug, Default)]
-struct Signal {
-    stop: Mutex<bool>,
-    cv: Condvar,
-}
-
-/// The thread that publishes the live counters.
-#[derive(Debug)]
-pub(super) struct StatsWriter {
-    signal: Arc<Signal>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl StatsWriter {
-    /// Starts publishing every `interval`. Holds only a weak reference to the store.
-    pub fn spawn(store: Weak<Inner>, interval: Duration) -> std::io::Result<StatsWriter> {
-        let signal = Arc::new(Signal::default());
-        let sig = signal.clone();
-        let thread = std::thread::Builder::new()
-            .name("tierkv-stats".into())
-            .spawn(move || {
-                loop {
-                    {
-                        let stop = sig.stop.lock().unwrap_or_else(|e| e.into_inner());
-                        let (stop, _) = sig
-                            .cv
-                            .wait_timeout(stop, interval)
-                            .unwrap_or_else(|e| e.into_inner());
-                        if *stop {
-                            return;
-                        }
-                    }
-                    let Some(inner) = store.upgrade() else { return };
-                    inner.write_live_stats(true, interval);
-                }
-            })?;
-        Ok(StatsWriter {
-            signal,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for StatsWriter {
-    /// Stops the thread and waits for a write in progress to finish.
-    fn drop(&mut self) {
-        *self.signal.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        self.signal.cv.notify_one();
-        if let Some(t) = self.thread.take() {
-            if t.thread().id() != std::thread::current().id() {
-                let _ = t.join();
-            }
-        }
-    }
 }
 
 impl Inner {
