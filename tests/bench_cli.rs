@@ -1115,3 +1115,38 @@ fn a_trace_fifo_without_a_writer_or_an_empty_trace_is_a_usage_error() {
         );
     }
 }
+
+/// `puts=` counts the puts that succeeded (issue 27 item 12: it subtracted the errors from
+/// that count a second time, and printed 18446744073709551078 on a tmpfs out of inodes once
+/// they outnumbered the successes): with `put-errors=` it adds up to the puts made.
+#[test]
+fn puts_and_put_errors_add_up_to_the_puts_made() {
+    let Some(fs) = common::Tmpfs::mount_with("size=64m,nr_inodes=120", "a tmpfs out of inodes")
+    else {
+        return;
+    };
+    // (Without --verify-data, whose record of what was written needs a file of its own.)
+    let out = Command::new(BENCH)
+        .arg("--dir")
+        .arg(fs.path())
+        .args(["--rw", "write", "--bs", "4k", "--nblocks", "400"])
+        .args(["--capacity-blocks", "300", "--keep"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "failed puts are a failed run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |k: &str| -> u64 {
+        let at = text
+            .find(&format!(" {k}="))
+            .unwrap_or_else(|| panic!("no {k}= in {text}"));
+        text[at + k.len() + 2..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (puts, errors) = (field("puts"), field("put-errors"));
+    assert!(errors > 0, "the tmpfs did not run out of inodes: {text}");
+    assert_eq!(puts + errors, 400, "{text}");
+}

@@ -281,9 +281,7 @@ pub(crate) fn report(
                 writeln!(
                     out,
                     "  puts={} put-errors={} bytes-written={} evictions={evictions} not-admitted={not_admitted}",
-                    run.write.ops.saturating_sub(run.write.errors),
-                    run.write.errors,
-                    run.write.bytes
+                    run.write.ops, run.write.errors, run.write.bytes
                 )?;
             }
             if interrupted() {
