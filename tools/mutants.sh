@@ -30,11 +30,14 @@ tests_for() {
     src/layout/*) echo "--lib --test oracle --test semantics" ;;
     src/store/write.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test device --test capacity --test reuse --test bound" ;;
     src/store/read.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test device --test reuse" ;;
-    src/ns/mod.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test reuse" ;;
-    src/store/sweep.rs) echo "--lib --test oracle --test semantics --test hostile" ;;
+    src/ns/mod.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test reuse --test shared" ;;
+    src/store/sweep.rs) echo "--lib --test oracle --test semantics --test hostile --test shared" ;;
+    src/store/shared.rs) echo "--lib --test semantics --test capacity --test shared" ;;
+    src/store/evict.rs) echo "--lib --test semantics --test capacity --test bound --test reuse" ;;
+    src/store/periodic.rs | src/store/statsfile.rs) echo "--lib --test semantics --test hostile --test stat_cli" ;;
     src/offload/*) echo "--lib --test offload" ;;
     src/store/config.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test reuse" ;;
-    src/store/mod.rs | src/store/stats.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test offload --test reuse" ;;
+    src/store/mod.rs | src/store/stats.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test offload --test reuse --test shared --test hostile" ;;
     *) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity" ;;
   esac
 }

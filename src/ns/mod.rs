@@ -1543,6 +1543,83 @@ mod tests {
         (t, d)
     }
 
+    /// Whether another open file description holds an exclusive or shared flock on `path`.
+    fn flocked_elsewhere(path: &Path) -> bool {
+        let f = std::fs::File::open(path).unwrap();
+        matches!(
+            rustix::fs::flock(&f, FlockOperation::NonBlockingLockExclusive),
+            Err(Errno::WOULDBLOCK)
+        )
+    }
+
+    /// `keep_lock` (issue 27 item 8): a held lock file stays; a removed one is put back,
+    /// locked; one replaced by a file another store holds is lost.
+    #[test]
+    fn a_removed_lock_file_is_put_back_and_a_taken_one_is_lost() {
+        let (t, d) = bd();
+        let op = FlockOperation::NonBlockingLockExclusive;
+        assert!(d.try_lock().unwrap());
+        let flock = t.path().join("v1/w").join(FLOCK_FILE);
+        assert_eq!(d.keep_lock(op).unwrap(), LockKept::Held);
+        std::fs::remove_file(&flock).unwrap();
+        assert_eq!(d.keep_lock(op).unwrap(), LockKept::Restored);
+        assert!(flock.exists() && flocked_elsewhere(&flock));
+        assert_eq!(d.keep_lock(op).unwrap(), LockKept::Held);
+        let names: Vec<_> = std::fs::read_dir(t.path().join("v1/w"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(
+            !names.iter().any(|n| n.starts_with(TEMP_PREFIX)),
+            "{names:?}"
+        );
+        // Another store's file, locked by it, under the name.
+        let planted = t.path().join("v1/w/planted");
+        std::fs::write(&planted, b"").unwrap();
+        let theirs = std::fs::File::open(&planted).unwrap();
+        rustix::fs::flock(&theirs, op).unwrap();
+        std::fs::rename(&planted, &flock).unwrap();
+        assert_eq!(d.keep_lock(op).unwrap(), LockKept::Lost);
+        // Replaced by a file nobody holds: it is locked by this store.
+        drop(theirs);
+        assert_eq!(d.keep_lock(op).unwrap(), LockKept::Restored);
+        assert!(flocked_elsewhere(&flock));
+    }
+
+    /// An opener that finds the lock file missing in a worker with a `LAYOUT` waits for the
+    /// holder to put it back (here a thread, 300 ms later), and is refused by its lock.
+    #[test]
+    fn an_opener_waits_for_a_missing_lock_file_to_come_back() {
+        let (t, d) = bd();
+        d.write_control(crate::layout::LAYOUT_FILE, b"x").unwrap();
+        let flock = t.path().join("v1/w").join(FLOCK_FILE);
+        let _ = std::fs::remove_file(&flock);
+        let holder = {
+            let flock = flock.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                let f = std::fs::File::create(&flock).unwrap();
+                rustix::fs::flock(&f, FlockOperation::NonBlockingLockExclusive).unwrap();
+                std::thread::sleep(std::time::Duration::from_secs(3));
+                f
+            })
+        };
+        let opener = BlockDir::open(t.path(), "w", false).unwrap();
+        let start = std::time::Instant::now();
+        assert!(
+            !opener.try_lock().unwrap(),
+            "the opener took a lock file of its own"
+        );
+        assert!(start.elapsed() < LOCK_FILE_GRACE + std::time::Duration::from_secs(1));
+        drop(holder.join().unwrap());
+        // Without a LAYOUT (a new worker), no wait: the lock file is made at once.
+        let (t2, d2) = bd();
+        let _ = std::fs::remove_file(t2.path().join("v1/w").join(FLOCK_FILE));
+        let start = std::time::Instant::now();
+        assert!(d2.try_lock().unwrap());
+        assert!(start.elapsed() < std::time::Duration::from_millis(300));
+    }
+
     /// Issue 27 item 7: two stores in `unshare -mpf` namespaces with a tmpfs over /proc read
     /// no boot id and no pid namespace, and shared one node id.
     #[test]
