@@ -742,7 +742,7 @@ fn a_ledger_at_the_largest_count_admits_nothing_and_does_not_overflow() {
 fn a_ledger_lock_that_is_never_let_go_fails_opens_and_puts_after_the_wait() {
     let root = tempfile::tempdir().unwrap();
     let wait = Duration::from_millis(300);
-    let cfg = || shared().with_ledger_wait(wait);
+    let cfg = move || shared().with_ledger_wait(wait);
     let store = open_shared(root.path(), cfg());
     store
         .put(&store.key(hash(0)), &payload(0, 0, 4096))
@@ -751,7 +751,16 @@ fn a_ledger_lock_that_is_never_let_go_fails_opens_and_puts_after_the_wait() {
     let holder = std::fs::File::open(&usage).unwrap();
     rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockExclusive).unwrap();
     let started = std::time::Instant::now();
-    let err = Store::open(root.path(), worker("0"), cfg()).unwrap_err();
+    // In a thread, so that a wait without a bound fails this test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let r = root.path().to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(Store::open(&r, worker("0"), cfg()).map(drop));
+    });
+    let err = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the open still waits for the ledger after 20 s")
+        .unwrap_err();
     let waited = started.elapsed();
     let msg = err.to_string();
     assert!(
