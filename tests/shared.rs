@@ -768,6 +768,10 @@ fn a_ledger_lock_that_is_never_let_go_fails_opens_and_puts_after_the_wait() {
         "{msg}"
     );
     assert!(waited >= wait, "failed after {waited:?}, before the wait");
+    assert!(
+        waited < wait + Duration::from_secs(5),
+        "failed after {waited:?}, not after the configured wait"
+    );
     let err = store
         .put(&store.key(hash(1)), &payload(1, 0, 4096))
         .unwrap_err();

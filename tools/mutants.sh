@@ -30,7 +30,7 @@ tests_for() {
     src/layout/*) echo "--lib --test oracle --test semantics" ;;
     src/store/write.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test device --test capacity --test reuse --test bound" ;;
     src/store/read.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test device --test reuse" ;;
-    src/ns/mod.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test reuse --test shared" ;;
+    src/ns/mod.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test reuse" ;;
     src/store/sweep.rs) echo "--lib --test oracle --test semantics --test hostile --test shared" ;;
     src/store/shared.rs) echo "--lib --test semantics --test capacity --test shared" ;;
     src/store/evict.rs) echo "--lib --test semantics --test capacity --test bound --test reuse" ;;
@@ -52,7 +52,7 @@ filters_for() {
 # Files whose tests need the tools (the bench and tierkv-stat binaries).
 features_for() {
   case "$(tests_for "$1")" in
-    *hostile* | *crash* | *bench_cli* | *stat_cli*) echo "--features tools" ;;
+    *hostile* | *crash* | *bench_cli* | *stat_cli* | *shared*) echo "--features tools" ;;
     *) echo "" ;;
   esac
 }

@@ -1536,6 +1536,42 @@ mod tests {
         )
     }
 
+    /// The ledger's lock waits for another holder at most its wait, then fails naming the
+    /// ledger (issue 27 item 9); once the holder lets go it is taken again.
+    #[test]
+    fn the_ledger_lock_waits_at_most_its_wait() {
+        let (t, d) = bd();
+        let wait = std::time::Duration::from_millis(200);
+        let ledger = d.open_ledger(wait).unwrap();
+        drop(ledger.lock().unwrap());
+        let holder = std::fs::File::open(t.path().join("v1/w").join(USAGE_FILE)).unwrap();
+        rustix::fs::flock(&holder, FlockOperation::LockExclusive).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            let start = std::time::Instant::now();
+            let r = ledger.lock().map(drop).map_err(|e| e.to_string());
+            let _ = tx.send((r, start.elapsed()));
+            ledger
+        });
+        let (r, waited) = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the lock still waits after 10 s");
+        let msg = r.unwrap_err();
+        assert!(
+            msg.contains(USAGE_FILE) && msg.contains("not let go"),
+            "{msg}"
+        );
+        assert!(waited >= wait && waited < wait * 10, "{waited:?}");
+        let ledger = waiter.join().unwrap();
+        // Let go in 100 ms: the next lock waits for it and gets it.
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            drop(holder);
+        });
+        assert!(ledger.lock().is_ok());
+        release.join().unwrap();
+    }
+
     /// `keep_lock` (issue 27 item 8): a held lock file stays; a removed one is put back,
     /// locked; one replaced by a file another store holds is lost.
     #[test]

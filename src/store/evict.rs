@@ -108,44 +108,50 @@ impl Inner {
     /// [`RETRY_STUCK`] whose files could not be unlinked before. A key published again since
     /// it was chosen is left alone (checked under its stripe lock).
     /// Each victim stops counting against the bound (`Index::drained`) once its file is gone;
-    /// one whose unlink fails stays counted (`Index::stuck`). True if any did: the caller
-    /// that counted on that room must check the bound again (`Index::over_bound`).
+    /// one whose unlink fails stays counted (`Index::stuck`). True if any did: the put that
+    /// counted on that room declines what no longer fits (`Inner::shed_over_bound`).
     pub(super) fn unlink_victims(&self, victims: Vec<Victim>) -> bool {
-        let retry = self.index.take_stuck(RETRY_STUCK);
         let mut stuck = Vec::new();
-        let first = victims.len();
-        for (i, v) in victims.into_iter().chain(retry).enumerate() {
-            let _stripe = self.lock_stripe(self.stripe_of(&v.hash));
-            if self.index.contains(&v.hash) {
-                // Published again: the file is the new block's; the old one was renamed over.
-                self.index.drained(&[v]);
-                continue;
+        for v in victims {
+            if let Err((path, e)) = self.unlink_victim(&v) {
+                tracing::warn!(path = %path.display(), error = %e,
+                    "could not unlink an evicted block: it counts against the capacity until it can be");
+                stuck.push(v);
             }
-            self.fds.invalidate(&v.hash);
-            let rel = self.layout.rel_path(&v.hash);
-            match self.ns.unlink_file_sized(rel.as_str(), None) {
-                Ok((Unlinked::Removed, bytes)) => self.freed(bytes),
-                Ok((Unlinked::Missing, _)) => {}
-                Ok((Unlinked::Refused, _)) => tracing::warn!(
-                    path = %self.path(rel.as_str()).display(),
-                    "an evicted block's name holds something else: left alone"
-                ),
-                Err(e) => {
-                    if i < first {
-                        tracing::warn!(path = %self.path(rel.as_str()).display(), error = %e,
-                            "could not unlink an evicted block: it counts against the capacity until it can be");
-                    } else {
-                        tracing::debug!(path = %self.path(rel.as_str()).display(), error = %e,
-                            "still cannot unlink an evicted block");
-                    }
-                    stuck.push(v);
-                    continue;
-                }
+        }
+        for v in self.index.take_stuck(RETRY_STUCK) {
+            if let Err((path, e)) = self.unlink_victim(&v) {
+                tracing::debug!(path = %path.display(), error = %e,
+                    "still cannot unlink an evicted block");
+                stuck.push(v);
             }
-            self.index.drained(&[v]);
         }
         let any = !stuck.is_empty();
         self.index.stuck(stuck);
         any
+    }
+
+    /// Unlinks victim `v`'s file under its stripe lock (unless its key was published again)
+    /// and marks it drained; the path and error if the unlink failed (it is not drained).
+    fn unlink_victim(&self, v: &Victim) -> Result<(), (std::path::PathBuf, rustix::io::Errno)> {
+        let _stripe = self.lock_stripe(self.stripe_of(&v.hash));
+        if self.index.contains(&v.hash) {
+            // Published again: the file is the new block's; the old one was renamed over.
+            self.index.drained(std::slice::from_ref(v));
+            return Ok(());
+        }
+        self.fds.invalidate(&v.hash);
+        let rel = self.layout.rel_path(&v.hash);
+        match self.ns.unlink_file_sized(rel.as_str(), None) {
+            Ok((Unlinked::Removed, bytes)) => self.freed(bytes),
+            Ok((Unlinked::Missing, _)) => {}
+            Ok((Unlinked::Refused, _)) => tracing::warn!(
+                path = %self.path(rel.as_str()).display(),
+                "an evicted block's name holds something else: left alone"
+            ),
+            Err(e) => return Err((self.path(rel.as_str()), e)),
+        }
+        self.index.drained(std::slice::from_ref(v));
+        Ok(())
     }
 }

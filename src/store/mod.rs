@@ -217,10 +217,12 @@ impl Inner {
             Ok(crate::ns::LockKept::Restored) => tracing::warn!(path = %path().display(),
                 "the worker lock's file was removed or replaced: put back, and locked"),
             Ok(_) => {
-                if !self.lock_lost.swap(true, Ordering::Relaxed) {
-                    tracing::error!(path = %path().display(), holder = %self.ns.holder(),
-                        "the worker lock's file was removed and another store locked a new one: this store writes nothing from now on");
+                // Said once; puts fail from now on.
+                if self.lock_lost.swap(true, Ordering::Relaxed) {
+                    return;
                 }
+                tracing::error!(path = %path().display(), holder = %self.ns.holder(),
+                    "the worker lock's file was removed and another store locked a new one: this store writes nothing from now on");
             }
             Err(e) => tracing::debug!(path = %path().display(), error = %e,
                 "could not check the worker lock's file"),

@@ -246,6 +246,9 @@ impl Inner {
             } else {
                 (Vec::new(), self.unlink_victims(victims))
             };
+        // Victims whose files could not be unlinked still take room. (Only then: other puts'
+        // victims not unlinked yet count too, and those puts unlink them before they create
+        // a file, so the tree stays under the bound while `over_bound` may say otherwise.)
         if stuck {
             self.shed_over_bound(&offered, &mut offers, &mut spares);
         }
