@@ -36,7 +36,7 @@ tests_for() {
     src/store/evict.rs) echo "--lib --test semantics --test capacity --test bound --test reuse" ;;
     src/store/periodic.rs | src/store/statsfile.rs) echo "--lib --test semantics --test hostile --test stat_cli" ;;
     src/offload/*) echo "--lib --test offload" ;;
-    src/store/config.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test reuse" ;;
+    src/store/config.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test reuse --test shared" ;;
     src/store/mod.rs | src/store/stats.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test offload --test reuse --test shared --test hostile" ;;
     *) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity" ;;
   esac
