@@ -1088,18 +1088,14 @@ impl BlockDir {
         let top = Parent::Top(self.fd.as_fd());
         let temp = self.temp_name(FLOCK_FILE);
         let fd = self.create_in(&top, &temp, OFlags::RDONLY, Mode::from_raw_mode(FILE_MODE))?;
-        let linked = rustix::fs::flock(&fd, op).and_then(|()| {
-            rustix::fs::linkat(
-                self.fd.as_fd(),
-                temp.as_str(),
-                self.fd.as_fd(),
-                FLOCK_FILE,
-                AtFlags::empty(),
-            )
-        });
-        let _ = rustix::fs::unlinkat(self.fd.as_fd(), temp.as_str(), AtFlags::empty());
-        let fd = match linked {
-            Ok(()) => fd,
+        // Published as a shared store publishes a block: never over a name another store made.
+        let published = rustix::fs::flock(&fd, op)
+            .and_then(|()| self.publish_noreplace_in(&top, &temp, FLOCK_FILE));
+        if !matches!(published, Ok(true)) {
+            let _ = self.unlink_in(&top, &temp, None);
+        }
+        let fd = match published {
+            Ok(_) => fd,
             // Another store made one first (an opener about to lock it, or one that has):
             // whoever locks it first holds the worker.
             Err(Errno::EXIST) => match self.open_file(FLOCK_FILE, OFlags::RDONLY)? {

@@ -202,6 +202,16 @@ struct Background {
     stats_interval: std::time::Duration,
 }
 
+/// Takes a background thread's handle out of its slot (dropping it stops the thread).
+fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
+    slot.lock().unwrap_or_else(|e| e.into_inner()).take()
+}
+
+/// Puts a background thread's handle in its slot.
+fn put<T>(slot: &Mutex<Option<T>>, handle: T) {
+    *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+}
+
 impl Inner {
     /// Checks that the worker lock's file is still the one this store locked, and puts one
     /// back if it was removed ([`BlockDir::keep_lock`]); run every
@@ -232,26 +242,9 @@ impl Inner {
     /// Stops the background threads (waiting for work in progress), publishes the final
     /// counters and releases the worker lock.
     fn close(&self) {
-        let keeper = self
-            .threads
-            .lock_keeper
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        drop(keeper);
-        let evictor = self
-            .threads
-            .evictor
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        drop(evictor);
-        let writer = self
-            .threads
-            .stats_writer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        drop(take(&self.threads.lock_keeper));
+        drop(take(&self.threads.evictor));
+        let writer = take(&self.threads.stats_writer);
         if let Some(sh) = &self.shared {
             if let Err(e) = sh.flush() {
                 tracing::warn!(error = %e, "could not write the usage ledger");
@@ -540,22 +533,14 @@ impl Store {
         // unlinking ahead of the puts would leave nothing to reuse.
         if !read_only && !shared_mode && !reuse && limits.is_bounded() && limits.high < 1.0 {
             let ev = Evictor::spawn(Arc::downgrade(&inner)).map_err(thread_err)?;
-            *inner
-                .threads
-                .evictor
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(ev);
+            put(&inner.threads.evictor, ev);
         }
         if let Some(i) = stats_interval {
             let w = Periodic::spawn("tierkv-stats", Arc::downgrade(&inner), i, move |inner| {
                 inner.write_live_stats(true, i)
             })
             .map_err(thread_err)?;
-            *inner
-                .threads
-                .stats_writer
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(w);
+            put(&inner.threads.stats_writer, w);
         }
         // Enforce the capacity on what the tree already holds.
         if !read_only {
@@ -590,11 +575,7 @@ impl Store {
                 Inner::keep_lock,
             )
             .map_err(|e| Error::from_io(inner.ns.path(), e))?;
-            *inner
-                .threads
-                .lock_keeper
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(k);
+            put(&inner.threads.lock_keeper, k);
         }
         Ok(Store {
             _open: Arc::new(OpenGuard(inner.clone())),
