@@ -146,12 +146,106 @@ def scan(rng, ids, requests):
     return out
 
 
+def multiturn(rng, ids, requests):
+    """Multi-turn sessions and one-shot prompts behind one shared system prompt, most blocks
+    seen once: half the requests are one-shot (the system prompt and 4-60 fresh blocks), half
+    the next turn of one of 400 open sessions, picked with Pareto(0.8) weights (a few sessions
+    run fast, tool loops; most come back slowly, people), each turn adding 1-6 blocks and a
+    session closing after a geometric number of turns (mean 9). At small capacities admission
+    decides (the one-shot tails flush the sessions under LRU), at large ones recency."""
+    system = ids.take(4)
+    live = []
+    out = []
+    while len(out) < requests:
+        if rng.random() < 0.5:
+            out.append(system + ids.take(rng.randint(4, 60)))
+            continue
+        while len(live) < 400:
+            live.append({"ids": list(system), "left": 1 + int(rng.expovariate(1 / 8.0)),
+                         "w": rng.paretovariate(0.8)})
+        c = rng.choices(live, weights=[x["w"] for x in live])[0]
+        c["ids"] = c["ids"] + ids.take(rng.randint(1, 6))
+        out.append(list(c["ids"]))
+        c["left"] -= 1
+        if c["left"] == 0:
+            live.remove(c)
+    return out
+
+
+def tenants(rng, ids, requests):
+    """Long shared prefixes and one-shot tails: 60 tenants' system prompts of 10-120 blocks
+    with Zipf(1.0) popularity; three requests in four are one-shot (the prompt and a fresh
+    tail of 5-60 blocks), one in four the next turn of one of the tenant's 20 open sessions,
+    each turn adding 2-12 blocks and a session closing after 8 turns."""
+    prompts = [ids.take(rng.randint(10, 120)) for _ in range(60)]
+    sessions = [[] for _ in prompts]
+    out = []
+    for _ in range(requests):
+        t = zipf_index(rng, len(prompts), 1.0)
+        if rng.random() < 0.75:
+            out.append(prompts[t] + ids.take(rng.randint(5, 60)))
+            continue
+        open_ = sessions[t]
+        if len(open_) < 20:
+            open_.append({"ids": list(prompts[t]), "turns": 0})
+        c = open_[rng.randrange(len(open_))]
+        c["ids"] = c["ids"] + ids.take(rng.randint(2, 12))
+        c["turns"] += 1
+        out.append(list(c["ids"]))
+        if c["turns"] == 8:
+            open_.remove(c)
+    return out
+
+
+def loop(rng, ids, requests):
+    """Adversarial for recency: 50 chains of 20 blocks (1,000 blocks) asked in a fixed cyclic
+    order, so a cache smaller than the loop gets no hit under LRU; one request in ten is one
+    of 10 hot chains instead."""
+    ring = [ids.take(20) for _ in range(50)]
+    hot = [ids.take(20) for _ in range(10)]
+    out = []
+    k = 0
+    for _ in range(requests):
+        if rng.random() < 0.1:
+            out.append(list(hot[rng.randrange(len(hot))]))
+        else:
+            out.append(list(ring[k % len(ring)]))
+            k += 1
+    return out
+
+
+def phases(rng, ids, requests):
+    """A workload that changes its nature: alternating phases of a tenth of the trace each,
+    chat-like (recency wins: every turn's prefix comes back soon) and scan-like (a hot set
+    with long one-off scans: admission wins), so a policy must follow the change."""
+    chats = [[] for _ in range(50)]
+    hot = [ids.take(rng.randint(4, 16)) for _ in range(100)]
+    out = []
+    phase_len = max(1, requests // 10)
+    for n in range(requests):
+        if (n // phase_len) % 2 == 0:
+            c = rng.randrange(len(chats))
+            if not chats[c] or len(chats[c]) > 60:
+                chats[c] = ids.take(2)
+            chats[c] = chats[c] + ids.take(rng.randint(1, 4))
+            out.append(list(chats[c]))
+        elif rng.random() < 0.06:
+            out.append(ids.take(rng.randint(200, 1200)))
+        else:
+            out.append(list(hot[rng.randrange(len(hot))]))
+    return out
+
+
 SHAPES = {
     "conversation": conversation,
     "agent": agent,
     "chat": chat,
     "documents": documents,
     "scan": scan,
+    "multiturn": multiturn,
+    "tenants": tenants,
+    "loop": loop,
+    "phases": phases,
 }
 
 
