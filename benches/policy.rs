@@ -1,6 +1,7 @@
-//! The cost of the eviction policies at 1M cached blocks: time per block access (a request
-//! of 8 blocks: a 4-block hit prefix, then 4 new blocks, each evicting one), and the policy's
-//! state per cached block (heap bytes live, counted by the allocator), for
+//! The cost of the eviction policies at 64Ki cached blocks (where the default's shadows are
+//! exact and the real cache mirrors the leader) and at 1M (where they sample): time per block
+//! access (a request of 8 blocks: a 4-block hit prefix, then 4 new blocks, each evicting one),
+//! and the policy's state per cached block (heap bytes live, counted by the allocator), for
 //! every policy side by side in one run. `cargo bench --bench policy`; docs/eviction.md has the
 //! figures.
 
@@ -12,7 +13,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use tierkv::index::policy::{Access, Policy};
 use tierkv::{BlockHash, PolicyKind};
 
-const BLOCKS: u64 = 1 << 20;
+const SIZES: [u64; 3] = [1 << 14, 1 << 16, 1 << 20];
 
 fn key(i: u64) -> BlockHash {
     BlockHash::chain(None, &[(i >> 32) as u32, i as u32])
@@ -44,13 +45,13 @@ fn live_bytes() -> u64 {
     LIVE.load(Ordering::Relaxed)
 }
 
-/// A policy ordering `BLOCKS` blocks (64-block chains, as the index reports them), and the
+/// A policy ordering `blocks` blocks (64-block chains, as the index reports them), and the
 /// heap bytes it holds.
-fn full_policy(kind: PolicyKind) -> (Box<dyn Policy>, u64) {
+fn full_policy(kind: PolicyKind, blocks: u64) -> (Box<dyn Policy>, u64) {
     let before = live_bytes();
     let mut p = kind.build();
-    p.set_capacity_hint(BLOCKS as usize);
-    for c in 0..BLOCKS / 64 {
+    p.set_capacity_hint(blocks as usize);
+    for c in 0..blocks / 64 {
         p.on_chain(None);
         for i in 0..64 {
             let h = key(c * 64 + i);
@@ -67,7 +68,13 @@ fn full_policy(kind: PolicyKind) -> (Box<dyn Policy>, u64) {
 }
 
 fn policies(c: &mut Criterion) {
-    let mut g = c.benchmark_group("policy_access_1M");
+    for blocks in SIZES {
+        sized(c, blocks);
+    }
+}
+
+fn sized(c: &mut Criterion, blocks: u64) {
+    let mut g = c.benchmark_group(format!("policy_access_{}Ki", blocks >> 10));
     g.throughput(Throughput::Elements(8));
     g.sample_size(20);
     for kind in [
@@ -76,12 +83,12 @@ fn policies(c: &mut Criterion) {
         PolicyKind::Arc,
         PolicyKind::Adaptive,
     ] {
-        let (mut p, grew) = full_policy(kind);
+        let (mut p, grew) = full_policy(kind, blocks);
         eprintln!(
-            "{kind}: {:.0} heap bytes of policy state per cached block at {BLOCKS} blocks",
-            grew as f64 / BLOCKS as f64
+            "{kind}: {:.0} heap bytes of policy state per cached block at {blocks} blocks",
+            grew as f64 / blocks as f64
         );
-        let mut next = BLOCKS;
+        let mut next = blocks;
         let mut req = 0u64;
         g.bench_with_input(BenchmarkId::from_parameter(kind), &kind, |b, _| {
             b.iter(|| {
@@ -111,6 +118,9 @@ fn policies(c: &mut Criterion) {
                 next += 4;
             })
         });
+        if !p.summary().is_empty() {
+            eprintln!("{kind} at {blocks} blocks: {}", p.summary());
+        }
     }
     g.finish();
 }

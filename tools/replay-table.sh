@@ -43,7 +43,7 @@ for name in $(printf '%s\n' "${!TRACES[@]}" | sort); do
 import sys
 name, cap = sys.argv[1], sys.argv[2]
 lru, adm, arc, ad, bel = map(float, sys.argv[3:])
-best = max(lru, adm)
+best = max(lru, adm, arc)
 print(f"| {name} | {int(cap):,} | {lru:.4f} | {adm:.4f} | {arc:.4f} | {ad:.4f} | {bel:.4f} | {ad - best:+.4f} | {bel - ad:.4f} |")
 PY
   done

@@ -793,6 +793,12 @@ impl Index {
         }
     }
 
+    /// The policy's one-line summary of its state ([`Policy::summary`]).
+    #[cfg(test)]
+    pub(crate) fn policy_summary(&self) -> String {
+        self.lock().policy.summary()
+    }
+
     /// The policy's name.
     pub fn policy_name(&self) -> &'static str {
         self.lock().policy.name()

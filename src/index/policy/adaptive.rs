@@ -3,8 +3,10 @@
 
 use std::collections::{HashMap, HashSet};
 
+use lru::LruCache;
+
 use super::door::{Doorkeeper, mix};
-use super::{Access, ArcPolicy, Lru, Policy};
+use super::{Access, Admit2, ArcPolicy, Lru, Policy, pop_lru_unpinned};
 use crate::key::BlockHash;
 
 /// Shadow caches simulate at most this many blocks each; above it they follow a hash-sampled
@@ -24,6 +26,11 @@ pub const DOOR_WINDOW_CAPACITIES: usize = 4;
 /// follows a workload that changes, and a candidate must lead for a while to be followed.
 pub const HALF_LIFE_CAPACITIES: usize = 4;
 
+/// The leader changes when another shadow leads it by this many standard deviations of the
+/// difference of their hits (McNemar's test on the references where one hit and the other did
+/// not).
+pub const SWITCH_SIGMAS: f64 = 3.0;
+
 /// What a candidate (and the real cache, following the leader) does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
@@ -31,16 +38,30 @@ enum Mode {
     ArcDoor,
     Lru,
     LruDoor,
+    /// The `admit2` rule itself (its ghost list of 4x the capacity), so that the default has
+    /// the simple rule it must match among its candidates.
+    Admit2,
 }
 
-const MODES: [Mode; 4] = [Mode::Arc, Mode::ArcDoor, Mode::Lru, Mode::LruDoor];
+const MODES: [Mode; 5] = [
+    Mode::Arc,
+    Mode::ArcDoor,
+    Mode::Lru,
+    Mode::LruDoor,
+    Mode::Admit2,
+];
 
 impl Mode {
     fn arc(self) -> bool {
         matches!(self, Mode::Arc | Mode::ArcDoor)
     }
+    /// Admits on second sight through the doorkeeper.
     fn door(self) -> bool {
         matches!(self, Mode::ArcDoor | Mode::LruDoor)
+    }
+    /// Admits on second sight, by either mechanism.
+    fn second_sight(self) -> bool {
+        self.door() || self == Mode::Admit2
     }
     fn name(self) -> &'static str {
         match self {
@@ -48,6 +69,7 @@ impl Mode {
             Mode::ArcDoor => "arc+door",
             Mode::Lru => "lru",
             Mode::LruDoor => "lru+door",
+            Mode::Admit2 => "admit2",
         }
     }
 }
@@ -73,14 +95,18 @@ struct Shadow {
     /// The current chain's blocks (not evicted while it is placed), and its last block.
     chain: HashSet<BlockHash>,
     prev: Option<BlockHash>,
+    /// The blocks this shadow evicted since the owner last took them (kept for the leader
+    /// only, which the real cache mirrors).
+    evicted: Vec<BlockHash>,
+    log_evictions: bool,
 }
 
 impl Shadow {
     fn new(mode: Mode, cap: usize, door_window: usize) -> Self {
-        let mut evict: Box<dyn Policy> = if mode.arc() {
-            Box::new(ArcPolicy::new())
-        } else {
-            Box::new(Lru::new())
+        let mut evict: Box<dyn Policy> = match mode {
+            Mode::Arc | Mode::ArcDoor => Box::new(ArcPolicy::new()),
+            Mode::Lru | Mode::LruDoor => Box::new(Lru::new()),
+            Mode::Admit2 => Box::new(Admit2::new(4)),
         };
         evict.set_capacity_hint(cap);
         Shadow {
@@ -94,6 +120,8 @@ impl Shadow {
             declined: false,
             chain: HashSet::new(),
             prev: None,
+            evicted: Vec::new(),
+            log_evictions: false,
         }
     }
 
@@ -107,7 +135,8 @@ impl Shadow {
 
     /// The engine asked for `h`, the next block of the current chain: a hit if it is present
     /// and so is the whole chain before it (a prefix hit), else a miss that may be stored.
-    fn reference(&mut self, h: BlockHash) {
+    /// Returns whether it was a prefix hit.
+    fn reference(&mut self, h: BlockHash) -> bool {
         let prev = self.prev.replace(h);
         if self.present.contains_key(&h) && !self.declined {
             if self.run {
@@ -119,14 +148,21 @@ impl Shadow {
             }]);
             self.chain.insert(h);
             self.link(prev, h);
-            return;
+            return self.run;
         }
         self.run = false;
         // Every offer is a sighting, also one after a block that was not admitted.
         let second = self.door.sight(&h) || !self.mode.door() || self.present.len() < self.cap;
-        if self.declined || !second || !self.insert(h, prev) {
+        if self.declined {
+            // As the index does: the policy still sees the offer, then forgets it.
+            if !self.present.contains_key(&h) {
+                let _ = self.evict.admit(&h);
+                self.evict.on_remove(&h);
+            }
+        } else if !second || !self.insert(h, prev) {
             self.declined = true;
         }
+        false
     }
 
     fn link(&mut self, parent: Option<BlockHash>, child: BlockHash) {
@@ -160,6 +196,9 @@ impl Shadow {
                 if let Some(pe) = self.present.get_mut(&p) {
                     pe.1 -= 1;
                 }
+            }
+            if self.log_evictions {
+                self.evicted.push(v);
             }
         }
         self.present.insert(h, (None, 0));
@@ -200,6 +239,9 @@ pub struct Adaptive {
     cap_hint: usize,
     /// References seen by the shadows since the last halving.
     refs: usize,
+    /// For each pair of shadows (in [`MODES`] order), the references on which exactly one of
+    /// the two hit, halved with the hits: what the difference of their hits varies by.
+    discordant: [[f64; MODES.len()]; MODES.len()],
     /// The last block referenced, and whether its chain is one the shadows follow.
     last_ref: Option<BlockHash>,
     chain_sampled: bool,
@@ -208,6 +250,10 @@ pub struct Adaptive {
     leader: Mode,
     switches: u64,
     fixed: bool,
+    /// With exact shadows: the real blocks the leader's shadow does not hold, least recently
+    /// marked first. They are the first victims, so the real cache converges to the leader's
+    /// content and then stays equal to it.
+    extra: LruCache<BlockHash, ()>,
 }
 
 impl Default for Adaptive {
@@ -240,12 +286,14 @@ impl Adaptive {
             door_window: door_window_capacities.max(1),
             cap_hint: 0,
             refs: 0,
+            discordant: [[0.0; MODES.len()]; MODES.len()],
             last_ref: None,
             chain_sampled: false,
             at_root: false,
             leader: Mode::Arc,
             switches: 0,
             fixed: false,
+            extra: LruCache::unbounded(),
         }
     }
 
@@ -270,6 +318,53 @@ impl Adaptive {
         self.switches
     }
 
+    /// The real cache mirrors the leader's shadow block for block: its shadows are exact.
+    fn mirrors(&self) -> bool {
+        self.sample == 1 && !self.shadows.is_empty()
+    }
+
+    fn leader_shadow(&self) -> Option<&Shadow> {
+        self.shadows.iter().find(|s| s.mode == self.leader)
+    }
+
+    /// Marks the real blocks that the leader's shadow does not hold (after a switch, or when
+    /// the shadows are built).
+    fn remark_extra(&mut self) {
+        self.extra.clear();
+        let mirrors = self.mirrors();
+        for s in &mut self.shadows {
+            s.log_evictions = mirrors && s.mode == self.leader;
+            s.evicted.clear();
+        }
+        let Some(l) = self.mirrors().then(|| self.leader_shadow()).flatten() else {
+            return;
+        };
+        let extra: Vec<BlockHash> = self
+            .lru
+            .oldest_first()
+            .filter(|h| !l.present.contains_key(h))
+            .copied()
+            .collect();
+        for h in extra {
+            self.extra.put(h, ());
+        }
+    }
+
+    /// Brings the marks up to date after the leader's shadow saw `h`.
+    fn track_leader(&mut self, h: &BlockHash) {
+        let Some(i) = self.shadows.iter().position(|s| s.mode == self.leader) else {
+            return;
+        };
+        for v in std::mem::take(&mut self.shadows[i].evicted) {
+            if self.lru.contains(&v) {
+                self.extra.put(v, ());
+            }
+        }
+        if self.shadows[i].present.contains_key(h) {
+            self.extra.pop(h);
+        }
+    }
+
     fn sampled(&self, h: &BlockHash) -> bool {
         self.sample == 1 || mix(h).rotate_left(17) % self.sample == 0
     }
@@ -285,8 +380,20 @@ impl Adaptive {
         if self.shadows.is_empty() || !self.chain_sampled {
             return;
         }
-        for s in &mut self.shadows {
-            s.reference(h);
+        let mut hit = [false; MODES.len()];
+        for (s, hit) in self.shadows.iter_mut().zip(&mut hit) {
+            *hit = s.reference(h);
+        }
+        for i in 0..MODES.len() {
+            for j in 0..i {
+                if hit[i] != hit[j] {
+                    self.discordant[i][j] += 1.0;
+                    self.discordant[j][i] += 1.0;
+                }
+            }
+        }
+        if self.mirrors() {
+            self.track_leader(&h);
         }
         self.refs += 1;
         let shadow_cap = self.shadows[0].cap;
@@ -295,27 +402,35 @@ impl Adaptive {
             for s in &mut self.shadows {
                 s.hits *= 0.5;
             }
+            for d in self.discordant.iter_mut().flatten() {
+                *d *= 0.5;
+            }
         }
-        if self.fixed {
+        if !self.fixed {
+            self.follow_the_leader();
+        }
+    }
+
+    /// Switches to the shadow with the most recent hits if it leads the current leader by
+    /// more than chance explains; on a tie keeps the current one.
+    fn follow_the_leader(&mut self) {
+        let Some(cur) = self.shadows.iter().position(|s| s.mode == self.leader) else {
             return;
-        }
-        // Follow the leader; on a tie keep the current one.
-        let cur = self
-            .shadows
-            .iter()
-            .find(|s| s.mode == self.leader)
-            .map_or(0.0, |s| s.hits);
-        // Switch only on a difference the hit counts' noise does not explain: counts of
-        // independent events vary by about their square root, so two standard deviations of
-        // the difference.
-        if let Some(best) = self
-            .shadows
-            .iter()
-            .filter(|s| s.hits - cur > 2.0 * (s.hits + cur).sqrt())
-            .max_by(|a, b| a.hits.total_cmp(&b.hits))
-        {
-            self.leader = best.mode;
+        };
+        let cur_hits = self.shadows[cur].hits;
+        // Both shadows see the same references, so their hit counts differ only on the
+        // references where one hit and the other did not (McNemar's test): a difference of
+        // two standard deviations of those discordant counts is not chance.
+        let best = (0..self.shadows.len())
+            .filter(|&i| {
+                let lead = self.shadows[i].hits - cur_hits;
+                lead > 0.0 && lead > SWITCH_SIGMAS * self.discordant[i][cur].sqrt()
+            })
+            .max_by(|&a, &b| self.shadows[a].hits.total_cmp(&self.shadows[b].hits));
+        if let Some(best) = best {
+            self.leader = self.shadows[best].mode;
             self.switches += 1;
+            self.remark_extra();
         }
     }
 
@@ -343,6 +458,8 @@ impl Adaptive {
             .map(|&m| Shadow::new(m, shadow_cap, w))
             .collect();
         self.refs = 0;
+        self.discordant = [[0.0; MODES.len()]; MODES.len()];
+        self.remark_extra();
     }
 }
 
@@ -382,6 +499,17 @@ impl Policy for Adaptive {
                     for s in &mut self.shadows {
                         s.insert(a.hash, None);
                     }
+                    if self.mirrors() {
+                        self.track_leader(&a.hash);
+                    }
+                }
+                // Stored while the leader holds it not (free room): a first victim.
+                if self.mirrors()
+                    && self
+                        .leader_shadow()
+                        .is_some_and(|l| !l.present.contains_key(&a.hash))
+                {
+                    self.extra.put(a.hash, ());
                 }
             } else {
                 self.reference(a.hash);
@@ -395,7 +523,12 @@ impl Policy for Adaptive {
         let arc = self.arc.admit(hash);
         // A doorkeeper only spares room: while there is free room, everything is admitted.
         let full = self.cap_hint > 0 && self.lru.len() >= self.cap_hint;
-        if self.leader.door() && !second && full {
+        let declined = match self.leader_shadow().filter(|_| self.mirrors()) {
+            // As the leader's shadow did, having just seen this offer.
+            Some(l) => full && !l.present.contains_key(hash),
+            None => self.leader.second_sight() && !second && full,
+        };
+        if declined {
             // Not stored: ARC forgets the ghost hit it noted for the insertion.
             self.arc.on_remove(hash);
             return false;
@@ -407,6 +540,11 @@ impl Policy for Adaptive {
     }
 
     fn victim(&mut self, pinned: &dyn Fn(&BlockHash) -> bool) -> Option<BlockHash> {
+        if let Some(v) = pop_lru_unpinned(&mut self.extra, pinned) {
+            self.lru.on_remove(&v);
+            self.arc.evicted(&v);
+            return Some(v);
+        }
         let v = if self.leader.arc() {
             let v = self.arc.victim(pinned)?;
             self.lru.on_remove(&v);
@@ -416,6 +554,7 @@ impl Policy for Adaptive {
             self.arc.evicted(&v);
             v
         };
+        self.extra.pop(&v);
         Some(v)
     }
 
@@ -423,6 +562,15 @@ impl Policy for Adaptive {
         self.lru.on_remove(hash);
         self.arc.on_remove(hash);
         self.admitted.remove(hash);
+        self.extra.pop(hash);
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "following {} after {} switches",
+            self.leader.name(),
+            self.switches
+        )
     }
 
     fn set_capacity_hint(&mut self, blocks: usize) {
@@ -539,6 +687,120 @@ mod tests {
         s.reference(h(99));
         s.reference(h(20));
         assert_eq!(s.hits, 3.0);
+    }
+
+    /// Drives the policy as the index does, with one-block chains (so that prefix closure
+    /// plays no part) and a real cache of `cap` blocks; returns the real cache's blocks.
+    fn drive(a: &mut Adaptive, cap: usize, ids: &[u64], real: &mut HashSet<BlockHash>) {
+        for &i in ids {
+            let b = h(i);
+            a.on_chain(None);
+            if real.contains(&b) {
+                a.on_access(&[Access {
+                    hash: b,
+                    inserted: false,
+                }]);
+                continue;
+            }
+            if !a.admit(&b) {
+                continue;
+            }
+            while real.len() >= cap {
+                let v = a.victim(&|x| *x == b).expect("a victim");
+                assert!(real.remove(&v), "victim {v:?} is not stored");
+            }
+            real.insert(b);
+            a.on_access(&[Access {
+                hash: b,
+                inserted: true,
+            }]);
+        }
+    }
+
+    /// A hot set of 150 blocks reused at random, with runs of one-off blocks between.
+    fn hot_and_runs(n: usize, seed: u64) -> Vec<u64> {
+        let mut x = seed;
+        let mut out = Vec::new();
+        let mut fresh = 1_000_000;
+        while out.len() < n {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            if (x >> 60) < 3 {
+                out.extend(fresh..fresh + 40);
+                fresh += 40;
+            } else {
+                out.push((x >> 33) % 150);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_real_cache_holds_what_the_leaders_shadow_holds() {
+        for mode in ["lru", "lru+door", "arc", "arc+door", "admit2"] {
+            let mut a = Adaptive::fixed(mode, DOOR_WINDOW_CAPACITIES);
+            a.set_capacity_hint(100);
+            let mut real = HashSet::new();
+            drive(&mut a, 100, &hot_and_runs(20_000, 7), &mut real);
+            let l = a.leader_shadow().expect("a leader");
+            let held: HashSet<BlockHash> = l.present.keys().copied().collect();
+            assert_eq!(
+                real, held,
+                "{mode}: the real cache is not the leader's shadow"
+            );
+            assert!(a.extra.is_empty(), "{mode}: {} marked", a.extra.len());
+        }
+    }
+
+    #[test]
+    fn after_a_switch_the_real_cache_converges_to_the_new_leader() {
+        let mut a = Adaptive::fixed("lru", DOOR_WINDOW_CAPACITIES);
+        a.set_capacity_hint(100);
+        let mut real = HashSet::new();
+        drive(&mut a, 100, &hot_and_runs(5_000, 3), &mut real);
+        a.leader = Mode::Admit2;
+        a.remark_extra();
+        let held = |a: &Adaptive| -> HashSet<BlockHash> {
+            a.leader_shadow()
+                .expect("leader")
+                .present
+                .keys()
+                .copied()
+                .collect()
+        };
+        let differ = real.symmetric_difference(&held(&a)).count();
+        assert!(differ > 20, "the two rules hold other blocks: {differ}");
+        assert_eq!(a.extra.len(), real.difference(&held(&a)).count());
+        drive(&mut a, 100, &hot_and_runs(20_000, 5), &mut real);
+        assert_eq!(real, held(&a), "not converged");
+    }
+
+    #[test]
+    fn the_leader_changes_only_on_a_lead_chance_does_not_explain() {
+        let mut a = Adaptive::new();
+        a.set_capacity_hint(100);
+        let (arc, lru) = (0, 2);
+        assert_eq!(a.shadows[arc].mode, Mode::Arc);
+        assert_eq!(a.shadows[lru].mode, Mode::Lru);
+        a.shadows[arc].hits = 100.0;
+        a.shadows[lru].hits = 130.0;
+        // A lead of 30 on 200 discordant references: under 3 standard deviations (42).
+        a.discordant[arc][lru] = 200.0;
+        a.discordant[lru][arc] = 200.0;
+        a.follow_the_leader();
+        assert_eq!((a.leader, a.switches), (Mode::Arc, 0));
+        // The same lead on 90 discordant references: over 3 standard deviations (28.5).
+        a.discordant[arc][lru] = 90.0;
+        a.discordant[lru][arc] = 90.0;
+        a.follow_the_leader();
+        assert_eq!((a.leader, a.switches), (Mode::Lru, 1));
+        // A lead of exactly 3 standard deviations is not enough.
+        a.shadows[arc].hits = 130.0 + 30.0;
+        a.discordant[arc][lru] = 100.0;
+        a.discordant[lru][arc] = 100.0;
+        a.follow_the_leader();
+        assert_eq!((a.leader, a.switches), (Mode::Lru, 1));
     }
 
     #[test]

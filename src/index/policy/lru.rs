@@ -26,6 +26,16 @@ impl Lru {
         self.list.len()
     }
 
+    /// Whether it orders `h`.
+    pub(crate) fn contains(&self, h: &BlockHash) -> bool {
+        self.list.contains(h)
+    }
+
+    /// Its blocks, least recent first.
+    pub(crate) fn oldest_first(&self) -> impl Iterator<Item = &BlockHash> {
+        self.list.iter().rev().map(|(h, _)| h)
+    }
+
     /// Whether it orders none.
     pub fn is_empty(&self) -> bool {
         self.list.is_empty()

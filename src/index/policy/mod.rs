@@ -64,6 +64,12 @@ pub trait Policy: Send + fmt::Debug {
     /// deleted behind the store's back).
     fn on_remove(&mut self, hash: &BlockHash);
 
+    /// One line on the policy's own state, for diagnostics (the adaptive policy names the
+    /// rule it follows); empty by default.
+    fn summary(&self) -> String {
+        String::new()
+    }
+
     /// The capacity in blocks, when known (sizes ghost lists).
     fn set_capacity_hint(&mut self, blocks: usize) {
         let _ = blocks;
@@ -141,6 +147,7 @@ pub(crate) fn pop_lru_unpinned(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use std::collections::HashSet;
 
     pub(crate) fn h(i: u64) -> BlockHash {
         let mut b = [0u8; 32];
@@ -152,6 +159,19 @@ pub(crate) mod tests {
     /// block-count capacity, in the calls the store makes for `tierkv-bench --rw replay`: the
     /// hit prefix is read (`get_many`), the rest offered (`offer_many`).
     pub(crate) fn replay(policy: Box<dyn Policy>, cap: usize, reqs: &[Vec<u64>]) -> f64 {
+        let (hits, refs) = replay_counts(policy, cap, reqs)
+            .0
+            .iter()
+            .fold((0, 0), |(h, r), &(h1, r1)| (h + h1, r + r1));
+        hits as f64 / refs as f64
+    }
+
+    /// As [`replay`]: each request's hits and references, and the policy's summary at the end.
+    pub(crate) fn replay_counts(
+        policy: Box<dyn Policy>,
+        cap: usize,
+        reqs: &[Vec<u64>],
+    ) -> (Vec<(usize, usize)>, String) {
         use crate::index::{Index, Limits, Offer};
         let limits = Limits {
             max_bytes: None,
@@ -160,11 +180,10 @@ pub(crate) mod tests {
             low: 1.0,
         };
         let index = Index::new(limits, policy);
-        let (mut hits, mut refs) = (0usize, 0usize);
+        let mut counts = Vec::with_capacity(reqs.len());
         for r in reqs {
             let n = r.iter().take_while(|&&i| index.contains(&h(i))).count();
-            hits += n;
-            refs += r.len();
+            counts.push((n, r.len()));
             index.record_hits(&r[..n].iter().map(|&i| h(i)).collect::<Vec<_>>());
             let rest: Vec<(BlockHash, u64)> = r[n..].iter().map(|&i| (h(i), 1)).collect();
             let after = n.checked_sub(1).map(|i| h(r[i]));
@@ -176,7 +195,23 @@ pub(crate) mod tests {
                 }
             }
         }
-        hits as f64 / refs as f64
+        (counts, index.policy_summary())
+    }
+
+    /// As [`replay`], also giving the hit ratio of the requests from `from` on, and the
+    /// policy's summary at the end.
+    pub(crate) fn replay_split(
+        policy: Box<dyn Policy>,
+        cap: usize,
+        reqs: &[Vec<u64>],
+        from: usize,
+    ) -> (f64, f64, String) {
+        let (counts, summary) = replay_counts(policy, cap, reqs);
+        let sum = |c: &[(usize, usize)]| {
+            let (h, r) = c.iter().fold((0, 0), |(h, r), &(h1, r1)| (h + h1, r + r1));
+            h as f64 / r as f64
+        };
+        (sum(&counts), sum(&counts[from..]), summary)
     }
 
     /// The reference simulation of tests/data/README.md, written without the index or the
@@ -314,43 +349,103 @@ pub(crate) mod tests {
         }
     }
 
-    /// The default is never more than 0.005 below the better of LRU and admit-on-second-sight
-    /// on any workload shape of `tools/gen-trace.py` (4,000 requests, seed 1: the traces of
-    /// docs/eviction.md's figures), at 1,000 and 4,000 blocks.
+    /// The capacities a shape is tested at, in percent of its distinct blocks: 1 % to 50 %,
+    /// and for the loop, capacities just smaller than the loop, where recency gets nothing.
+    pub(crate) fn test_capacities(shape: &str) -> &'static [usize] {
+        if shape == "loop" {
+            &[50, 90]
+        } else {
+            &[1, 5, 20, 50]
+        }
+    }
+
+    /// A trace of `tools/gen-trace.py` (4,000 requests, seed 1: the traces of
+    /// docs/eviction.md's figures).
+    pub(crate) fn generated(shape: &str) -> Vec<Vec<u64>> {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/gen-trace.py");
+        let out = std::process::Command::new("python3")
+            .args([script, shape, "--seed", "1", "--requests", "4000"])
+            .output()
+            .expect("python3");
+        assert!(out.status.success(), "{shape}");
+        parse_trace(&String::from_utf8(out.stdout).expect("utf-8"))
+    }
+
+    /// Once past the first 10 % of a trace (where it finds its rule), the default is at least
+    /// the best of LRU, ARC and admit-on-second-sight, or within 0.005 of it, on every shape of
+    /// `tools/gen-trace.py`, at capacities from 1 % to 50 % of the shape's distinct blocks up to
+    /// [`SHADOW_BLOCKS`], where the shadows are exact (the whole-trace figures, and those of
+    /// larger capacities, are printed; docs/eviction.md has them). The set is wide enough
+    /// that each simple rule loses by more than that tolerance somewhere: a policy tuned on one
+    /// shape fails another.
     #[test]
     #[cfg_attr(
         debug_assertions,
         ignore = "optimised only: cargo test --release --lib policy"
     )]
-    fn the_default_is_safe_on_every_shape() {
+    fn the_default_is_at_least_the_best_simple_rule_on_every_shape() {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/gen-trace.py");
         let list = std::process::Command::new("python3")
             .args([script, "--list"])
             .output()
             .expect("python3");
         let shapes = String::from_utf8(list.stdout).expect("utf-8");
-        assert!(shapes.lines().count() >= 5, "{shapes}");
+        assert!(shapes.lines().count() >= 9, "{shapes}");
         let mut worst = f64::INFINITY;
+        // How far below the best each simple rule falls at its worst.
+        let mut rule_worst = [0.0f64; 3];
+        let mut failures = Vec::new();
         for shape in shapes.lines() {
-            let out = std::process::Command::new("python3")
-                .args([script, shape, "--seed", "1", "--requests", "4000"])
-                .output()
-                .expect("python3");
-            assert!(out.status.success(), "{shape}");
-            let reqs = parse_trace(&String::from_utf8(out.stdout).expect("utf-8"));
-            for cap in [1000, 4000] {
-                let lru = replay(Box::new(Lru::new()), cap, &reqs);
-                let admit = replay(Box::new(Admit2::new(4)), cap, &reqs);
-                let ad = replay(Box::new(Adaptive::new()), cap, &reqs);
-                eprintln!("{shape} {cap}: lru {lru:.4} admit2 {admit:.4} adaptive {ad:.4}");
-                worst = worst.min(ad - lru.max(admit));
-                assert!(
-                    ad >= lru.max(admit) - 0.005,
-                    "{shape} at {cap}: adaptive {ad:.4}, lru {lru:.4}, admit2 {admit:.4}"
+            let reqs = generated(shape);
+            let distinct = reqs.iter().flatten().collect::<HashSet<_>>().len();
+            let tail = reqs.len() / 10;
+            for &pct in test_capacities(shape) {
+                let cap = distinct * pct / 100;
+                let simple = [
+                    replay_split(Box::new(Lru::new()), cap, &reqs, tail),
+                    replay_split(Box::new(ArcPolicy::new()), cap, &reqs, tail),
+                    replay_split(Box::new(Admit2::new(4)), cap, &reqs, tail),
+                ];
+                let ad = replay_split(Box::new(Adaptive::new()), cap, &reqs, tail);
+                let best = simple.iter().map(|r| r.0).fold(0.0, f64::max);
+                let best_late = simple.iter().map(|r| r.1).fold(0.0, f64::max);
+                for (w, r) in rule_worst.iter_mut().zip(&simple) {
+                    *w = w.max(best - r.0);
+                }
+                // Above SHADOW_BLOCKS the shadows sample chains: an estimate, not asserted.
+                let exact = cap <= SHADOW_BLOCKS;
+                let sampled = if exact { "" } else { ", sampled" };
+                eprintln!(
+                    "{shape} {cap} ({pct} %{sampled}): lru {:.4} arc {:.4} admit2 {:.4} adaptive {:.4} \
+                     ({:+.4}; after 10 %: {:+.4}; {})",
+                    simple[0].0,
+                    simple[1].0,
+                    simple[2].0,
+                    ad.0,
+                    ad.0 - best,
+                    ad.1 - best_late,
+                    ad.2,
                 );
+                if !exact {
+                    continue;
+                }
+                worst = worst.min(ad.1 - best_late);
+                if ad.1 < best_late - 0.005 {
+                    failures.push(format!(
+                        "{shape} at {cap}: {:.4} after 10 %, best {best_late:.4}",
+                        ad.1
+                    ));
+                }
             }
         }
-        eprintln!("worst margin {worst:+.4}");
+        eprintln!("worst margin {worst:+.4}; simple rules' worst {rule_worst:?}");
+        assert!(failures.is_empty(), "{failures:#?}");
+        for (rule, w) in ["lru", "arc", "admit2"].iter().zip(rule_worst) {
+            assert!(
+                w > 0.005,
+                "{rule} is never beaten by more than 0.005: {w:.4}"
+            );
+        }
     }
 
     /// Hit ratios of every policy on every trace of `$TIERKV_TRACES` (a directory of .jsonl
@@ -360,10 +455,11 @@ pub(crate) mod tests {
     #[ignore = "a design tool: TIERKV_TRACES=dir cargo test --release --lib shapes_table -- --ignored --nocapture"]
     fn shapes_table() {
         let dir = std::env::var("TIERKV_TRACES").expect("TIERKV_TRACES");
-        let caps: Vec<usize> = std::env::var("TIERKV_CAPS")
+        // Capacities in blocks, or with `%` in percent of each trace's distinct blocks.
+        let caps: Vec<String> = std::env::var("TIERKV_CAPS")
             .unwrap_or("1000,2000,4000,8000,16000".into())
             .split(',')
-            .map(|c| c.parse().expect("capacity"))
+            .map(str::to_string)
             .collect();
         type Make = Box<dyn Fn() -> Box<dyn Policy>>;
         let variants: Vec<(String, Make)> = {
@@ -408,12 +504,21 @@ pub(crate) mod tests {
         );
         for f in files {
             let reqs = read_trace(f.to_str().expect("utf-8"));
-            for &cap in &caps {
+            let distinct = reqs
+                .iter()
+                .flatten()
+                .collect::<std::collections::HashSet<_>>()
+                .len();
+            for cap in &caps {
+                let cap = match cap.strip_suffix('%') {
+                    Some(pct) => distinct * pct.parse::<usize>().expect("percent") / 100,
+                    None => cap.parse().expect("capacity"),
+                };
                 let hr: Vec<f64> = variants
                     .iter()
                     .map(|(_, mk)| replay(mk(), cap, &reqs))
                     .collect();
-                let best = hr[0].max(hr[1]);
+                let best = hr[0].max(hr[1]).max(hr[2]);
 
                 println!(
                     "| {} | {cap} | {} | {best:.4} | {:+.4} |",
