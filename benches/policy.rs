@@ -92,10 +92,11 @@ fn sized(c: &mut Criterion, blocks: u64) {
         let mut req = 0u64;
         g.bench_with_input(BenchmarkId::from_parameter(kind), &kind, |b, _| {
             b.iter(|| {
-                // A 4-block prefix of a recent chain is hit, then 4 new blocks follow it, each
-                // admitted or not, each evicting one block when admitted (as the index calls).
+                // The 4-block prefix of one of the 64-block chains (from its root, as an engine
+                // looks a prompt up) is hit, then 4 new blocks follow it, each admitted or not,
+                // each evicting one block when admitted (as the index calls).
                 req += 1;
-                let chain = (next / 64).saturating_sub(1 + req % 256);
+                let chain = (req * 7919) % (blocks / 64);
                 p.on_chain(None);
                 let hits: Vec<Access> = (0..4)
                     .map(|i| Access {
