@@ -114,13 +114,34 @@ pub enum Error {
     },
 }
 
+/// Why a header was rejected.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HeaderError {
+    /// Fewer than [`HEADER_LEN`](crate::format::HEADER_LEN) bytes.
+    #[error("header truncated: {0} bytes")]
+    Truncated(usize),
+    /// Not a tierkv block file.
+    #[error("bad magic")]
+    BadMagic,
+    /// Written by another format version.
+    #[error("unsupported format version {0}")]
+    Version(u16),
+    /// A field holds a value this version never writes.
+    #[error("bad header field: {0}")]
+    Field(&'static str),
+    /// The header's own check value does not match its fields.
+    #[error("header check mismatch")]
+    HeaderCheck,
+}
+
 /// Why a file of the tree is corrupt.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CorruptReason {
     /// The 128-byte header is invalid.
     #[error("{0}")]
-    Header(#[from] crate::format::HeaderError),
+    Header(#[from] HeaderError),
     /// Bytes 128..4096 are not all zero.
     #[error("header padding is not zero")]
     Padding,
@@ -140,7 +161,7 @@ pub enum CorruptReason {
     Checksum,
     /// Not a regular file (a symlink, FIFO, device, socket or directory).
     #[error("not a regular file but a {0}")]
-    NotRegular(crate::ns::FileKind),
+    NotRegular(crate::sys::FileKind),
     /// A control file (`LAYOUT`, `STATS.json`, `.lock`) that cannot be what it should.
     #[error("{0}")]
     ControlFile(String),

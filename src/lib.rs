@@ -49,6 +49,7 @@ pub mod layout;
 pub mod ns;
 pub mod offload;
 pub mod store;
+pub mod sys;
 
 pub use error::{CorruptReason, Error, Result};
 pub use index::policy::PolicyKind;

@@ -27,7 +27,6 @@ mod uring;
 
 pub use fault::{FaultPlan, FaultyEngine};
 pub use psync::PsyncEngine;
-pub(crate) use psync::write_full;
 pub use uring::{DEFAULT_QUEUE_DEPTH, UringEngine};
 
 /// What one request does.

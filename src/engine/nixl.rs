@@ -601,7 +601,7 @@ fn read_tails(plan: &TransferPlan) -> Result<(), String> {
                 std::slice::from_raw_parts_mut(addr as *mut u8, len),
             )
         };
-        super::psync::read_full(bfd, off, &mut [std::io::IoSliceMut::new(buf)])
+        crate::sys::read_full(bfd, off, &mut [std::io::IoSliceMut::new(buf)])
             .map_err(|e| e.to_string())?;
     }
     Ok(())

@@ -1,7 +1,7 @@
 //! The `psync` engine: vectored `preadv`/`pwritev` on the calling thread, one request after
 //! the other.
 
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io;
 
 use super::{IoEngine, IoKind, IoRequest};
 
@@ -17,55 +17,7 @@ impl PsyncEngine {
     }
 }
 
-fn errno(e: rustix::io::Errno) -> io::Error {
-    io::Error::from_raw_os_error(e.raw_os_error())
-}
-
-/// Reads until `bufs` are full or the file ends.
-pub(crate) fn read_full(
-    fd: std::os::fd::BorrowedFd<'_>,
-    offset: u64,
-    bufs: &mut [IoSliceMut<'_>],
-) -> io::Result<usize> {
-    let want: usize = bufs.iter().map(|b| b.len()).sum();
-    let mut done = 0usize;
-    let mut rest: &mut [IoSliceMut<'_>] = bufs;
-    while done < want {
-        match rustix::io::preadv(fd, rest, offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => {
-                done += n;
-                IoSliceMut::advance_slices(&mut rest, n);
-            }
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(errno(e)),
-        }
-    }
-    Ok(done)
-}
-
-/// Writes every byte of `bufs` or fails.
-pub(crate) fn write_full(
-    fd: std::os::fd::BorrowedFd<'_>,
-    offset: u64,
-    bufs: &mut [IoSlice<'_>],
-) -> io::Result<usize> {
-    let want: usize = bufs.iter().map(|b| b.len()).sum();
-    let mut done = 0usize;
-    let mut rest: &mut [IoSlice<'_>] = bufs;
-    while done < want {
-        match rustix::io::pwritev(fd, rest, offset + done as u64) {
-            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
-            Ok(n) => {
-                done += n;
-                IoSlice::advance_slices(&mut rest, n);
-            }
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(errno(e)),
-        }
-    }
-    Ok(done)
-}
+use crate::sys::{read_full, write_full};
 
 impl IoEngine for PsyncEngine {
     fn name(&self) -> &'static str {

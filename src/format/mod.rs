@@ -78,26 +78,7 @@ pub struct Header {
     pub writer_boot: Option<[u8; 16]>,
 }
 
-/// Why a header was rejected.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum HeaderError {
-    /// Fewer than [`HEADER_LEN`] bytes.
-    #[error("header truncated: {0} bytes")]
-    Truncated(usize),
-    /// Not a tierkv block file.
-    #[error("bad magic")]
-    BadMagic,
-    /// Written by another format version.
-    #[error("unsupported format version {0}")]
-    Version(u16),
-    /// A field holds a value this version never writes.
-    #[error("bad header field: {0}")]
-    Field(&'static str),
-    /// The header's own check value does not match its fields.
-    #[error("header check mismatch")]
-    HeaderCheck,
-}
+pub use crate::error::HeaderError;
 
 /// Checks the first [`PAYLOAD_OFFSET`] bytes of a block file named `name` (fewer if the file
 /// is shorter): a valid header naming that block, and zero padding. The error is why the file

@@ -56,45 +56,7 @@ pub enum Opened {
     NotRegular(FileKind),
 }
 
-/// The type of a directory entry or file, as the layer reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FileKind {
-    /// A regular file.
-    File,
-    /// A directory.
-    Dir,
-    /// A symbolic link (never followed).
-    Symlink,
-    /// A FIFO, character or block device, socket, or unknown type.
-    Special,
-}
-
-impl FileKind {
-    fn of(ft: FileType) -> FileKind {
-        match ft {
-            FileType::RegularFile => FileKind::File,
-            FileType::Directory => FileKind::Dir,
-            FileType::Symlink => FileKind::Symlink,
-            _ => FileKind::Special,
-        }
-    }
-
-    /// The kind of a `stat` result.
-    pub fn of_stat(st: &Stat) -> FileKind {
-        FileKind::of(FileType::from_raw_mode(st.st_mode))
-    }
-}
-
-impl std::fmt::Display for FileKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            FileKind::File => "regular file",
-            FileKind::Dir => "directory",
-            FileKind::Symlink => "symlink",
-            FileKind::Special => "FIFO, device or socket",
-        })
-    }
-}
+pub use crate::sys::FileKind;
 
 /// One entry of a directory listing.
 #[derive(Clone, Debug)]
@@ -269,7 +231,7 @@ impl LedgerGuard<'_> {
         let mut buf = crate::buf::AlignedBuf::zeroed(LEDGER_LEN);
         buf[..bytes.len()].copy_from_slice(bytes);
         let fd = self.ledger.fd.as_fd();
-        let n = crate::engine::write_full(fd, 0, &mut [std::io::IoSlice::new(&buf)])
+        let n = crate::sys::write_full(fd, 0, &mut [std::io::IoSlice::new(&buf)])
             .map_err(|e| Error::from_io(path, e))?;
         if n != LEDGER_LEN {
             return Err(Error::from_io(path, std::io::ErrorKind::WriteZero.into()));
@@ -1338,7 +1300,7 @@ impl BlockDir {
                 Err(e) => return Err(Error::from_io(self.full(&tmp), io_err(e))),
             }
         };
-        let written = crate::engine::write_full(fd.as_fd(), 0, &mut [std::io::IoSlice::new(bytes)])
+        let written = crate::sys::write_full(fd.as_fd(), 0, &mut [std::io::IoSlice::new(bytes)])
             .and_then(|n| {
                 if n == bytes.len() {
                     Ok(())

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -484,16 +484,8 @@ fn check_block(
 
 /// Reads up to `buf.len()` bytes at `off`, short only at the end of the file.
 fn pread_full(fd: &OwnedFd, buf: &mut [u8], off: u64) -> Result<usize, Errno> {
-    let mut done = 0;
-    while done < buf.len() {
-        match rustix::io::pread(fd, &mut buf[done..], off + done as u64) {
-            Ok(0) => break,
-            Ok(k) => done += k,
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
+    tierkv::sys::read_full(fd.as_fd(), off, &mut [std::io::IoSliceMut::new(buf)])
+        .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
 }
 
 fn scan(args: &Args, workers: &[String]) -> Result<Report, BoxError> {

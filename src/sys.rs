@@ -1,0 +1,126 @@
+//! The bottom layer: the system-call loops that every other layer shares, and the kinds of file
+//! the tree can hold. It imports nothing from the crate, so the namespace layer (`ns`), the I/O
+//! engines and the tools use one copy of each loop (docs/design.md, "Layers").
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::BorrowedFd;
+
+use rustix::fs::{FileType, Stat};
+use rustix::io::Errno;
+
+/// An `io::Error` of an errno.
+pub fn errno(e: Errno) -> io::Error {
+    io::Error::from_raw_os_error(e.raw_os_error())
+}
+
+/// Reads at `offset` until `bufs` are full or the file ends (`preadv`, retried on `EINTR` and
+/// short reads); returns the bytes read, short only at the end of the file.
+pub fn read_full(
+    fd: BorrowedFd<'_>,
+    offset: u64,
+    bufs: &mut [IoSliceMut<'_>],
+) -> io::Result<usize> {
+    let want: usize = bufs.iter().map(|b| b.len()).sum();
+    let mut done = 0usize;
+    let mut rest: &mut [IoSliceMut<'_>] = bufs;
+    while done < want {
+        match rustix::io::preadv(fd, rest, offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => {
+                done += n;
+                IoSliceMut::advance_slices(&mut rest, n);
+            }
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(errno(e)),
+        }
+    }
+    Ok(done)
+}
+
+/// Writes every byte of `bufs` at `offset` (`pwritev`, retried on `EINTR` and short writes)
+/// or fails; a write of 0 bytes is `WriteZero`.
+pub fn write_full(fd: BorrowedFd<'_>, offset: u64, bufs: &mut [IoSlice<'_>]) -> io::Result<usize> {
+    let want: usize = bufs.iter().map(|b| b.len()).sum();
+    let mut done = 0usize;
+    let mut rest: &mut [IoSlice<'_>] = bufs;
+    while done < want {
+        match rustix::io::pwritev(fd, rest, offset + done as u64) {
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Ok(n) => {
+                done += n;
+                IoSlice::advance_slices(&mut rest, n);
+            }
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(errno(e)),
+        }
+    }
+    Ok(done)
+}
+
+/// The type of a directory entry or file, as the namespace layer reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link (never followed).
+    Symlink,
+    /// A FIFO, character or block device, socket, or unknown type.
+    Special,
+}
+
+impl FileKind {
+    /// The kind of a file type.
+    pub fn of(ft: FileType) -> FileKind {
+        match ft {
+            FileType::RegularFile => FileKind::File,
+            FileType::Directory => FileKind::Dir,
+            FileType::Symlink => FileKind::Symlink,
+            _ => FileKind::Special,
+        }
+    }
+
+    /// The kind of a `stat` result.
+    pub fn of_stat(st: &Stat) -> FileKind {
+        FileKind::of(FileType::from_raw_mode(st.st_mode))
+    }
+}
+
+impl std::fmt::Display for FileKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FileKind::File => "regular file",
+            FileKind::Dir => "directory",
+            FileKind::Symlink => "symlink",
+            FileKind::Special => "FIFO, device or socket",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn loops_cross_buffers_and_stop_at_the_end() {
+        let mut f = tempfile::tempfile().unwrap();
+        let (a, b) = (vec![1u8; 5000], vec![2u8; 3000]);
+        let n = write_full(f.as_fd(), 10, &mut [IoSlice::new(&a), IoSlice::new(&b)]).unwrap();
+        assert_eq!(n, 8000);
+        f.flush().unwrap();
+        let (mut x, mut y) = (vec![0u8; 4000], vec![0u8; 6000]);
+        let n = read_full(
+            f.as_fd(),
+            10,
+            &mut [IoSliceMut::new(&mut x), IoSliceMut::new(&mut y)],
+        )
+        .unwrap();
+        assert_eq!(n, 8000, "short only at the end of the file");
+        assert!(x.iter().all(|&v| v == 1));
+        assert!(y[..1000].iter().all(|&v| v == 1) && y[1000..4000].iter().all(|&v| v == 2));
+        assert!(y[4000..].iter().all(|&v| v == 0));
+    }
+}
