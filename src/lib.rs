@@ -48,6 +48,7 @@ mod key;
 pub mod layout;
 pub mod ns;
 pub mod offload;
+mod stats;
 pub mod store;
 pub mod sys;
 

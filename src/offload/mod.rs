@@ -33,12 +33,11 @@ use crate::key::{BlockHash, BlockKey};
 use crate::store::{Lookup, Store};
 
 pub mod filter;
-mod stats;
 
+pub(crate) use crate::stats::OffloadCounters;
+pub use crate::stats::OffloadStats;
+use crate::stats::{add, sub};
 pub use filter::{AdmitAll, Candidate, FilterKind, SecondOffer, WriteFilter};
-pub(crate) use stats::OffloadCounters;
-pub use stats::OffloadStats;
-use stats::{add, sub};
 
 /// The bytes of one block offered for writing: owned by the offloader until the block is
 /// written or dropped. Built from a `Vec<u8>` (no copy), or from any guard that keeps the

@@ -27,23 +27,21 @@ mod fdcache;
 mod periodic;
 mod read;
 mod shared;
-mod stats;
 mod statsfile;
 pub mod sweep;
 mod write;
 
+pub use crate::stats::{ErrorCounts, LatencySummary, StoreStats};
 pub use config::{
     DEFAULT_FD_CACHE_MAX, DEFAULT_LEDGER_WAIT, DEFAULT_MAX_BLOCK_SIZE, DEFAULT_NEGATIVE_TTL,
     DEFAULT_TEMP_LEASE, MIN_STATS_INTERVAL, Publish, Sharing, StoreConfig, VerifyMode,
 };
-pub(crate) use stats::Latency;
-pub use stats::{ErrorCounts, LatencySummary, StoreStats};
 pub use statsfile::LiveStats;
 
+use crate::stats::Counters;
 use evict::Evictor;
 use fdcache::FdCache;
 use periodic::Periodic;
-use stats::Counters;
 
 pub use crate::ns::{DIR_MODE, FILE_MODE};
 
@@ -164,7 +162,7 @@ struct Inner {
     boot: Option<[u8; 16]>,
     /// The counters of the offloader in front of this store (the latest one attached), part
     /// of its stats.
-    offload: Mutex<Option<Arc<crate::offload::OffloadCounters>>>,
+    offload: Mutex<Option<Arc<crate::stats::OffloadCounters>>>,
     /// The worker lock's file was removed and another store locked the one made since
     /// ([`crate::ns::LockKept::Lost`]): puts fail from then on.
     lock_lost: AtomicBool,
@@ -638,7 +636,7 @@ impl Store {
     }
 
     /// Makes `counters` part of this store's stats (and `STATS.json`).
-    pub(crate) fn attach_offload(&self, counters: Arc<crate::offload::OffloadCounters>) {
+    pub(crate) fn attach_offload(&self, counters: Arc<crate::stats::OffloadCounters>) {
         *self.inner.offload.lock().unwrap_or_else(|e| e.into_inner()) = Some(counters);
     }
 

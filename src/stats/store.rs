@@ -97,7 +97,7 @@ pub struct StoreStats {
     /// The write-behind offloader in front of the store, if one was started
     /// ([`Offloader`](crate::offload::Offloader)).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub offload: Option<crate::offload::OffloadStats>,
+    pub offload: Option<super::OffloadStats>,
 }
 
 /// Errors returned by a store, by kind.

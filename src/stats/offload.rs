@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::{Latency, LatencySummary};
+use super::store::{Latency, LatencySummary};
 
 /// A snapshot of an offloader's counters (since it started). Block counts unless named
 /// bytes. Every offered block ends in exactly one of `written`, `not_admitted`, `failed`,
