@@ -35,7 +35,8 @@ fi
 tools/fetch-nixl.sh
 
 # Quiet cargo output (-q): a passing run reads as passing; the `test result:` lines stay.
-echo "== fmt, clippy, docs"
+echo "== layers, fmt, clippy, docs"
+python3 tools/layers.py
 cargo fmt --all -- --check
 cargo clippy -q --all-targets --all-features -- -D warnings
 cargo clippy -q -p tierkv-python --all-targets -- -D warnings
