@@ -52,13 +52,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for r in store.put_many(&[(keys[0].clone(), &block[..])]) {
         r?;
     }
-
+    // README end
     // One store per worker directory: close this one before reopening the worker bounded.
     drop(offload);
     drop(store);
     let config = StoreConfig::new().with_capacity_bytes(2 << 40); // 2 TiB per worker
     let store = Store::open(root, WorkerId::new("rank0")?, config)?;
-    // README end
     let mut buf = vec![0u8; BLOCK_BYTES];
     let found = store.get_many(&keys[3..], std::slice::from_mut(&mut buf));
     assert!(matches!(found[0], Ok(Lookup::Hit(BLOCK_BYTES))));

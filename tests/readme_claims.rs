@@ -1,18 +1,72 @@
-//! Every test that README.md's guarantees name exists: `file::test` is a `fn test` in
-//! `tests/file.rs`, and `file::prefix_*` matches at least one test there. A guarantee whose
-//! test was renamed or deleted fails here instead of pointing at nothing.
+//! README.md states each guarantee in one line, linking to docs/guarantees.md, which states it
+//! in full with the tests that show it. Here: every test docs/guarantees.md (or README) names
+//! exists (`file::test` is a `fn test` in `tests/file.rs`, `file::prefix_*` matches at least
+//! one test there, `python/tests/f.py::t` a `def t` there), and README's guarantees and the
+//! page's sections are the same list, so a renamed test or a dropped guarantee fails here
+//! instead of pointing at nothing.
 
 use std::path::Path;
 
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)).expect(rel)
+}
+
+/// docs/guarantees.md: every guarantee in full.
 fn guarantees() -> String {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
+    read("docs/guarantees.md")
+}
+
+/// README's guarantees section.
+fn readme_guarantees() -> String {
+    let readme = read("README.md");
     let start = readme
         .find("## What it guarantees")
         .expect("a guarantees section");
     let rest = &readme[start + 3..];
     let end = rest.find("\n## ").map_or(rest.len(), |i| i);
     rest[..end].to_string()
+}
+
+/// GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens.
+fn anchor(heading: &str) -> String {
+    heading
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+#[test]
+fn readme_lists_every_guarantee_of_the_page_and_links_each() {
+    let page = guarantees();
+    let sections: Vec<String> = page
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .map(anchor)
+        .collect();
+    assert!(sections.len() >= 15, "too few guarantees: {sections:?}");
+    let readme = readme_guarantees();
+    let links: Vec<String> = readme
+        .split("](docs/guarantees.md#")
+        .skip(1)
+        .map(|s| s.split(')').next().unwrap_or("").to_string())
+        .collect();
+    let lines = readme.lines().filter(|l| l.starts_with("- ")).count();
+    assert_eq!(lines, links.len(), "a README guarantee without its link");
+    assert_eq!(
+        links, sections,
+        "README's guarantees and the page's sections differ"
+    );
+}
+
+#[test]
+fn anchors_are_githubs() {
+    assert_eq!(
+        anchor("`tierkv-stat --repair` removes only what it judged bad"),
+        "tierkv-stat---repair-removes-only-what-it-judged-bad"
+    );
+    assert_eq!(anchor("The engine's thread"), "the-engines-thread");
 }
 
 /// The `file::name` references in backticks.
@@ -41,8 +95,9 @@ fn every_test_the_guarantees_name_exists() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
     let mut missing = Vec::new();
     for (file, name) in &refs {
-        let src = std::fs::read_to_string(dir.join(format!("{file}.rs")))
-            .unwrap_or_else(|_| panic!("README names tests/{file}.rs, which does not exist"));
+        let src = std::fs::read_to_string(dir.join(format!("{file}.rs"))).unwrap_or_else(|_| {
+            panic!("docs/guarantees.md names tests/{file}.rs, which does not exist")
+        });
         let found = match name.strip_suffix('*') {
             Some(prefix) => src.contains(&format!("fn {prefix}")),
             None => src.contains(&format!("fn {name}()")) || src.contains(&format!("fn {name}(")),
@@ -53,7 +108,7 @@ fn every_test_the_guarantees_name_exists() {
     }
     assert!(
         missing.is_empty(),
-        "README names tests that do not exist: {missing:?}"
+        "docs/guarantees.md names tests that do not exist: {missing:?}"
     );
 }
 
@@ -69,11 +124,11 @@ fn the_reference_parser_finds_what_it_should() {
     );
 }
 
-/// Every Python test README names (`python/tests/<file>.py::<test>`) is a `def <test>` there.
+/// Every Python test README or docs/guarantees.md names (`python/tests/<file>.py::<test>`)
+/// is a `def <test>` there.
 #[test]
 fn every_python_test_the_readme_names_exists() {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
+    let readme = read("README.md") + &guarantees();
     let refs: Vec<(&str, &str)> = readme
         .split('`')
         .skip(1)
