@@ -1,6 +1,6 @@
 //! The hostile-tree suite: every guarantee of the README against symlinks, FIFOs, devices,
 //! unreadable entries, read-only mounts, racing repair, tiny disks, inode exhaustion and
-//! tiny fd limits. Each test is named after the numbered item of the issue it settles.
+//! tiny fd limits. Each test is named for what it shows.
 //! Paths: `R` = the cache root, `W` = `R/v1/<worker>`.
 //!
 //! Nothing outside the tree may change, nothing valid may be removed, nothing may hang, every
@@ -96,7 +96,7 @@ fn is_regular(p: &Path) -> bool {
 // ---- 1-5: writes and deletes outside the tree ----
 
 #[test]
-fn item01_stats_temp_symlinks_never_write_outside() {
+fn stats_temp_symlinks_never_write_outside() {
     let root = tempfile::tempdir().unwrap();
     let out = tempfile::tempdir().unwrap();
     let target = outside(out.path(), "target", b"keep");
@@ -159,7 +159,7 @@ fn item01_stats_temp_symlinks_never_write_outside() {
 }
 
 #[test]
-fn item02_layout_temp_symlinks_never_truncate_outside() {
+fn layout_temp_symlinks_never_truncate_outside() {
     let root = tempfile::tempdir().unwrap();
     let out = tempfile::tempdir().unwrap();
     let target = outside(out.path(), "target", b"keep");
@@ -185,7 +185,7 @@ fn item02_layout_temp_symlinks_never_truncate_outside() {
 }
 
 #[test]
-fn item03_shard_dir_symlinks_never_unlink_outside() {
+fn shard_dir_symlinks_never_unlink_outside() {
     let root = tempfile::tempdir().unwrap();
     let out = tempfile::tempdir().unwrap();
     let cfg = quiet()
@@ -231,7 +231,7 @@ fn item03_shard_dir_symlinks_never_unlink_outside() {
 }
 
 #[test]
-fn item04_control_and_directory_symlinks_are_refused() {
+fn control_and_directory_symlinks_are_refused() {
     let out = tempfile::tempdir().unwrap();
     let secret = outside(out.path(), "secret", b"root:x:0:0:secret-line\n");
     let good = outside(out.path(), "layout", b"depth=0\nfanout=16\n");
@@ -281,7 +281,7 @@ fn item04_control_and_directory_symlinks_are_refused() {
 }
 
 #[test]
-fn item05_fifos_and_devices_are_never_read_nor_removed() {
+fn fifos_and_devices_are_never_read_nor_removed() {
     let root = tempfile::tempdir().unwrap();
     let store = Store::open(root.path(), worker("0"), quiet()).unwrap();
     let ks = fill(&store, 3, 1000);
@@ -418,7 +418,7 @@ fn tree_of(n: u64, len: usize) -> (tempfile::TempDir, Vec<BlockKey>) {
 }
 
 #[test]
-fn item06_repair_under_a_tiny_fd_limit_removes_nothing() {
+fn repair_under_a_tiny_fd_limit_removes_nothing() {
     let (root, _) = tree_of(500, 64);
     let mut cmd = stat_cmd(&[root.path().to_str().unwrap(), "--repair"]);
     // SAFETY: setrlimit is async-signal-safe; the closure touches no shared state.
@@ -465,7 +465,7 @@ fn stat_as_nobody(args: &[&str]) -> Output {
 }
 
 #[test]
-fn item06_repair_as_non_owner_removes_nothing() {
+fn repair_as_non_owner_removes_nothing() {
     if !privileged("running tierkv-stat as another user") {
         return;
     }
@@ -483,7 +483,7 @@ fn item06_repair_as_non_owner_removes_nothing() {
 }
 
 #[test]
-fn item07_08_repair_never_races_a_running_store() {
+fn repair_never_races_a_running_store() {
     let root = tempfile::tempdir().unwrap();
     let store = Store::open(root.path(), worker("0"), quiet()).unwrap();
     let ks = fill(&store, 50, 2000);
@@ -569,7 +569,7 @@ fn item07_08_repair_never_races_a_running_store() {
 }
 
 #[test]
-fn item09_repair_verifies_payloads() {
+fn repair_verifies_payloads() {
     let (root, ks) = tree_of(10, 5000);
     let p = Store::open(root.path(), worker("0"), quiet())
         .unwrap()
@@ -588,7 +588,7 @@ fn item09_repair_verifies_payloads() {
 }
 
 #[test]
-fn item10_repair_on_a_read_only_mount_fails_loudly() {
+fn repair_on_a_read_only_mount_fails_loudly() {
     let Some(fs) = Tmpfs::mount("16m", "a read-only mount") else {
         return;
     };
@@ -623,7 +623,7 @@ fn item10_repair_on_a_read_only_mount_fails_loudly() {
 // ---- 11-13: the capacity bound and eviction order ----
 
 #[test]
-fn item11_chains_keep_their_roots() {
+fn chains_keep_their_roots() {
     for policy in [
         PolicyKind::Lru,
         PolicyKind::Admit2,
@@ -687,7 +687,7 @@ mod prefix_property {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
         #[test]
-        fn item11_present_set_is_prefix_closed(ops in proptest::collection::vec(op(), 1..40), p in 0..4usize) {
+        fn present_set_is_prefix_closed(ops in proptest::collection::vec(op(), 1..40), p in 0..4usize) {
             let policy = [PolicyKind::Lru, PolicyKind::Admit2, PolicyKind::Arc, PolicyKind::Adaptive][p];
             let root = tempfile::tempdir().unwrap();
             let cfg = quiet().with_capacity_files(20).with_watermarks(1.0, 1.0).with_policy(policy);
@@ -722,7 +722,7 @@ mod prefix_property {
 }
 
 #[test]
-fn item13_deleting_the_lock_file_does_not_unlock() {
+fn deleting_the_lock_file_does_not_unlock() {
     let root = tempfile::tempdir().unwrap();
     let store = Store::open(root.path(), worker("0"), quiet()).unwrap();
     std::fs::remove_file(store.dir().join(".lock")).unwrap();
@@ -765,7 +765,7 @@ fn item13_deleting_the_lock_file_does_not_unlock() {
 /// worker. The holder puts a removed (or replaced) lock file back within a few checks of
 /// `ns::LOCK_KEEP_INTERVAL`, locked, so the next opener anywhere is refused by it.
 #[test]
-fn item13_a_removed_lock_file_is_put_back_locked() {
+fn a_removed_lock_file_is_put_back_locked() {
     let root = tempfile::tempdir().unwrap();
     let store = Store::open(root.path(), worker("0"), quiet()).unwrap();
     let flock = store.dir().join("FLOCK");
@@ -807,7 +807,7 @@ fn item13_a_removed_lock_file_is_put_back_locked() {
 // ---- 14-20: limits, sizes and errors ----
 
 #[test]
-fn item14_mkdir_and_inode_exhaustion_are_nospace() {
+fn mkdir_and_inode_exhaustion_are_nospace() {
     // Injected: mkdir of a shard directory fails with ENOSPC.
     let root = tempfile::tempdir().unwrap();
     let faults = Arc::new(NsFaults::new());
@@ -838,7 +838,7 @@ fn item14_mkdir_and_inode_exhaustion_are_nospace() {
 }
 
 #[test]
-fn item15_claimed_lengths_are_checked_before_use() {
+fn claimed_lengths_are_checked_before_use() {
     let root = tempfile::tempdir().unwrap();
     let store = Store::open(root.path(), worker("0"), quiet()).unwrap();
     let k = store.key(hash(9));
@@ -865,7 +865,7 @@ fn item15_claimed_lengths_are_checked_before_use() {
 }
 
 #[test]
-fn item17_first_open_failures_missing_layout_and_misplaced_blocks() {
+fn first_open_failures_a_missing_layout_and_misplaced_blocks() {
     // ENOSPC when the first open renames its control files: nothing is left behind but the
     // empty file the worker lock is held on (FLOCK: removing it could let a store that opened
     // it meanwhile lock a file nobody else sees).
@@ -931,7 +931,7 @@ fn item17_first_open_failures_missing_layout_and_misplaced_blocks() {
 }
 
 #[test]
-fn item18_a_read_only_tree_serves_reads() {
+fn a_read_only_tree_serves_reads() {
     // A store that only reads, beside the one that writes (no lock taken).
     let root = tempfile::tempdir().unwrap();
     let writer = Store::open(root.path(), worker("0"), quiet()).unwrap();
@@ -973,7 +973,7 @@ fn item18_a_read_only_tree_serves_reads() {
 }
 
 #[test]
-fn item19_stat_as_non_owner_names_errors_and_keeps_atimes() {
+fn stat_as_non_owner_names_errors_and_keeps_atimes() {
     if !privileged("running tierkv-stat as another user") {
         return;
     }
@@ -1043,7 +1043,7 @@ impl IoEngine for Lossy {
 }
 
 #[test]
-fn item20_error_hygiene() {
+fn errors_keep_their_sources_and_short_engine_answers_fail_cleanly() {
     // NoSpace keeps its source.
     let root = tempfile::tempdir().unwrap();
     let faults = Arc::new(NsFaults::new());
