@@ -4,7 +4,7 @@ semantics a shared block store (tierkv's shared mode, issue 15) depends on.
 
 Usage (after `tools/dfs.sh up`, which prints the two mount points):
 
-    python3 tools/dfs-probe.py --a /mnt/tierkv-dfs/n1 --b /mnt/tierkv-dfs/n2 \
+    python3 tools/research/dfs-probe.py --a /mnt/tierkv-dfs/n1 --b /mnt/tierkv-dfs/n2 \
         --local /var/tmp --label coherent [--quick] [--json out.json] > results.md
 
 "a" plays the publishing node (n1), "b" the other node (n2). Every loop is bounded

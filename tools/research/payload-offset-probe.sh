@@ -5,9 +5,9 @@
 # directory) and N files of the same payload size holding it at offset 0, interleaved round by
 # round; the median of the per-round ratios (store's files / offset-0 files).
 #
-# usage: tools/payload-offset-probe.sh [ROUNDS] [BS] [N] [DIR]   (defaults: 12 2m 256 /var/tmp)
+# usage: tools/research/payload-offset-probe.sh [ROUNDS] [BS] [N] [DIR]   (defaults: 12 2m 256 /var/tmp)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 . tools/bench-common.sh
 ROUNDS=${1:-12}; BS=${2:-2m}; N=${3:-256}; BASE=${4:-/var/tmp}
 build_bin tierkv-bench

@@ -12,7 +12,7 @@ one at a time, as a store at its bound does (every put evicts one):
 
 Rounds alternate between the two (each takes the other's files as its victims); the output
 gives MiB/s of each and the median of the per-round ratios reuse / create, buffered, O_DIRECT
-and synced. usage: tools/reuse-probe.py [ROUNDS] [N] [FILESYSTEMS...]  (default 5 128 ext4 xfs)
+and synced. usage: tools/research/reuse-probe.py [ROUNDS] [N] [FILESYSTEMS...]  (default 5 128 ext4 xfs)
 """
 import mmap
 import os
@@ -53,7 +53,7 @@ def replace_all(d, victims, names, how, direct, sync, buf):
 
 def main():
     if os.geteuid() != 0:
-        sys.exit("tools/reuse-probe.py: needs root (loop devices)")
+        sys.exit("tools/research/reuse-probe.py: needs root (loop devices)")
     print(f"machine: {os.cpu_count()} cores, kernel {os.uname().release}, "
           f"loop devices on {sh('df', '-T', '/tmp').splitlines()[1].split()[1]}, "
           f"N={N} files of 2 MiB + 4 KiB, {ROUNDS} rounds")
