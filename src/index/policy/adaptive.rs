@@ -424,7 +424,7 @@ impl Adaptive {
         let best = (0..self.shadows.len())
             .filter(|&i| {
                 let lead = self.shadows[i].hits - cur_hits;
-                lead > 0.0 && lead > SWITCH_SIGMAS * self.discordant[i][cur].sqrt()
+                lead > SWITCH_SIGMAS * self.discordant[i][cur].sqrt()
             })
             .max_by(|&a, &b| self.shadows[a].hits.total_cmp(&self.shadows[b].hits));
         if let Some(best) = best {
@@ -750,6 +750,15 @@ mod tests {
                 "{mode}: the real cache is not the leader's shadow"
             );
             assert!(a.extra.is_empty(), "{mode}: {} marked", a.extra.len());
+            assert_eq!(
+                (a.leader(), a.switches()),
+                (mode, 0),
+                "a fixed leader stays"
+            );
+            assert!(
+                a.shadows.iter().all(|s| s.evicted.is_empty()),
+                "{mode}: evictions kept that no one takes"
+            );
         }
     }
 
@@ -801,6 +810,153 @@ mod tests {
         a.discordant[lru][arc] = 100.0;
         a.follow_the_leader();
         assert_eq!((a.leader, a.switches), (Mode::Lru, 1));
+    }
+
+    #[test]
+    fn a_summary_names_the_rule_followed() {
+        let mut a = Adaptive::fixed("lru+door", DOOR_WINDOW_CAPACITIES);
+        a.set_capacity_hint(10);
+        assert_eq!(a.summary(), "following lru+door after 0 switches");
+        assert_eq!(Lru::new().summary(), "", "other policies have none");
+    }
+
+    #[test]
+    fn without_a_capacity_a_door_admits_everything() {
+        let mut a = Adaptive::fixed("lru+door", DOOR_WINDOW_CAPACITIES);
+        a.on_chain(None);
+        assert!(a.admit(&h(1)), "no capacity known: no room to spare");
+    }
+
+    #[test]
+    fn a_removed_block_is_never_a_victim() {
+        let mut a = Adaptive::fixed("lru", DOOR_WINDOW_CAPACITIES);
+        a.set_capacity_hint(4);
+        fill(&mut a, 0..4);
+        a.on_remove(&h(0));
+        assert_eq!(a.victim(&|_| false), Some(h(1)), "the oldest block left");
+    }
+
+    /// Fills the real cache through `admit`, as the index does while there is room.
+    fn fill(a: &mut Adaptive, ids: std::ops::Range<u64>) {
+        for i in ids {
+            a.on_chain(None);
+            assert!(a.admit(&h(i)), "free room admits {i}");
+            a.on_access(&[Access {
+                hash: h(i),
+                inserted: true,
+            }]);
+        }
+    }
+
+    #[test]
+    fn while_there_is_room_everything_is_admitted_then_as_the_leader_does() {
+        let mut a = Adaptive::fixed("admit2", DOOR_WINDOW_CAPACITIES);
+        a.set_capacity_hint(50);
+        // admit2's shadow declines every first sight, but the real cache has room.
+        fill(&mut a, 0..50);
+        a.on_chain(None);
+        assert!(
+            !a.admit(&h(1000)),
+            "full: a first sight is declined, as admit2 does"
+        );
+        a.on_chain(None);
+        assert!(a.admit(&h(1000)), "its second sight is admitted");
+    }
+
+    #[test]
+    fn above_the_exact_size_the_real_cache_applies_the_leaders_rule() {
+        for (mode, first_sight) in [("admit2", false), ("lru+door", false), ("lru", true)] {
+            let mut a = Adaptive::with_constants(64, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
+            a.leader = *MODES.iter().find(|m| m.name() == mode).expect("mode");
+            a.fixed = true;
+            a.set_capacity_hint(1024);
+            assert!(a.sample > 1 && !a.mirrors());
+            fill(&mut a, 0..1024);
+            a.on_chain(None);
+            assert_eq!(
+                a.admit(&h(5000)),
+                first_sight,
+                "{mode}: a first sight when full"
+            );
+            a.on_chain(None);
+            assert!(a.admit(&h(5000)), "{mode}: a second sight");
+            assert!(a.extra.is_empty(), "{mode}: marks only when mirroring");
+            assert!(a.shadows.iter().all(|s| s.evicted.is_empty()), "{mode}");
+        }
+    }
+
+    #[test]
+    fn discordant_references_are_counted_and_everything_halves_each_half_life() {
+        let mut a = Adaptive::new();
+        a.set_capacity_hint(10);
+        // Only the first shadow holds block 5: a reference of it is a hit there alone.
+        assert!(a.shadows[0].insert(h(5), None));
+        a.on_chain(None);
+        a.reference(h(5));
+        assert_eq!(a.shadows[0].hits, 1.0);
+        assert_eq!((a.discordant[0][1], a.discordant[1][0]), (1.0, 1.0));
+        assert_eq!(a.discordant[1][2], 0.0, "both missed");
+        // A half-life is 4 capacities of references: the 40th halves the counts.
+        a.refs = 4 * 10 - 1;
+        a.on_chain(None);
+        a.reference(h(99));
+        assert_eq!(a.refs, 0);
+        assert_eq!(a.shadows[0].hits, 0.5);
+        assert_eq!(a.discordant[0][1], 0.5);
+    }
+
+    #[test]
+    fn a_door_shadow_admits_first_sights_only_while_it_has_room() {
+        let mut s = Shadow::new(Mode::LruDoor, 4, 4);
+        for i in 0..4 {
+            s.start_chain(true);
+            s.reference(h(i));
+        }
+        assert_eq!(s.present.len(), 4, "room: first sights stored");
+        s.start_chain(true);
+        s.reference(h(10));
+        assert!(
+            !s.present.contains_key(&h(10)),
+            "full: a first sight is declined"
+        );
+        s.start_chain(true);
+        s.reference(h(10));
+        assert!(s.present.contains_key(&h(10)), "a second sight is stored");
+        // Without a door, first sights are stored when full too.
+        let mut s = Shadow::new(Mode::Lru, 2, 4);
+        for i in 0..3 {
+            s.start_chain(true);
+            s.reference(h(i));
+        }
+        assert!(s.present.contains_key(&h(2)) && s.present.len() == 2);
+    }
+
+    #[test]
+    fn a_present_block_after_a_declined_one_stays_in_the_shadows_order() {
+        let mut s = Shadow::new(Mode::Admit2, 2, 4);
+        let offer = |s: &mut Shadow, ids: &[u64]| {
+            s.start_chain(true);
+            for &i in ids {
+                s.reference(h(i));
+            }
+        };
+        offer(&mut s, &[1]);
+        offer(&mut s, &[1]);
+        assert!(
+            s.present.contains_key(&h(1)),
+            "admitted on its second sight"
+        );
+        // 9 is declined (a first sight), so 1 after it is not reached: nothing happens to it.
+        offer(&mut s, &[9, 1]);
+        for i in [20, 21, 22] {
+            offer(&mut s, &[i]);
+            offer(&mut s, &[i]);
+        }
+        assert!(
+            !s.present.contains_key(&h(1)),
+            "1 was still in the order and aged out"
+        );
+        assert_eq!(s.present.len(), 2);
     }
 
     #[test]
