@@ -105,6 +105,38 @@ mod tests {
     use std::os::fd::AsFd;
 
     #[test]
+    fn file_kinds_of_real_files_and_their_names() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("f");
+        std::fs::write(&f, b"x").unwrap();
+        let l = d.path().join("l");
+        std::os::unix::fs::symlink(&f, &l).unwrap();
+        let kind = |p: &std::path::Path| FileKind::of_stat(&rustix::fs::lstat(p).unwrap());
+        assert_eq!(kind(&f), FileKind::File);
+        assert_eq!(kind(d.path()), FileKind::Dir);
+        assert_eq!(kind(&l), FileKind::Symlink);
+        assert_eq!(kind(std::path::Path::new("/dev/null")), FileKind::Special);
+        let names: Vec<String> = [
+            FileKind::File,
+            FileKind::Dir,
+            FileKind::Symlink,
+            FileKind::Special,
+        ]
+        .iter()
+        .map(|k| k.to_string())
+        .collect();
+        assert_eq!(
+            names,
+            [
+                "regular file",
+                "directory",
+                "symlink",
+                "FIFO, device or socket"
+            ]
+        );
+    }
+
+    #[test]
     fn loops_cross_buffers_and_stop_at_the_end() {
         let mut f = tempfile::tempfile().unwrap();
         let (a, b) = (vec![1u8; 5000], vec![2u8; 3000]);

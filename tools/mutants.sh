@@ -35,6 +35,12 @@ tests_for() {
     src/store/shared.rs) echo "--lib --test semantics --test capacity --test shared" ;;
     src/store/evict.rs) echo "--lib --test semantics --test capacity --test bound --test reuse" ;;
     src/store/periodic.rs | src/store/statsfile.rs) echo "--lib --test semantics --test hostile --test stat_cli" ;;
+    # The policies' behaviour is shown by their unit tests (the trace replays are optimised
+    # only, and the store's suites add minutes a mutant without exercising more of them).
+    src/index/policy/*) echo "--lib" ;;
+    # The system-call loops and file kinds: their unit tests read and write across buffers and
+    # the end of a file, and stat real files of each kind.
+    src/sys.rs) echo "--lib" ;;
     src/offload/*) echo "--lib --test offload" ;;
     src/store/config.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test reuse --test shared" ;;
     src/store/mod.rs | src/store/stats.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test offload --test reuse --test shared --test hostile" ;;
@@ -45,6 +51,8 @@ tests_for() {
 # the policies) is skipped except for the files it guards.
 filters_for() {
   case "$1" in
+    src/index/policy/*) echo "index::" ;;
+    src/sys.rs) echo "sys::" ;;
     src/index/*) echo "" ;;
     *) echo "--skip trace_hit_ratios" ;;
   esac
