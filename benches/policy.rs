@@ -1,5 +1,5 @@
-//! The cost of the eviction policies at 64Ki cached blocks (where the default's shadows are
-//! exact and the real cache mirrors the leader) and at 1M (where they sample): time per block
+//! The cost of the eviction policies at 16Ki cached blocks (where the default's shadows are
+//! exact and the real cache mirrors the leader), 64Ki and 1M (where they sample): time per block
 //! access (a request of 8 blocks: a 4-block hit prefix, then 4 new blocks, each evicting one),
 //! and the policy's state per cached block (heap bytes live, counted by the allocator), for
 //! every policy side by side in one run. `cargo bench --bench policy`; docs/eviction.md has the

@@ -1,5 +1,5 @@
-//! The default policy: ARC or LRU, with or without admission on second sight, whichever small
-//! shadow caches of the four show to be winning on the workload at hand (set dueling).
+//! The default policy: ARC, LRU, `admit2`, or ARC or LRU behind a doorkeeper, whichever of five
+//! shadow caches shows to be winning on the workload at hand (set dueling).
 
 use std::collections::{HashMap, HashSet};
 
@@ -213,13 +213,16 @@ impl Shadow {
 }
 
 /// The default policy. The real cache keeps both an ARC and an LRU order over its blocks, and a
-/// [`Doorkeeper`] of recent offers; four shadow caches (metadata only, on a hash-sampled subset
+/// [`Doorkeeper`] of recent offers; five shadow caches (metadata only, on a hash-sampled subset
 /// of the chains when the cache is larger than [`SHADOW_BLOCKS`]) replay the same accesses as
-/// ARC, ARC with admission on second sight, LRU, and LRU with admission on second sight, and
-/// count their hits with a half-life of [`HALF_LIFE_CAPACITIES`] capacities. The real cache
-/// evicts and admits as the shadow with the most recent hits does: set dueling (Qureshi et al.,
-/// ISCA'07), as adaptive insertion policies in CPU caches decide. No constant is fitted to a
-/// trace; each is fixed with its reason beside it, and docs/eviction.md shows their sensitivity.
+/// ARC, ARC with admission on second sight, LRU, LRU with admission on second sight, and
+/// `admit2`, and count their hits with a half-life of [`HALF_LIFE_CAPACITIES`] capacities. The
+/// real cache follows the shadow with the most recent hits (the leader), switching when another
+/// leads it by [`SWITCH_SIGMAS`] standard deviations: set dueling (Qureshi et al., ISCA'07), as
+/// adaptive insertion policies in CPU caches decide. With exact shadows it mirrors the leader's
+/// shadow (admits what it admitted, evicts first what it does not hold); with sampled ones it
+/// applies the leader's rule to its own orders. No constant is fitted to a trace; each is fixed
+/// with its reason beside it, and docs/eviction.md shows their sensitivity.
 ///
 /// Chain order is the index's: eviction takes only blocks without present children, whichever
 /// order chooses among them.
@@ -336,7 +339,7 @@ impl Adaptive {
             s.log_evictions = mirrors && s.mode == self.leader;
             s.evicted.clear();
         }
-        let Some(l) = self.mirrors().then(|| self.leader_shadow()).flatten() else {
+        let Some(l) = self.leader_shadow().filter(|_| mirrors) else {
             return;
         };
         let extra: Vec<BlockHash> = self
@@ -420,7 +423,7 @@ impl Adaptive {
         let cur_hits = self.shadows[cur].hits;
         // Both shadows see the same references, so their hit counts differ only on the
         // references where one hit and the other did not (McNemar's test): a difference of
-        // two standard deviations of those discordant counts is not chance.
+        // SWITCH_SIGMAS standard deviations of those discordant counts is not chance.
         let best = (0..self.shadows.len())
             .filter(|&i| {
                 let lead = self.shadows[i].hits - cur_hits;

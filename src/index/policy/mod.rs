@@ -17,7 +17,9 @@ pub mod belady;
 mod door;
 mod lru;
 
-pub use adaptive::{Adaptive, DOOR_WINDOW_CAPACITIES, HALF_LIFE_CAPACITIES, SHADOW_BLOCKS};
+pub use adaptive::{
+    Adaptive, DOOR_WINDOW_CAPACITIES, HALF_LIFE_CAPACITIES, SHADOW_BLOCKS, SWITCH_SIGMAS,
+};
 pub use admit2::Admit2;
 pub use arc::Arc as ArcPolicy;
 pub use belady::{Belady, Oracle};
