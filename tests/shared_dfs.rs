@@ -257,6 +257,40 @@ fn two_nodes_read_and_write_at_once_with_every_byte_checked() {
     check_tree(&tree);
 }
 
+/// Waits (up to a minute) until no live process of this machine (the nodes' pid namespaces
+/// are below this one) has `arg` among its command-line arguments.
+fn wait_until_no_process_has_arg(arg: &Path) {
+    let arg = arg.as_os_str().as_encoded_bytes();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let alive: Vec<String> = std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+            })
+            .filter(|e| {
+                // A zombie's command line reads empty: it is dead.
+                std::fs::read(e.path().join("cmdline"))
+                    .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == arg))
+            })
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        if alive.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "processes {alive:?} still run on {} a minute after their kill",
+            String::from_utf8_lossy(arg)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The temp files under a tree, by name.
 fn temps(tree: &Path) -> Vec<String> {
     common::temp_files_under(tree)
@@ -315,7 +349,10 @@ fn sigkill_of_a_writer_on_one_node_never_hurts_the_other() {
         // SIGKILL to the node's process chain: the writer dies mid-put.
         a.kill().unwrap();
         a.wait().unwrap();
-        std::thread::sleep(Duration::from_millis(300));
+        // The writer itself dies of its parent-death signal, after the wait above returns,
+        // and may finish a put in flight (a FUSE call completes) first: only once it is gone
+        // are the temp files left the dead writer's.
+        wait_until_no_process_has_arg(&tree.on(0));
         left_by_kills += temps(&tree.on(0)).len();
     }
     let b = json_of(b, "node 2");
