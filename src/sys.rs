@@ -37,6 +37,56 @@ pub fn read_full(
     Ok(done)
 }
 
+/// As [`read_full`], handing every byte read to `feed` in file order as it lands: one buffer
+/// at a time, in `preadv`s of at most `chunk` bytes, each fed before the next is read (so the
+/// caller sees each piece while it is still in the CPU's cache). A read of at most `chunk`
+/// bytes in all is one `read_full`, fed after.
+pub fn read_full_feeding(
+    fd: BorrowedFd<'_>,
+    offset: u64,
+    bufs: &mut [IoSliceMut<'_>],
+    chunk: usize,
+    feed: &mut dyn FnMut(&[u8]),
+) -> io::Result<usize> {
+    let want: usize = bufs.iter().map(|b| b.len()).sum();
+    if want <= chunk {
+        // `read_full` advances the slices it is given: fresh ones over the same buffers, so
+        // that `bufs` still start where the bytes landed.
+        let mut fresh: Vec<IoSliceMut<'_>> =
+            bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+        let n = read_full(fd, offset, &mut fresh)?;
+        drop(fresh);
+        let mut left = n;
+        for b in bufs.iter() {
+            let k = left.min(b.len());
+            feed(&b[..k]);
+            left -= k;
+        }
+        return Ok(n);
+    }
+    let chunk = chunk.max(1);
+    let mut done = 0usize;
+    for b in bufs.iter_mut() {
+        let mut at = 0usize;
+        while at < b.len() {
+            let end = (at + chunk).min(b.len());
+            let n = read_full(
+                fd,
+                offset + (done + at) as u64,
+                &mut [IoSliceMut::new(&mut b[at..end])],
+            )?;
+            feed(&b[at..at + n]);
+            at += n;
+            if at < end {
+                // The end of the file.
+                return Ok(done + at);
+            }
+        }
+        done += b.len();
+    }
+    Ok(done)
+}
+
 /// Writes every byte of `bufs` at `offset` (`pwritev`, retried on `EINTR` and short writes)
 /// or fails; a write of 0 bytes is `WriteZero`.
 pub fn write_full(fd: BorrowedFd<'_>, offset: u64, bufs: &mut [IoSlice<'_>]) -> io::Result<usize> {
@@ -154,5 +204,47 @@ mod tests {
         assert!(x.iter().all(|&v| v == 1));
         assert!(y[..1000].iter().all(|&v| v == 1) && y[1000..4000].iter().all(|&v| v == 2));
         assert!(y[4000..].iter().all(|&v| v == 0));
+    }
+
+    /// Every byte read reaches the feed once, in file order, in pieces of at most the chunk
+    /// after each lands (the chunk limited per buffer); a read of at most one chunk is fed
+    /// after it, buffer by buffer; a short file stops both where it ends.
+    #[test]
+    fn feeding_reads_hand_over_every_byte_in_order_in_chunks() {
+        let f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        write_full(f.as_fd(), 0, &mut [IoSlice::new(&data)]).unwrap();
+        for (chunk, lens, want_pieces) in [
+            // 3 buffers of 4+5000+6000 bytes from offset 3: 9997 bytes in the file.
+            (
+                1000usize,
+                [4usize, 5000, 6000],
+                vec![4, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 993],
+            ),
+            (20_000, [4, 5000, 6000], vec![4, 5000, 4993]),
+            (4, [4, 5000, 6000], vec![4, 4, 4]),
+        ] {
+            let mut bufs: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0u8; l]).collect();
+            let mut fed: Vec<u8> = Vec::new();
+            let mut pieces: Vec<usize> = Vec::new();
+            let mut slices: Vec<IoSliceMut<'_>> =
+                bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+            let n = read_full_feeding(f.as_fd(), 3, &mut slices, chunk, &mut |b: &[u8]| {
+                fed.extend_from_slice(b);
+                pieces.push(b.len());
+            })
+            .unwrap();
+            drop(slices);
+            assert_eq!(n, 9997, "chunk {chunk}");
+            assert_eq!(fed, data[3..], "chunk {chunk}");
+            if chunk == 4 {
+                assert_eq!(&pieces[..3], &want_pieces[..], "chunk {chunk}");
+                assert!(pieces.iter().all(|&p| p <= 4), "chunk {chunk}");
+            } else {
+                assert_eq!(pieces, want_pieces, "chunk {chunk}");
+            }
+            let read: Vec<u8> = bufs.concat();
+            assert_eq!(&read[..9997], &data[3..], "chunk {chunk}");
+        }
     }
 }

@@ -656,3 +656,70 @@ fn large_buffered_put_batches_stream_on_two_threads_and_direct_ones_on_one() {
         }
     }
 }
+
+/// A get of at least `PARALLEL_READ_MIN` bytes on the psync engine is split between the
+/// store's read threads (`split_reads`), and every buffer gets its own block's bytes, in order,
+/// misses included, fresh files and cached ones, for 2 and 3 threads; one thread, a smaller get
+/// or an engine without concurrent submits (io_uring) is not split.
+#[test]
+fn large_gets_split_between_read_threads_keep_every_block_in_its_buffer() {
+    use tierkv::engine::EngineKind;
+    let min = tierkv::store::PARALLEL_READ_MIN;
+    // 48 blocks of 200-250 KiB (about 10 MiB), of which every fifth key is never put.
+    let n = 48u64;
+    let len = |i: u64| 200 * 1024 + (i as usize * 1031) % (50 * 1024);
+    let cases: [(EngineKind, usize, u64, bool); 5] = [
+        (EngineKind::Psync, 2, n, true),
+        (EngineKind::Psync, 3, n, true),
+        (EngineKind::Psync, 1, n, false),
+        (EngineKind::Psync, 2, 12, false),
+        (EngineKind::IoUring, 2, n, false),
+    ];
+    for (kind, threads, count, split) in cases {
+        let what = format!("{kind:?}, {threads} threads, {count} keys");
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let datas: Vec<Vec<u8>> = (0..count).map(|i| payload(i, 5, len(i))).collect();
+        {
+            let store = store_with(dir.path(), kind.build().unwrap(), cfg());
+            let ks = keys(&store, count);
+            let put: Vec<(tierkv::BlockKey, &[u8])> = ks
+                .iter()
+                .zip(&datas)
+                .enumerate()
+                .filter(|(i, _)| i % 5 != 3)
+                .map(|(_, (k, d))| (k.clone(), d.as_slice()))
+                .collect();
+            assert!(store.put_many(&put).iter().all(|r| r.is_ok()), "{what}");
+        }
+        let store = store_with(
+            dir.path(),
+            kind.build().unwrap(),
+            cfg().with_read_threads(threads),
+        );
+        let ks = keys(&store, count);
+        let total: usize = (0..count).filter(|i| i % 5 != 3).map(len).sum();
+        assert_eq!(
+            total >= min,
+            count == n,
+            "{what}: the sizes straddle the threshold"
+        );
+        for pass in 0..2 {
+            let mut bufs: Vec<Vec<u8>> = (0..count).map(|i| vec![0xEE; len(i)]).collect();
+            for (i, r) in store.get_many(&ks, &mut bufs).into_iter().enumerate() {
+                if i % 5 == 3 {
+                    assert_eq!(r.unwrap(), Lookup::Miss, "{what}, pass {pass}, key {i}");
+                    assert!(
+                        bufs[i].iter().all(|&b| b == 0xEE),
+                        "{what}: a miss's buffer"
+                    );
+                } else {
+                    assert_eq!(r.unwrap(), Lookup::Hit(len(i as u64)), "{what}, key {i}");
+                    assert!(bufs[i] == datas[i], "{what}, pass {pass}: key {i}'s bytes");
+                }
+            }
+        }
+        let s = store.stats();
+        assert_eq!(s.split_reads, if split { 2 } else { 0 }, "{what}");
+        assert_eq!(s.corrupt, 0, "{what}");
+    }
+}

@@ -294,7 +294,8 @@ fn tearable(i: u64) -> Vec<u8> {
 
 /// The crash that can tear a published block is a machine crash, and after one the machine
 /// has a new boot id. Files from before this boot, whatever their version, are hashed on their
-/// first open by the default mode, so a torn one is a miss, removed and counted.
+/// first open by the default mode (`on-open`) and by `after-reboot`, so a torn one is a miss,
+/// removed and counted.
 #[test]
 fn the_default_mode_catches_a_block_torn_before_this_boot() {
     let hex = hash(1).to_hex();
@@ -324,7 +325,17 @@ fn the_default_mode_catches_a_block_torn_before_this_boot() {
     ] {
         oracle::check_block_bytes(&bytes, &hex).unwrap();
         assert!(oracle::check_block_bytes(&torn(bytes.clone()), &hex).is_err());
-        for (damaged, expect) in [(false, Lookup::Hit(data.len())), (true, Lookup::Miss)] {
+        for (damaged, expect, verify) in [
+            (false, Lookup::Hit(data.len()), None),
+            (true, Lookup::Miss, None),
+            (
+                false,
+                Lookup::Hit(data.len()),
+                Some(VerifyMode::AfterReboot),
+            ),
+            (true, Lookup::Miss, Some(VerifyMode::AfterReboot)),
+        ] {
+            let what = format!("{what}, {verify:?}");
             let dir = tempfile::tempdir().unwrap();
             let file = if damaged {
                 torn(bytes.clone())
@@ -332,8 +343,11 @@ fn the_default_mode_catches_a_block_torn_before_this_boot() {
                 bytes.clone()
             };
             let p = plant(&dir.path().join("v1/w"), 1, 256, 2, &[(hex.clone(), file)]).remove(0);
-            let cfg = StoreConfig::new().with_stats_interval(None);
-            assert_eq!(cfg.verify, VerifyMode::AfterReboot, "the default");
+            let mut cfg = StoreConfig::new().with_stats_interval(None);
+            assert_eq!(cfg.verify, VerifyMode::OnOpen, "the default");
+            if let Some(v) = verify {
+                cfg = cfg.with_verify(v);
+            }
             let store = Store::open(dir.path(), worker("w"), cfg).unwrap();
             let mut b = vec![0u8; data.len()];
             assert_eq!(
@@ -358,9 +372,9 @@ fn the_default_mode_catches_a_block_torn_before_this_boot() {
     }
 }
 
-/// A block this machine wrote since its boot is trusted by the default mode: its first read
-/// hashes nothing (counted). `on-open` and `always` still hash it, so damage done to it in
-/// place (not a crash: a foreign writer, the medium) is theirs to catch.
+/// A block this machine wrote since its boot is trusted by `after-reboot`: its first read
+/// hashes nothing (counted). `on-open` (the default) and `always` still hash it, so damage
+/// done to it in place (not a crash: a foreign writer, the medium) is theirs to catch.
 #[test]
 fn blocks_written_since_this_boot_are_served_without_hashing() {
     let dir = tempfile::tempdir().unwrap();
@@ -373,7 +387,7 @@ fn blocks_written_since_this_boot_are_served_without_hashing() {
     };
     let bytes = std::fs::read(&path).unwrap();
     assert_eq!(oracle::writer_boot(&bytes), Some(oracle::this_boot()));
-    // Fresh stores, each with a cold open-file cache: the default skips the hash once per
+    // Fresh stores, each with a cold open-file cache: after-reboot skips the hash once per
     // open, the other modes do not.
     for (verify, skipped) in [
         (VerifyMode::AfterReboot, 1),
@@ -395,7 +409,7 @@ fn blocks_written_since_this_boot_are_served_without_hashing() {
         assert_eq!(store.stats().checksums_skipped, skipped, "{verify}");
     }
     // Damaged in place (which no crash does to a published file of this boot): on-open
-    // catches it, the default trusts it.
+    // catches it, after-reboot trusts it.
     std::fs::write(&path, torn(bytes)).unwrap();
     let open = |v| Store::open(dir.path(), worker("w"), config(1, 256).with_verify(v)).unwrap();
     let mut b = vec![0u8; data.len()];
@@ -411,4 +425,71 @@ fn blocks_written_since_this_boot_are_served_without_hashing() {
         Lookup::Miss
     );
     assert_eq!(hashing.stats().corrupt, 1);
+}
+
+/// Eight bytes changed in place inside the payload of a block this machine wrote since its
+/// boot (a stray writer, a buggy tool, a bad device: the file keeps its length and header) are
+/// a miss in the default mode, counted as corrupt and removed, with each engine. The psync
+/// engine hands the payload over as it lands and the store hashes it then
+/// (`checksums_streamed`); io_uring does not, and the store hashes the buffer after. Payloads
+/// of one piece and of several (`FEED_CHUNK` is 256 KiB), the change in the first and in a
+/// later one.
+#[test]
+fn the_default_mode_misses_a_block_of_this_boot_changed_in_place() {
+    use std::os::unix::fs::FileExt;
+    let engines: [(&str, tierkv::engine::EngineKind, u64); 2] = [
+        ("psync", tierkv::engine::EngineKind::Psync, 1),
+        ("io_uring", tierkv::engine::EngineKind::IoUring, 0),
+    ];
+    for (name, kind, streams) in engines {
+        for (len, at) in [
+            (3 * 4096, 100),
+            (600 * 1024 + 5, 10),
+            (600 * 1024 + 5, 500 * 1024),
+        ] {
+            let what = format!("{name}, {len} bytes, changed at {at}");
+            let dir = tempfile::tempdir().unwrap();
+            let cfg = || StoreConfig::new().with_stats_interval(None);
+            let datas: Vec<Vec<u8>> = (0..2).map(|i| payload(i, 3, len)).collect();
+            let paths: Vec<_> = {
+                let store = Store::open(dir.path(), worker("w"), cfg()).unwrap();
+                (0..2u64)
+                    .map(|i| {
+                        let k = store.key(hash(i));
+                        store.put(&k, &datas[i as usize]).unwrap();
+                        store.path_of(&k.hash)
+                    })
+                    .collect()
+            };
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&paths[1])
+                .unwrap();
+            f.write_all_at(b"\xde\xad\xbe\xef\xde\xad\xbe\xef", 4096 + at)
+                .unwrap();
+            drop(f);
+            assert_eq!(
+                std::fs::metadata(&paths[1]).unwrap().len(),
+                4096 + len as u64
+            );
+            let engine = kind.build().expect("the engine");
+            let store = Store::open_with_engine(dir.path(), worker("w"), cfg(), engine).unwrap();
+            let mut b = vec![0u8; len];
+            assert_eq!(
+                store.get(&store.key(hash(0)), &mut b).unwrap(),
+                Lookup::Hit(len),
+                "{what}"
+            );
+            assert_eq!(b, datas[0], "{what}");
+            assert_eq!(
+                store.get(&store.key(hash(1)), &mut b).unwrap(),
+                Lookup::Miss,
+                "{what}: served a block changed in place"
+            );
+            let s = store.stats();
+            assert_eq!((s.corrupt, s.checksums_skipped), (1, 0), "{what}");
+            assert_eq!(s.checksums_streamed, 2 * streams, "{what}");
+            assert!(paths[0].exists() && !paths[1].exists(), "{what}");
+        }
+    }
 }

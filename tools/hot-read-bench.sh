@@ -75,7 +75,7 @@ for bs in "${SIZES[@]}"; do
     t() { $B --rw randread --no-layout --bs "$bs" --nblocks "$n" "${T_RAMP[@]}" --runtime "$RT" --batch 1 --output-format json "$@" | t_json; }
     s=$(t --dir "$W/s")
     a=$(t --dir "$W/s" --verify always)
-    nv=$(t --dir "$W/n" --fd-cache 0 --verify never)
+    nv=$(t --dir "$W/n" --fd-cache 0 --verify never --read-threads 1)
     echo "$f $fb $s $a $nv" >> "$out"
   done
   folios "after the rounds"

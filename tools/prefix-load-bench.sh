@@ -2,14 +2,16 @@
 # Prefix loads: the first read of each block after it is opened, page cache warm, each pass a
 # fresh process (what every real prefix load is: no descriptor is cached yet). The store (its
 # sharded tree and open-file cache, each --verify mode) against the seed's naive mode (one
-# flat directory, open + read + close, no checksum: `--layout-depth 0 --fd-cache 0 --verify
+# flat directory, open + read + close on one thread, no checksum: `--layout-depth 0 --fd-cache 0 --read-threads 1 --verify
 # never`), interleaved round by round; the table gives the median of the per-round ratios to
-# naive and the median bandwidth and per-call latency percentiles of each.
+# naive and the median bandwidth and per-call latency percentiles of each. Mode on-open-1t is
+# on-open with every read on the calling thread (--read-threads 1).
 #
 # usage: tools/prefix-load-bench.sh [ROUNDS] [SIZES...]   (defaults: 5 64k 256k 2m 8m 32m)
 # Each size writes about 600 MiB twice (store and naive trees), removed at the end.
 # BASELINE=path/to/another/tierkv-bench adds the mode "baseline": that binary (e.g. one built
-# from an earlier commit) reading the store's tree in the default verify mode, in every round.
+# from an earlier commit) reading the store's tree in every round, in its default verify mode
+# or in BASELINE_VERIFY's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/bench-common.sh
@@ -18,7 +20,7 @@ build_bin tierkv-bench
 W=$(mktemp -d /tmp/tierkv-prefix.XXXXXX); trap 'rm -rf "$W"' EXIT
 machine_line "$W"
 echo "rounds=$ROUNDS; per round each mode is one fresh process reading every block once (--rw read --loops 1)"
-MODES="naive after-reboot on-open never always"
+MODES="naive on-open on-open-1t after-reboot never always"
 if [ -n "${BASELINE:-}" ]; then MODES+=" baseline"; fi
 for bs in "${SIZES[@]}"; do
   bytes=$(size_bytes "$bs")
@@ -35,9 +37,11 @@ for bs in "${SIZES[@]}"; do
     for m in $MODES; do
       bin=$B
       if [ "$m" = naive ]; then
-        args=(--dir "$W/n" --fd-cache 0 --verify never)
+        args=(--dir "$W/n" --fd-cache 0 --verify never --read-threads 1)
+      elif [ "$m" = on-open-1t ]; then
+        args=(--dir "$W/s" --verify on-open --read-threads 1)
       elif [ "$m" = baseline ]; then
-        bin=$BASELINE; args=(--dir "$W/s")
+        bin=$BASELINE; args=(--dir "$W/s" ${BASELINE_VERIFY:+--verify "$BASELINE_VERIFY"})
       else
         args=(--dir "$W/s" --verify "$m")
       fi

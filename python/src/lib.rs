@@ -127,7 +127,7 @@ impl PyStore {
     #[new]
     #[pyo3(signature = (
         root, worker, *, capacity_bytes=None, capacity_files=None, policy="adaptive", engine="auto",
-        read_only=false, verify="after-reboot", direct_io=false, sync_writes=false, fd_cache=None,
+        read_only=false, verify="on-open", direct_io=false, sync_writes=false, fd_cache=None,
         max_block_size=None, layout=None, publish="rename", watermarks=None, queue_depth=None,
         stats_interval=Some(1.0), keep_temp_files=false, reuse_evicted=true
     ))]

@@ -121,8 +121,8 @@ def test_corrupt_control_file_is_corrupt_error(tmp_path):
 
 
 def test_a_corrupt_block_is_a_miss_not_an_error(open_store):
-    # A payload changed in place: "on-open" hashes every file on its first read (the default,
-    # "after-reboot", trusts a file written since this boot: only a machine crash tears one).
+    # A payload changed in place: "on-open" (the default) hashes every file on its first read
+    # ("after-reboot" trusts a file written since this boot: only a machine crash tears one).
     store = open_store(verify="on-open")
     store.put_many(k(), [b"z" * 5000])
     p = store.path_of(k()[0])

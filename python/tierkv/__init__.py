@@ -85,7 +85,7 @@ class Store(_tierkv.Store):
     """One worker's block store under a root directory.
 
     ``Store(root, worker, *, capacity_bytes=None, capacity_files=None, policy="adaptive",
-    engine="auto", read_only=False, verify="after-reboot", direct_io=False, sync_writes=False,
+    engine="auto", read_only=False, verify="on-open", direct_io=False, sync_writes=False,
     fd_cache=None, max_block_size=None, layout=None, publish="rename", watermarks=None,
     queue_depth=None, stats_interval=1.0, keep_temp_files=False, reuse_evicted=True)``
 
@@ -98,8 +98,8 @@ class Store(_tierkv.Store):
     - ``engine``: ``"auto"`` (io_uring where the kernel allows it, else psync), ``"psync"``,
       ``"io_uring"``; ``queue_depth``: I/Os in flight per calling thread (io_uring).
     - ``read_only``: serve reads of a tree another store writes (no lock, writes refused).
-    - ``verify``: checksums on reads: ``"after-reboot"`` (first read of each opened file
-      written before this boot), ``"on-open"`` (first read of each opened file),
+    - ``verify``: checksums on reads: ``"on-open"`` (first read of each opened file),
+      ``"after-reboot"`` (first read of each opened file written before this boot),
       ``"always"``, ``"never"``. ``direct_io``: O_DIRECT. ``sync_writes``: fdatasync each block.
     - ``fd_cache``: open-file cache size (None: a quarter of the open-file limit, at most
       4096; 0: none). ``max_block_size``: largest block (default 256 MiB).

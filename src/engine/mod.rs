@@ -59,7 +59,35 @@ pub struct IoRequest<'a> {
     /// The file's length when the store knows it (a cached, validated block file), so an
     /// engine that must not read past the end of a file need not look it up.
     pub file_len: Option<u64>,
+    /// For a host read, where the engine may hand the bytes as they land (see [`Feed`]).
+    pub feed: Option<Feed<'a>>,
 }
+
+/// A read's receiver of its bytes as they land, so that the caller can hash each piece while
+/// it is still in the CPU's cache instead of reading the whole buffer again afterwards.
+///
+/// An engine may ignore it. One that uses it passes every byte the read transfers, once each,
+/// in file order, in pieces of its choosing, before `submit` returns (the psync engine: after
+/// each `preadv` of up to [`FEED_CHUNK`] bytes). The caller counts what it was fed and treats a
+/// count short of the read's as "not fed".
+pub struct Feed<'a>(pub &'a mut (dyn Landed + Send));
+
+/// What a [`Feed`] hands a read's bytes to.
+pub trait Landed {
+    /// The next bytes of the read, in file order, just landed in the read's buffers.
+    fn landed(&mut self, bytes: &[u8]);
+}
+
+impl fmt::Debug for Feed<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Feed")
+    }
+}
+
+/// The most bytes the psync engine reads before it feeds them to a [`Feed`]: a piece that
+/// stays in a core's L2 cache, measured here (2 MiB blocks, XXH3-128) as fast as 128 KiB and
+/// faster than 512 KiB (docs/benchmarks.md, "Verified prefix loads").
+pub const FEED_CHUNK: usize = 256 * 1024;
 
 impl<'a> IoRequest<'a> {
     /// A read of `bufs` at `offset`.
@@ -70,6 +98,7 @@ impl<'a> IoRequest<'a> {
             kind: IoKind::Read(bufs),
             cached: false,
             file_len: None,
+            feed: None,
         }
     }
 
@@ -81,6 +110,7 @@ impl<'a> IoRequest<'a> {
             kind: IoKind::Write(bufs),
             cached: false,
             file_len: None,
+            feed: None,
         }
     }
 
@@ -92,6 +122,7 @@ impl<'a> IoRequest<'a> {
             kind: IoKind::ReadDevice(mem),
             cached: false,
             file_len: None,
+            feed: None,
         }
     }
 
@@ -103,6 +134,7 @@ impl<'a> IoRequest<'a> {
             kind: IoKind::WriteDevice(mem),
             cached: false,
             file_len: None,
+            feed: None,
         }
     }
 
@@ -114,6 +146,12 @@ impl<'a> IoRequest<'a> {
     /// Marks the descriptor as one the store keeps open (see [`IoRequest::cached`]).
     pub fn on_cached_file(mut self) -> Self {
         self.cached = true;
+        self
+    }
+
+    /// Hands the read's bytes to `feed` as they land, where the engine can (see [`Feed`]).
+    pub fn feeding(mut self, feed: &'a mut (dyn Landed + Send)) -> Self {
+        self.feed = Some(Feed(feed));
         self
     }
 
@@ -168,6 +206,13 @@ pub trait IoEngine: Send + Sync + fmt::Debug {
     ) -> Vec<io::Result<usize>> {
         let mut batch: Vec<IoRequest<'a>> = stream.collect();
         self.submit(&mut batch)
+    }
+
+    /// True when two threads may run [`IoEngine::submit`] at once, each at the speed it would
+    /// have alone (the psync engine: each call is its caller's own system calls), so that a
+    /// store may split a large batch between threads. The default is false.
+    fn concurrent_submits(&self) -> bool {
+        false
     }
 
     /// True when the engine can move GPU memory ([`IoKind::ReadDevice`] and

@@ -17,20 +17,29 @@ impl PsyncEngine {
     }
 }
 
-use crate::sys::{read_full, write_full};
+use crate::sys::{read_full, read_full_feeding, write_full};
 
 impl IoEngine for PsyncEngine {
     fn name(&self) -> &'static str {
         "psync"
     }
 
+    fn concurrent_submits(&self) -> bool {
+        true
+    }
+
     fn submit(&self, batch: &mut [IoRequest<'_>]) -> Vec<io::Result<usize>> {
         batch
             .iter_mut()
-            .map(|r| match &mut r.kind {
-                IoKind::Read(bufs) => read_full(r.fd, r.offset, bufs),
-                IoKind::Write(bufs) => write_full(r.fd, r.offset, bufs),
-                IoKind::ReadDevice(_) | IoKind::WriteDevice(_) => {
+            .map(|r| match (&mut r.kind, &mut r.feed) {
+                (IoKind::Read(bufs), Some(feed)) => {
+                    read_full_feeding(r.fd, r.offset, bufs, super::FEED_CHUNK, &mut |b| {
+                        feed.0.landed(b)
+                    })
+                }
+                (IoKind::Read(bufs), None) => read_full(r.fd, r.offset, bufs),
+                (IoKind::Write(bufs), _) => write_full(r.fd, r.offset, bufs),
+                (IoKind::ReadDevice(_) | IoKind::WriteDevice(_), _) => {
                     Err(super::device_unsupported(self.name()))
                 }
             })

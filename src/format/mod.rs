@@ -234,6 +234,19 @@ impl PayloadHasher {
         }
     }
 
+    /// A hasher of the checksum that version 2 writers write (XXH3-128), for a payload hashed
+    /// before its header is read ([`PayloadHasher::check`] compares).
+    pub fn xxh3() -> PayloadHasher {
+        PayloadHasher::Xxh3(Box::new(twox_hash::XxHash3_128::new()))
+    }
+
+    /// Whether the bytes fed match `header`'s checksum, when it is of this hasher's kind
+    /// (`None`: the header's checksum is of the other kind, and these bytes cannot tell).
+    pub fn check(&self, header: &Header) -> Option<bool> {
+        let xxh3 = header.flags & FLAG_PAYLOAD_XXH3 != 0;
+        (xxh3 == matches!(self, PayloadHasher::Xxh3(_))).then(|| self.matches(header))
+    }
+
     /// True when the bytes fed match `header`'s checksum.
     pub fn matches(&self, header: &Header) -> bool {
         let mut sum = [0u8; 32];

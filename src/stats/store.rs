@@ -32,6 +32,13 @@ pub struct StoreStats {
     /// First reads that served a file without hashing its payload because it was written on
     /// this machine since its current boot ([`VerifyMode::AfterReboot`](crate::VerifyMode)).
     pub checksums_skipped: u64,
+    /// First reads whose payload was hashed piece by piece as the engine read it (the psync
+    /// engine, version 2 files), not read again to be hashed after.
+    pub checksums_streamed: u64,
+    /// Get batches whose reads were split between threads ([`StoreConfig::read_threads`]).
+    ///
+    /// [`StoreConfig::read_threads`]: crate::StoreConfig::read_threads
+    pub split_reads: u64,
     /// Foreign files and symlinks seen in the tree (left alone).
     pub foreign: u64,
     /// Temp files removed when the store was opened.
@@ -211,6 +218,8 @@ pub(crate) struct Counters {
     pub removes: AtomicU64,
     pub corrupt: AtomicU64,
     pub checksums_skipped: AtomicU64,
+    pub checksums_streamed: AtomicU64,
+    pub split_reads: AtomicU64,
     pub foreign: AtomicU64,
     pub temp_swept: AtomicU64,
     pub syncs: AtomicU64,

@@ -18,17 +18,19 @@ pub enum VerifyMode {
     Never,
     /// The first read through each newly opened descriptor verifies; later reads through the
     /// same cached descriptor trust it. Block files are immutable once published, so this
-    /// catches every torn file a crash can leave and bit rot at the next open, at the cost of
-    /// one hash per open.
+    /// catches every torn file a crash can leave, bit rot, and a file changed in place (by a
+    /// stray writer, a tool, the device) at the next open, at the cost of one hash per open:
+    /// with the psync engine each piece is hashed as it lands, while it is still in the CPU's
+    /// cache. The default (docs/benchmarks.md has the measured cost of each mode).
+    #[default]
     OnOpen,
     /// As [`VerifyMode::OnOpen`], but a file whose header says it was written on this machine
     /// since its current boot (format version 2) is trusted without hashing: only a machine
     /// crash tears a published file, and a machine crash means a new boot. Files written
     /// before this boot (or by a version 1 writer, or on another machine) are verified on
-    /// their first open, so every torn file a crash can leave is still caught. The default
-    /// (docs/format.md#which-crashes-need-the-checksum has the argument, docs/benchmarks.md
-    /// the measured cost of each mode).
-    #[default]
+    /// their first open, so every torn file a crash can leave is still caught
+    /// (docs/format.md#which-crashes-need-the-checksum has the argument). A file of this boot
+    /// changed in place is served as it is.
     AfterReboot,
 }
 
@@ -137,6 +139,15 @@ impl fmt::Display for Sharing {
 /// How long a shared store remembers that a key was absent from the tree (default 1 s): a
 /// block another store publishes is a hit here at most this long after it appears.
 pub const DEFAULT_NEGATIVE_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+/// The default [`StoreConfig::read_threads`]: two, the calling thread and one more (measured on
+/// two cores: a prefix load of 2 MiB blocks with every payload hashed goes from 0.79x to
+/// 1.5x of a plain single-threaded open, read and close; docs/benchmarks.md).
+pub const DEFAULT_READ_THREADS: usize = 2;
+
+/// The fewest bytes of host reads in one batch that are split between read threads: below it
+/// a thread's start (tens of microseconds) costs more than it saves.
+pub const PARALLEL_READ_MIN: usize = 4 << 20;
+
 /// How old a temp file of another node must be before a shared store's sweep removes it
 /// (default 10 minutes; a temp file of this node goes as soon as its process is gone).
 pub const DEFAULT_TEMP_LEASE: std::time::Duration = std::time::Duration::from_secs(600);
@@ -171,8 +182,14 @@ pub struct StoreConfig {
     pub fd_cache: Option<usize>,
     /// Largest accepted block payload (default 256 MiB).
     pub max_block_size: Option<usize>,
-    /// When checksums are verified (default [`VerifyMode::AfterReboot`]).
+    /// When checksums are verified (default [`VerifyMode::OnOpen`]).
     pub verify: VerifyMode,
+    /// Threads a large get runs its reads on (default [`DEFAULT_READ_THREADS`]): a batch of
+    /// at least [`PARALLEL_READ_MIN`] bytes of host reads, on an engine whose
+    /// [`IoEngine::concurrent_submits`](crate::engine::IoEngine::concurrent_submits) is true,
+    /// is split between the calling thread and `read_threads - 1` scoped threads, each reading
+    /// (and, with the psync engine, hashing) its share. 1: every read on the calling thread.
+    pub read_threads: usize,
     /// Use `O_DIRECT` for block I/O, through aligned bounce buffers (default off).
     pub direct_io: bool,
     /// `fdatasync` each block before publishing it and `fsync` its directory after (default
@@ -245,6 +262,7 @@ impl Default for StoreConfig {
             fd_cache: None,
             max_block_size: None,
             verify: VerifyMode::default(),
+            read_threads: DEFAULT_READ_THREADS,
             direct_io: false,
             sync_writes: false,
             engine: EngineKind::default(),
@@ -289,6 +307,13 @@ impl StoreConfig {
     /// Sets the largest accepted block (default 256 MiB).
     pub fn with_max_block_size(mut self, bytes: usize) -> Self {
         self.max_block_size = Some(bytes);
+        self
+    }
+
+    /// Sets the threads a large get reads on (default [`DEFAULT_READ_THREADS`]; 0 is taken as
+    /// 1; see [`StoreConfig::read_threads`]).
+    pub fn with_read_threads(mut self, threads: usize) -> Self {
+        self.read_threads = threads.max(1);
         self
     }
 

@@ -34,7 +34,8 @@ mod write;
 pub use crate::stats::{ErrorCounts, LatencySummary, StoreStats};
 pub use config::{
     DEFAULT_FD_CACHE_MAX, DEFAULT_LEDGER_WAIT, DEFAULT_MAX_BLOCK_SIZE, DEFAULT_NEGATIVE_TTL,
-    DEFAULT_TEMP_LEASE, MIN_STATS_INTERVAL, Publish, Sharing, StoreConfig, VerifyMode,
+    DEFAULT_READ_THREADS, DEFAULT_TEMP_LEASE, MIN_STATS_INTERVAL, PARALLEL_READ_MIN, Publish,
+    Sharing, StoreConfig, VerifyMode,
 };
 pub use statsfile::LiveStats;
 
@@ -175,6 +176,8 @@ struct IoOptions {
     direct: bool,
     sync_writes: bool,
     max_block: usize,
+    /// Threads a large get's reads are split between ([`StoreConfig::read_threads`]).
+    read_threads: usize,
     /// Read-only: no worker lock is held, nothing is written.
     read_only: bool,
     /// Exclusive or shared.
@@ -502,6 +505,7 @@ impl Store {
                 direct: config.direct_io,
                 sync_writes: config.sync_writes,
                 max_block: config.max_block_size(),
+                read_threads: config.read_threads.max(1),
                 read_only,
                 sharing: config.sharing,
             },
@@ -1021,6 +1025,8 @@ impl Inner {
             removes: g(&c.removes),
             corrupt: g(&c.corrupt),
             checksums_skipped: g(&c.checksums_skipped),
+            checksums_streamed: g(&c.checksums_streamed),
+            split_reads: g(&c.split_reads),
             foreign: g(&c.foreign),
             temp_swept: g(&c.temp_swept),
             syncs: g(&c.syncs),

@@ -164,9 +164,13 @@ struct Args {
     /// Open-file cache size (0 = open and close the file on every access).
     #[arg(long)]
     fd_cache: Option<usize>,
-    /// Checksum verification on reads: after-reboot (the default: files written before this boot, on their first open), on-open, always, never.
-    #[arg(long, default_value = "after-reboot")]
+    /// Checksum verification on reads: on-open (the default: the first read through each opened file), after-reboot (as on-open, trusting files this machine wrote since its boot), always, never.
+    #[arg(long, default_value = "on-open")]
     verify: VerifyMode,
+    /// Threads one large get_many reads on (the store's read_threads; default 2, 1 = the
+    /// calling thread only).
+    #[arg(long, default_value_t = tierkv::store::DEFAULT_READ_THREADS)]
+    read_threads: usize,
     /// How puts publish files: rename (temp file + rename) or tmpfile (O_TMPFILE + linkat).
     #[arg(long, default_value = "rename")]
     publish: Publish,
@@ -651,6 +655,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
     let (root, _tmp) = run_root(args)?;
     let mut config = StoreConfig::new()
         .with_verify(args.verify)
+        .with_read_threads(args.read_threads)
         .with_direct_io(args.direct)
         .with_sync_writes(args.sync_writes)
         .with_publish(args.publish)
