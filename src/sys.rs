@@ -52,8 +52,7 @@ pub fn read_full_feeding(
     if want <= chunk {
         // `read_full` advances the slices it is given: fresh ones over the same buffers, so
         // that `bufs` still start where the bytes landed.
-        let mut fresh: Vec<IoSliceMut<'_>> =
-            bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+        let mut fresh: Vec<IoSliceMut<'_>> = bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
         let n = read_full(fd, offset, &mut fresh)?;
         drop(fresh);
         let mut left = n;
@@ -64,25 +63,18 @@ pub fn read_full_feeding(
         }
         return Ok(n);
     }
-    let chunk = chunk.max(1);
     let mut done = 0usize;
     for b in bufs.iter_mut() {
-        let mut at = 0usize;
-        while at < b.len() {
-            let end = (at + chunk).min(b.len());
-            let n = read_full(
-                fd,
-                offset + (done + at) as u64,
-                &mut [IoSliceMut::new(&mut b[at..end])],
-            )?;
-            feed(&b[at..at + n]);
-            at += n;
-            if at < end {
+        for piece in b.chunks_mut(chunk.max(1)) {
+            let want = piece.len();
+            let n = read_full(fd, offset + done as u64, &mut [IoSliceMut::new(piece)])?;
+            feed(&piece[..n]);
+            done += n;
+            if n < want {
                 // The end of the file.
-                return Ok(done + at);
+                return Ok(done);
             }
         }
-        done += b.len();
     }
     Ok(done)
 }

@@ -41,6 +41,8 @@ tests_for() {
     # The system-call loops and file kinds: their unit tests read and write across buffers and
     # the end of a file, and stat real files of each kind.
     src/sys.rs) echo "--lib" ;;
+    # Splitting a get between threads: its unit tests read through it with every condition.
+    src/store/split.rs) echo "--lib" ;;
     src/offload/*) echo "--lib --test offload" ;;
     src/store/config.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test reuse --test shared" ;;
     src/store/mod.rs | src/store/stats.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test offload --test reuse --test shared --test hostile" ;;
@@ -53,6 +55,7 @@ filters_for() {
   case "$1" in
     src/index/policy/*) echo "index::" ;;
     src/sys.rs) echo "sys::" ;;
+    src/store/split.rs) echo "store::split::" ;;
     src/index/*) echo "" ;;
     *) echo "--skip trace_hit_ratios" ;;
   esac

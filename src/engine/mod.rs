@@ -517,6 +517,24 @@ mod stream_checks {
         assert_eq!(run(&Broken { pull: 2, extra: 0 }), (5, 5, 5));
         assert_eq!(run(&Broken { pull: 2, extra: 3 }), (5, 5, 5));
     }
+
+    /// A request that feeds shows it in its debug form (the closure itself has none).
+    #[test]
+    fn a_feeding_request_says_so_when_printed() {
+        struct Count(usize);
+        impl Landed for Count {
+            fn landed(&mut self, bytes: &[u8]) {
+                self.0 += bytes.len();
+            }
+        }
+        let f = tempfile::tempfile().unwrap();
+        let mut buf = [0u8; 4];
+        let mut count = Count(0);
+        let r = IoRequest::read(f.as_fd(), 0, vec![IoSliceMut::new(&mut buf)]).feeding(&mut count);
+        assert!(format!("{r:?}").contains("feed: Some(Feed)"), "{r:?}");
+        let plain = IoRequest::read(f.as_fd(), 0, vec![]);
+        assert!(format!("{plain:?}").contains("feed: None"), "{plain:?}");
+    }
 }
 
 #[cfg(test)]

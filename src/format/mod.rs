@@ -258,6 +258,52 @@ impl PayloadHasher {
     }
 }
 
+/// A block file's payload hashed as the file is read from its start, piece by piece
+/// ([`FileHasher::feed`]; the store hands it the pieces an engine reads): the bytes after the
+/// header page go to an XXH3-128 hasher (version 2 files' checksum), and every byte is counted.
+#[derive(Debug)]
+pub struct FileHasher {
+    hasher: PayloadHasher,
+    fed: usize,
+}
+
+impl FileHasher {
+    /// A hasher that has seen nothing.
+    pub fn new() -> FileHasher {
+        FileHasher {
+            hasher: PayloadHasher::xxh3(),
+            fed: 0,
+        }
+    }
+
+    /// Whether the payload of a file read in `n` bytes from its start matches `header`'s
+    /// checksum, when this hasher can tell: it was fed exactly those `n` bytes and the header's
+    /// checksum is XXH3 (`None` otherwise: an engine that did not feed, a blake3 file).
+    pub fn verdict(&self, header: &Header, n: usize) -> Option<bool> {
+        if self.fed != n {
+            return None;
+        }
+        self.hasher.check(header)
+    }
+}
+
+impl Default for FileHasher {
+    fn default() -> Self {
+        FileHasher::new()
+    }
+}
+
+impl FileHasher {
+    /// The file's next bytes, in order from its first.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        let skip = (PAYLOAD_OFFSET as usize)
+            .saturating_sub(self.fed)
+            .min(bytes.len());
+        self.hasher.update(&bytes[skip..]);
+        self.fed += bytes.len();
+    }
+}
+
 impl std::fmt::Debug for PayloadHasher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -279,6 +325,60 @@ mod tests {
 
     fn sample() -> Header {
         Header::for_payload(BlockHash([7; 32]), b"hello world", Some([9; 16]))
+    }
+
+    /// Fed a whole file in pieces of any size, the hasher matches the payload's checksum and
+    /// only the payload's (the header page is skipped, wherever a piece boundary falls); it
+    /// tells nothing for another byte count or a blake3 header.
+    #[test]
+    fn a_file_hasher_fed_in_pieces_checks_the_payload_only() {
+        let payload: Vec<u8> = (0..10_000u32).map(|i| (i % 249) as u8).collect();
+        let h = Header::for_payload(BlockHash([3; 32]), &payload, None);
+        let mut file = vec![0u8; PAYLOAD_OFFSET as usize];
+        file[..HEADER_LEN].copy_from_slice(&h.encode());
+        file.extend_from_slice(&payload);
+        for piece in [1usize, 100, 4095, 4096, 4097, 6000, file.len()] {
+            let fed = |bytes: &[u8]| {
+                let mut f = FileHasher::default();
+                for c in bytes.chunks(piece) {
+                    f.feed(c);
+                }
+                f
+            };
+            assert_eq!(
+                fed(&file).verdict(&h, file.len()),
+                Some(true),
+                "pieces of {piece}"
+            );
+            assert_eq!(
+                fed(&file).verdict(&h, file.len() - 1),
+                None,
+                "pieces of {piece}"
+            );
+            let mut changed = file.clone();
+            *changed.last_mut().unwrap() ^= 1;
+            assert_eq!(
+                fed(&changed).verdict(&h, file.len()),
+                Some(false),
+                "pieces of {piece}"
+            );
+            // A change inside the header page is not the payload's.
+            let mut head = file.clone();
+            head[PAYLOAD_OFFSET as usize - 1] ^= 1;
+            assert_eq!(
+                fed(&head).verdict(&h, file.len()),
+                Some(true),
+                "pieces of {piece}"
+            );
+            let mut b3 = h;
+            b3.flags &= !FLAG_PAYLOAD_XXH3;
+            b3.flags |= FLAG_PAYLOAD_BLAKE3;
+            assert_eq!(
+                fed(&file).verdict(&b3, file.len()),
+                None,
+                "pieces of {piece}"
+            );
+        }
     }
 
     #[test]

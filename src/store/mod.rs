@@ -27,6 +27,7 @@ mod fdcache;
 mod periodic;
 mod read;
 mod shared;
+mod split;
 mod statsfile;
 pub mod sweep;
 mod write;

@@ -10,7 +10,7 @@ use rustix::io::Errno;
 use super::fdcache::OpenBlock;
 use super::{Counters, Inner, Lookup, VerifyMode, io_err};
 use crate::buf::{DIRECT_ALIGN, DeviceMem, PooledBuf, align_up};
-use crate::engine::{IoKind, IoRequest};
+use crate::engine::IoRequest;
 use crate::error::{CorruptReason, Error, Result};
 use crate::format::{PAYLOAD_OFFSET, check_head};
 use crate::key::{BlockHash, BlockKey};
@@ -36,26 +36,13 @@ pub(super) enum ReadPlan {
         direct_head: Option<PooledBuf>,
         /// The payload hashed as the engine reads it, when the verify mode hashes every
         /// fresh file.
-        stream: Option<Streamed>,
+        stream: Option<crate::format::FileHasher>,
     },
 }
 
-/// A fresh file's payload hashed as the engine reads it, each piece while it is still in the
-/// CPU's cache: the bytes after the header page go to an XXH3-128 hasher (the checksum of
-/// version 2 files; a file of another kind is hashed again when the batch finishes), and
-/// every byte fed is counted (a count short of the read's means the engine did not feed).
-pub(super) struct Streamed {
-    hasher: crate::format::PayloadHasher,
-    fed: usize,
-}
-
-impl crate::engine::Landed for Streamed {
+impl crate::engine::Landed for crate::format::FileHasher {
     fn landed(&mut self, bytes: &[u8]) {
-        let skip = (PAYLOAD_OFFSET as usize)
-            .saturating_sub(self.fed)
-            .min(bytes.len());
-        self.hasher.update(&bytes[skip..]);
-        self.fed += bytes.len();
+        self.feed(bytes);
     }
 }
 
@@ -207,7 +194,12 @@ impl Inner {
                 reqs.push(req);
                 owners.push(i);
             }
-            self.submit_reads(&mut reqs)
+            super::split::submit(
+                self.engine.as_ref(),
+                &mut reqs,
+                self.opts.read_threads,
+                &self.counters.split_reads,
+            )
         };
 
         let mut results: Vec<Option<Result<Lookup>>> = plans
@@ -230,57 +222,6 @@ impl Inner {
             .collect();
         self.end_batch(keys, &results, &pinned);
         results
-    }
-
-    /// Runs a get's requests: split between [`StoreConfig::read_threads`] threads (the calling
-    /// one and scoped ones, each a contiguous share of about equal bytes) when they are host
-    /// reads of at least [`PARALLEL_READ_MIN`] bytes in all, there are two or more, and the
-    /// engine runs concurrent submits at full speed; else on the calling thread. One result
-    /// per request, in order, either way.
-    ///
-    /// [`StoreConfig::read_threads`]: crate::StoreConfig::read_threads
-    /// [`PARALLEL_READ_MIN`]: crate::store::PARALLEL_READ_MIN
-    fn submit_reads(&self, reqs: &mut [IoRequest<'_>]) -> Vec<std::io::Result<usize>> {
-        let engine = self.engine.as_ref();
-        let threads = self.opts.read_threads.min(reqs.len());
-        let host_only = reqs.iter().all(|r| matches!(r.kind, IoKind::Read(_)));
-        let bytes: usize = reqs.iter().map(IoRequest::len).sum();
-        if threads < 2
-            || !host_only
-            || bytes < super::PARALLEL_READ_MIN
-            || !engine.concurrent_submits()
-        {
-            return crate::engine::submit_checked(engine, reqs);
-        }
-        // Contiguous shares of about `bytes / threads` each.
-        let mut shares: Vec<&mut [IoRequest<'_>]> = Vec::with_capacity(threads);
-        let mut rest = reqs;
-        for t in (1..threads).rev() {
-            let left: usize = rest.iter().map(IoRequest::len).sum();
-            let target = left / (t + 1);
-            let (mut cut, mut acc) = (0, 0);
-            while cut < rest.len() - t && acc < target {
-                acc += rest[cut].len();
-                cut += 1;
-            }
-            let (share, tail) = std::mem::take(&mut rest).split_at_mut(cut.max(1));
-            shares.push(share);
-            rest = tail;
-        }
-        shares.push(rest);
-        Counters::add(&self.counters.split_reads, 1);
-        let first = shares.remove(0);
-        std::thread::scope(|s| {
-            let others: Vec<_> = shares
-                .into_iter()
-                .map(|share| s.spawn(move || crate::engine::submit_checked(engine, share)))
-                .collect();
-            let mut results = crate::engine::submit_checked(engine, first);
-            for h in others {
-                results.extend(h.join().expect("a read thread panicked"));
-            }
-            results
-        })
     }
 
     /// Starts a get batch: per key, an invalid key's error, or whether the index holds it.
@@ -445,10 +386,7 @@ impl Inner {
                     bounce,
                     direct_head,
                     stream: matches!(self.opts.verify, VerifyMode::OnOpen | VerifyMode::Always)
-                        .then(|| Streamed {
-                            hasher: crate::format::PayloadHasher::xxh3(),
-                            fed: 0,
-                        }),
+                        .then(crate::format::FileHasher::new),
                 }
             }
             Err(Errno::NOENT | Errno::NOTDIR | Errno::STALE) => {
@@ -611,23 +549,22 @@ impl Inner {
     }
 
     /// True when `payload` (read in `n` bytes with its header) matches `header`'s checksum:
-    /// from what `stream` hashed as the bytes landed when it was fed all `n` and is of the
-    /// header's kind (counted in `StoreStats::checksums_streamed`), else by hashing `payload`.
+    /// from what `stream` hashed as the bytes landed when it can tell (counted in
+    /// `StoreStats::checksums_streamed`), else by hashing `payload`.
     fn payload_matches(
         &self,
         header: &crate::format::Header,
-        stream: Option<Streamed>,
+        stream: Option<crate::format::FileHasher>,
         n: usize,
         payload: &[u8],
     ) -> bool {
-        if let Some(ok) = stream
-            .filter(|s| s.fed == n)
-            .and_then(|s| s.hasher.check(header))
-        {
-            Counters::add(&self.counters.checksums_streamed, 1);
-            return ok;
+        match stream.and_then(|s| s.verdict(header, n)) {
+            Some(ok) => {
+                Counters::add(&self.counters.checksums_streamed, 1);
+                ok
+            }
+            None => header.verify(payload),
         }
-        header.verify(payload)
     }
 
     /// True when `header`'s file needs no payload hash under [`VerifyMode::AfterReboot`]: it
