@@ -1,8 +1,8 @@
 //! README.md states each guarantee in one line, linking to docs/guarantees.md, which states it
 //! in full with the tests that show it. Here: every test docs/guarantees.md (or README) names
-//! exists (`file::test` is a `fn test` in `tests/file.rs`, `file::prefix_*` matches at least
-//! one test there, `python/tests/f.py::t` a `def t` there), and README's guarantees and the
-//! page's sections are the same list, so a renamed test or a dropped guarantee fails here
+//! exists (`file::test` is a `fn test` in `tests/file.rs` or `tools/tests/file.rs`,
+//! `file::prefix_*` matches at least one test there, `python/tests/f.py::t` a `def t` there),
+//! and README's guarantees and the page's sections are the same list, so a renamed test or a dropped guarantee fails here
 //! instead of pointing at nothing.
 
 use std::path::Path;
@@ -92,12 +92,16 @@ fn references(text: &str) -> Vec<(String, String)> {
 fn every_test_the_guarantees_name_exists() {
     let refs = references(&guarantees());
     assert!(refs.len() >= 20, "too few references found: {refs:?}");
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut missing = Vec::new();
     for (file, name) in &refs {
-        let src = std::fs::read_to_string(dir.join(format!("{file}.rs"))).unwrap_or_else(|_| {
-            panic!("docs/guarantees.md names tests/{file}.rs, which does not exist")
-        });
+        // The library's tests are in tests/, those that run the tools in tools/tests/.
+        let src = ["tests", "tools/tests"]
+            .iter()
+            .find_map(|dir| std::fs::read_to_string(root.join(dir).join(format!("{file}.rs"))).ok())
+            .unwrap_or_else(|| {
+                panic!("docs/guarantees.md names {file}.rs, in neither tests/ nor tools/tests/")
+            });
         let found = match name.strip_suffix('*') {
             Some(prefix) => src.contains(&format!("fn {prefix}")),
             None => src.contains(&format!("fn {name}()")) || src.contains(&format!("fn {name}(")),

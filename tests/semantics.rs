@@ -552,7 +552,7 @@ fn one_store_per_worker_and_workers_share_a_root() {
     let dir = tempfile::tempdir().unwrap();
     let a = open(dir.path(), "rank0");
     match Store::open(dir.path(), worker("rank0"), common::cfg()) {
-        // Shared stores share a worker (tests/shared.rs).
+        // Shared stores share a worker (tools/tests/shared.rs).
         Ok(_) if is_shared() => {}
         Err(Error::WorkerBusy { path, .. }) => assert!(path.ends_with("v1/rank0")),
         other => panic!("{other:?}"),

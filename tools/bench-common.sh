@@ -16,7 +16,7 @@ target_dir() {
 }
 
 build_bin() {
-  cargo build --release --quiet --features "tools${2:+,$2}" --bin "$1"
+  cargo build --release --quiet -p tierkv-tools ${2:+--features "$2"} --bin "$1"
   B="$(target_dir)/release/$1"
 }
 

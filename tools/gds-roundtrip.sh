@@ -10,7 +10,7 @@
 # usage: tools/gds-roundtrip.sh [DIR] [-- gds-roundtrip options]
 #   DIR: a directory on the filesystem to test (default: a temporary one under /tmp).
 #   GDS_BIN: a prebuilt gds-roundtrip binary (for a machine without a Rust toolchain; build
-#   it with `cargo build --release --features tools,nixl --bin gds-roundtrip`).
+#   it with `cargo build --release -p tierkv-tools --features nixl --bin gds-roundtrip`).
 #   Prints the tool's JSON (backend used, rates); exit status 0 when every block matched.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -60,10 +60,11 @@ filters_for() {
     *) echo "--skip trace_hit_ratios" ;;
   esac
 }
-# Files whose tests need the tools (the bench and tierkv-stat binaries).
-features_for() {
+# Files whose tests run the tools' binaries: those tests are the tools crate's (tools/tests/),
+# so both packages' tests run (cargo-mutants tests only the mutated package by default).
+packages_for() {
   case "$(tests_for "$1")" in
-    *hostile* | *crash* | *bench_cli* | *stat_cli* | *shared*) echo "--features tools" ;;
+    *hostile* | *crash* | *bench_cli* | *stat_cli* | *shared* | *processes*) echo "--test-package=tierkv,tierkv-tools" ;;
     *) echo "" ;;
   esac
 }
@@ -116,7 +117,7 @@ for f in "${FILES[@]}"; do
   testargs=()
   for a in $(tests_for "$f"); do testargs+=(--cargo-arg="$a"); done
   # shellcheck disable=SC2046
-  nice -n 19 cargo mutants --no-shuffle -f "$f" "${diffarg[@]}" $(features_for "$f") \
+  nice -n 19 cargo mutants --no-shuffle -f "$f" "${diffarg[@]}" $(packages_for "$f") \
     --timeout "$TIMEOUT" --build-timeout 900 --output "$dir" "${testargs[@]}" \
     -- -- $(filters_for "$f") || status=1
   t1=$(date +%s)

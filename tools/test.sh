@@ -50,7 +50,7 @@ echo "== tests"
 # Skipped tests append a line here (tests/common's `skip`): printed below, never silent.
 SKIPS=target/test-skips.txt
 rm -f "$SKIPS"
-# The multi-node tests (tests/shared_dfs.rs) run on a GlusterFS volume that two network
+# The multi-node tests (tools/tests/shared_dfs.rs) run on a GlusterFS volume that two network
 # namespaces mount (tools/dfs.sh, root only); it is torn down whatever happens.
 if [ "$(id -u)" = 0 ]; then
   trap 'tools/dfs.sh down >/dev/null 2>&1 || true' EXIT
@@ -61,15 +61,15 @@ if [ "$(id -u)" = 0 ]; then
   TIERKV_DFS_SH="$PWD/tools/dfs.sh"
   export TIERKV_DFS_N1 TIERKV_DFS_N2 TIERKV_DFS_SH
 fi
-cargo test -q --all-features
+cargo test -q --all-features -p tierkv -p tierkv-tools
 if [ "$(id -u)" = 0 ]; then
   tools/dfs.sh down
   trap - EXIT
 fi
 echo "== the hostile-tree and semantics suites against shared stores (TIERKV_TEST_SHARING=shared)"
-TIERKV_TEST_SHARING=shared cargo test -q --all-features --test hostile --test semantics
+TIERKV_TEST_SHARING=shared cargo test -q --all-features -p tierkv -p tierkv-tools --test hostile --test semantics
 echo "== whole-trace policy replays (optimised: src/index/policy)"
-cargo test -q --release --lib index::policy
+cargo test -q --release -p tierkv --lib index::policy
 echo "== python (python/: the tierkv package built by maturin, its pytest suite)"
 # A virtualenv at .venv-py/ (git-ignored), made and filled once; the package is rebuilt
 # into it (editable) every run, in release mode as `pip install ./python` builds it.

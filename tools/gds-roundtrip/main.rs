@@ -27,7 +27,7 @@ use common::{BoxError, parse_size};
 
 /// Round trips of blocks between GPU memory and files through NIXL GDS.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
+#[command(version, long_about = None)]
 struct Args {
     /// Cache root (on the filesystem to test; default: a temporary directory there is).
     #[arg(long)]

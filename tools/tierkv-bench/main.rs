@@ -74,7 +74,7 @@ enum OutputFormat {
 
 /// A fio-style benchmark of the tierkv block store.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
+#[command(version, long_about = None)]
 struct Args {
     /// Cache root directory. Default: a fresh temporary directory, removed at exit.
     #[arg(long)]

@@ -35,7 +35,7 @@ enum Format {
 
 /// Inspect a tierkv cache tree and the live counters of its stores.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
+#[command(version, long_about = None)]
 struct Args {
     /// The cache root (the directory that holds `v1/`).
     dir: PathBuf,

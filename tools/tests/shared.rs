@@ -3,6 +3,7 @@
 //! and a shared capacity sampled by tierkv-stat while they run. The same scenarios across two
 //! nodes of a real distributed filesystem are tests/shared_dfs.rs.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::path::Path;

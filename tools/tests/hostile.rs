@@ -6,6 +6,7 @@
 //! Nothing outside the tree may change, nothing valid may be removed, nothing may hang, every
 //! error names its path.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

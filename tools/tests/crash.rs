@@ -1,6 +1,7 @@
 //! Crash safety: a writer killed with SIGKILL mid-put, again and again, never leaves a short or
 //! corrupt file under a block's final name, and its temp files are swept when a store opens.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::process::Stdio;

@@ -1,5 +1,6 @@
 //! tierkv-stat against trees with known contents, and against a running store.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;

@@ -9,6 +9,7 @@
 //! byte it reads (`--verify-data`); the test process itself reads the volume through node
 //! 1's mount for the oracle and `tierkv-stat`.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};

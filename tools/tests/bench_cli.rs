@@ -1,5 +1,6 @@
 //! tierkv-bench: a short run of each mode, separate write and read processes, bad input.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::process::{Command, Stdio};
