@@ -30,7 +30,10 @@ tests_for() {
     src/layout/*) echo "--lib --test oracle --test semantics" ;;
     src/store/write.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test device --test capacity --test reuse --test bound" ;;
     src/store/read.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test device --test reuse" ;;
-    src/ns/mod.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test reuse" ;;
+    src/ns/mod.rs | src/ns/control.rs | src/ns/lease.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test reuse" ;;
+    # The worker lock, the shared ledger and node ids: their unit tests, and the suites that
+    # share workers between stores and processes.
+    src/ns/lock.rs | src/ns/ledger.rs | src/ns/node.rs) echo "--lib --test semantics --test capacity --test shared --test hostile" ;;
     src/store/sweep.rs) echo "--lib --test oracle --test semantics --test hostile --test shared" ;;
     src/store/shared.rs) echo "--lib --test semantics --test capacity --test shared" ;;
     src/store/evict.rs) echo "--lib --test semantics --test capacity --test bound --test reuse" ;;
