@@ -95,6 +95,54 @@ pub fn check_head(name: &BlockHash, head: &[u8]) -> Result<Header, crate::error:
     Ok(header)
 }
 
+/// Reads and checks the open block file `fd`, of `len` bytes by its `fstat`, named `name`:
+/// its header ([`check_head`]), its length against the header's (so a header claiming 1 TiB
+/// is corrupt, never an allocation), and with `verify` its payload against the header's
+/// checksum, streamed in pieces of 1 MiB. `Ok(Err(reason))` is a corrupt file; `Err` is an
+/// error reading it, never a judgement.
+pub fn check_file(
+    fd: std::os::fd::BorrowedFd<'_>,
+    name: &BlockHash,
+    len: u64,
+    verify: bool,
+) -> std::io::Result<Result<Header, crate::error::CorruptReason>> {
+    use crate::error::CorruptReason;
+    let read = |buf: &mut [u8], off: u64| {
+        crate::sys::read_full(fd, off, &mut [std::io::IoSliceMut::new(buf)])
+    };
+    let mut head = vec![0u8; PAYLOAD_OFFSET as usize];
+    let n = read(&mut head, 0)?;
+    let header = match check_head(name, &head[..n]) {
+        Ok(h) => h,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    let short = |file: u64| CorruptReason::Length {
+        file,
+        header: header.file_len(),
+    };
+    if len != header.file_len() {
+        return Ok(Err(short(len)));
+    }
+    if verify {
+        let mut hasher = header.hasher();
+        let mut chunk = vec![0u8; 1 << 20];
+        let mut off = PAYLOAD_OFFSET;
+        while off < len {
+            let want = ((len - off) as usize).min(chunk.len());
+            let got = read(&mut chunk[..want], off)?;
+            if got < want {
+                return Ok(Err(short(off + got as u64)));
+            }
+            hasher.update(&chunk[..got]);
+            off += got as u64;
+        }
+        if !hasher.matches(&header) {
+            return Ok(Err(CorruptReason::Checksum));
+        }
+    }
+    Ok(Ok(header))
+}
+
 impl Header {
     /// The header for `payload` stored under `key`, written on the machine booted as
     /// `writer_boot` (see [`crate::ns::boot_id`]).

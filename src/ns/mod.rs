@@ -28,6 +28,7 @@ mod lease;
 mod ledger;
 mod lock;
 mod node;
+pub mod walk;
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

@@ -1,13 +1,14 @@
 //! The scan of a worker's tree when a store opens: counts block files, removes temp files left
-//! by a crashed store, and counts (never touches) foreign files and symlinks.
+//! by a crashed store, and counts (never touches) foreign files and symlinks. The tree is
+//! walked by [`crate::ns::walk`], which `tierkv-stat` walks it with too.
 
 use std::path::PathBuf;
-use std::sync::Mutex;
 
 use rustix::io::Errno;
 
 use crate::key::BlockHash;
-use crate::layout::{EntryName, Layout};
+use crate::layout::Layout;
+use crate::ns::walk::{At, Visitor, walk};
 use crate::ns::{BlockDir, FileKind, Parent, io_err};
 
 /// A block file found by a scan, with what the index needs.
@@ -96,7 +97,6 @@ pub enum TempRule {
 /// How a scan treats what it finds.
 #[derive(Clone, Copy, Debug)]
 struct Mode {
-    layout: Layout,
     temps: TempRule,
     stat_blocks: bool,
 }
@@ -121,159 +121,81 @@ pub fn sweep_with(
     temps: TempRule,
     stat_blocks: bool,
 ) -> SweepReport {
-    let mode = Mode {
-        layout,
-        temps,
-        stat_blocks,
-    };
+    let mode = Mode { temps, stat_blocks };
     let mut report = SweepReport::default();
-    let mut subdirs = Vec::new();
-    scan_dir(ns, "", 0, mode, &mut report, &mut subdirs);
-    if subdirs.is_empty() {
-        return report;
-    }
-    let parts = in_parallel(subdirs, 8, |d, r: &mut SweepReport| {
-        let mut stack: Vec<(String, u8)> = vec![(d, 1)];
-        // Deeper levels are scanned by the same thread, depth first.
-        while let Some((p, lvl)) = stack.pop() {
-            let mut more = Vec::new();
-            scan_dir(ns, &p, lvl, mode, r, &mut more);
-            stack.extend(more.into_iter().map(|m| (m, lvl + 1)));
-        }
-    });
-    for p in parts {
-        report.merge(p);
+    for part in walk(ns, layout, 8, || Sweeper {
+        mode,
+        r: SweepReport::default(),
+    }) {
+        report.merge(part.r);
     }
     report
 }
 
-/// Runs `job` over `items` on up to `max_threads` threads (no more than the machine's cores or
-/// the items): each thread takes the next item from a shared queue and folds what it finds
-/// into a result of its own, and the threads' results are returned. The tree walks (this
-/// sweep, `tierkv-stat`'s scan) use it to read shard directories in parallel.
-pub fn in_parallel<T: Send, R: Default + Send>(
-    items: Vec<T>,
-    max_threads: usize,
-    job: impl Fn(T, &mut R) + Sync,
-) -> Vec<R> {
-    let threads = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .clamp(1, max_threads.max(1))
-        .min(items.len());
-    let queue = Mutex::new(items);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut r = R::default();
-                    loop {
-                        let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
-                        let Some(item) = next else { break };
-                        job(item, &mut r);
-                    }
-                    r
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("scan thread panicked"))
-            .collect()
-    })
+/// The sweep's visitor of the tree walk: what one thread found.
+struct Sweeper {
+    mode: Mode,
+    r: SweepReport,
 }
 
-/// Scans the directory `rel` at `level` (0 = the worker directory). Shard subdirectories to
-/// descend into are pushed on `subdirs`.
-fn scan_dir(
-    ns: &BlockDir,
-    rel: &str,
-    level: u8,
-    mode: Mode,
-    r: &mut SweepReport,
-    subdirs: &mut Vec<String>,
-) {
-    let layout = mode.layout;
-    let join = |name: &str| crate::ns::join(rel, name);
-    let (parent, entries) = match ns.list(rel) {
-        Ok(x) => x,
-        Err(Errno::LOOP) => {
-            // Replaced by a symlink since its parent was listed: not followed.
-            r.symlinks += 1;
+impl Visitor for Sweeper {
+    fn block(&mut self, at: &At<'_>, hash: BlockHash) {
+        let r = &mut self.r;
+        r.blocks += 1;
+        if !self.mode.stat_blocks {
             return;
         }
-        Err(e) => {
-            r.errors.push((ns.full(rel), io_err(e).to_string()));
-            return;
-        }
-    };
-    let is_leaf = level == layout.depth;
-    for entry in entries {
-        let name = entry.name_str();
-        match entry.kind {
-            FileKind::Symlink => {
-                r.symlinks += 1;
-                continue;
+        match at.ns.stat_in(at.parent, at.name) {
+            Ok(m) if FileKind::of_stat(&m) == FileKind::File => {
+                let ns = |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
+                r.entries.push(BlockEntry {
+                    hash,
+                    bytes: m.st_blocks as u64 * 512,
+                    recency_ns: ns(m.st_atime, m.st_atime_nsec as i64)
+                        .max(ns(m.st_mtime, m.st_mtime_nsec as i64)),
+                });
             }
-            FileKind::Dir => {
-                if !is_leaf && layout.is_shard_dir(name) {
-                    subdirs.push(join(name));
-                } else {
-                    r.foreign += 1;
-                }
-                continue;
-            }
-            FileKind::Special => {
+            // Replaced by something else since the listing: not a block.
+            Ok(_) => {
+                r.blocks -= 1;
                 r.foreign += 1;
-                continue;
             }
-            FileKind::File => {}
+            // Gone since readdir: nothing to index.
+            Err(Errno::NOENT) => r.blocks -= 1,
+            Err(e) => {
+                r.blocks -= 1;
+                r.errors.push((at.path(), io_err(e).to_string()));
+            }
         }
-        match Layout::classify(name) {
-            EntryName::Block(hash) if is_leaf && layout.rel_path(&hash).dir() == rel => {
-                r.blocks += 1;
-                if mode.stat_blocks {
-                    match ns.stat_in(&parent, name) {
-                        Ok(m) if FileKind::of_stat(&m) == FileKind::File => {
-                            let ns =
-                                |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
-                            r.entries.push(BlockEntry {
-                                hash,
-                                bytes: m.st_blocks as u64 * 512,
-                                recency_ns: ns(m.st_atime, m.st_atime_nsec as i64)
-                                    .max(ns(m.st_mtime, m.st_mtime_nsec as i64)),
-                            });
-                        }
-                        // Replaced by something else since the listing: not a block.
-                        Ok(_) => {
-                            r.blocks -= 1;
-                            r.foreign += 1;
-                        }
-                        // Gone since readdir: nothing to index.
-                        Err(Errno::NOENT) => r.blocks -= 1,
-                        Err(e) => {
-                            r.blocks -= 1;
-                            r.errors.push((ns.full(&join(name)), io_err(e).to_string()));
-                        }
-                    }
-                }
-            }
-            EntryName::Block(_) => {
-                r.misplaced += 1;
-                r.misplaced_paths.push(join(name));
-            }
-            EntryName::Temp if is_leaf => remove_temp(ns, &parent, rel, name, mode, r),
-            EntryName::ControlTemp if level == 0 => remove_temp(ns, &parent, rel, name, mode, r),
-            EntryName::Meta if level == 0 => {
-                let owner = crate::layout::instance_stats_owner(name);
-                if owner.is_some()
-                    && abandoned(ns, &parent, name, owner, mode.temps).is_some()
-                    && ns.unlink_in(&parent, name, None).is_ok()
-                {
-                    r.stale_instances += 1;
-                }
-            }
-            _ => r.foreign += 1,
+    }
+
+    fn misplaced(&mut self, at: &At<'_>, _: BlockHash) {
+        self.r.misplaced += 1;
+        self.r.misplaced_paths.push(at.rel());
+    }
+
+    fn temp(&mut self, at: &At<'_>) {
+        remove_temp(at, self.mode, &mut self.r);
+    }
+
+    fn meta(&mut self, at: &At<'_>) {
+        if instance_stats_abandoned(at.ns, at.parent, at.name, self.mode.temps)
+            && at.ns.unlink_in(at.parent, at.name, None).is_ok()
+        {
+            self.r.stale_instances += 1;
         }
+    }
+
+    fn symlink(&mut self) {
+        self.r.symlinks += 1;
+    }
+
+    fn foreign(&mut self) {
+        self.r.foreign += 1;
+    }
+
+    fn unreadable(&mut self, path: PathBuf, err: Errno) {
+        self.r.errors.push((path, io_err(err).to_string()));
     }
 }
 
@@ -330,26 +252,32 @@ pub fn temp_abandoned(ns: &BlockDir, parent: &Parent<'_>, name: &str, rule: Temp
     abandoned(ns, parent, name, Layout::temp_owner(name), rule).is_some()
 }
 
-/// Counts a temp file, and removes it (if it is still a regular file) when the rule says
-/// its owner is gone.
-fn remove_temp(
+/// True if `name` in `parent` is the stats file of a shared store that is gone under `rule`:
+/// what a sweep removes (`tierkv-stat --repair` removes it too).
+pub fn instance_stats_abandoned(
     ns: &BlockDir,
     parent: &Parent<'_>,
-    rel: &str,
     name: &str,
-    mode: Mode,
-    r: &mut SweepReport,
-) {
+    rule: TempRule,
+) -> bool {
+    let owner = crate::layout::instance_stats_owner(name);
+    owner.is_some() && abandoned(ns, parent, name, owner, rule).is_some()
+}
+
+/// Counts a temp file, and removes it (if it is still a regular file) when the rule says
+/// its owner is gone.
+fn remove_temp(at: &At<'_>, mode: Mode, r: &mut SweepReport) {
     if mode.temps == TempRule::Keep {
         r.temp += 1;
         return;
     }
-    let Some(gone) = abandoned(ns, parent, name, Layout::temp_owner(name), mode.temps) else {
+    let owner = Layout::temp_owner(at.name);
+    let Some(gone) = abandoned(at.ns, at.parent, at.name, owner, mode.temps) else {
         r.temp_kept += 1;
         return;
     };
     r.temp += 1;
-    match ns.unlink_in_sized(parent, name, None) {
+    match at.ns.unlink_in_sized(at.parent, at.name, None) {
         Ok((_, bytes)) => {
             r.temp_bytes += bytes;
             if gone == Gone::Dead {
@@ -357,9 +285,6 @@ fn remove_temp(
                 r.temp_dead_bytes += bytes;
             }
         }
-        Err(e) => {
-            r.errors
-                .push((ns.full(&crate::ns::join(rel, name)), io_err(e).to_string()));
-        }
+        Err(e) => r.errors.push((at.path(), io_err(e).to_string())),
     }
 }

@@ -463,3 +463,30 @@ fn live_text_output_escapes_control_characters_from_stats_files() {
     );
     assert!(text.contains("policy lru\\u{1b}[2J"), "{text}");
 }
+
+/// Repair removes the stats file of a shared store that is gone, as a store's open-time sweep
+/// does (one walker, one rule), and keeps that of a live one.
+#[test]
+fn repair_removes_the_stats_file_of_a_shared_store_that_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(open(dir.path(), "a"));
+    let node = tierkv::ns::node_id();
+    let mut exited = Command::new("true").spawn().unwrap();
+    let dead_pid = exited.id();
+    exited.wait().unwrap();
+    let worker = dir.path().join("v1/a");
+    let dead = worker.join(tierkv::layout::instance_stats_name(node, dead_pid));
+    let live = worker.join(tierkv::layout::instance_stats_name(node, std::process::id()));
+    for f in [&dead, &live] {
+        std::fs::write(f, "{}").unwrap();
+    }
+    let root = dir.path().to_str().unwrap();
+    let (code, _) = stat_json(&[root, "--sharing", "shared"]);
+    assert_eq!(code, Some(0));
+    assert!(dead.exists(), "without --repair nothing is removed");
+    let (code, r) = stat_json(&[root, "--repair", "--sharing", "shared"]);
+    assert_eq!(code, Some(0), "{r}");
+    assert!(!dead.exists(), "the gone store's stats file stays: {r}");
+    assert!(live.exists(), "a live store's stats file was removed");
+    assert_eq!(r["workers"]["a"]["removed"], 1, "{r}");
+}

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -20,11 +20,11 @@ use rustix::fs::OFlags;
 use rustix::io::Errno;
 use serde::Serialize;
 use tierkv::CorruptReason;
-use tierkv::format::PAYLOAD_OFFSET;
 use tierkv::layout::{self, EntryName, LAYOUT_FILE, Layout, STATS_FILE};
-use tierkv::ns::{BlockDir, FileKind, Inode, Opened, Parent, Unlinked, io_err, join};
+use tierkv::ns::walk::{At, Visitor, walk};
+use tierkv::ns::{BlockDir, Inode, Opened, Parent, Unlinked, io_err};
 use tierkv::store::LiveStats;
-use tierkv::store::sweep::{TempRule, in_parallel};
+use tierkv::store::sweep::TempRule;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Format {
@@ -421,9 +421,9 @@ enum Judged {
     NoAtime,
 }
 
-/// Reads and judges a block file: header, name, padding, length against its own `fstat`
-/// (so a header claiming 1 TiB is bad, never an allocation), and with `verify` the payload's
-/// checksum, streamed. `Err` is an error reading it, never a judgement.
+/// Reads and judges a block file ([`tierkv::format::check_file`]: header, name, padding,
+/// length against its own `fstat`, and with `verify` the payload's checksum, streamed),
+/// opened `O_NOATIME`. `Err` is an error reading it, never a judgement.
 fn check_block(
     ns: &BlockDir,
     parent: &Parent<'_>,
@@ -439,53 +439,11 @@ fn check_block(
         Err(Errno::PERM) => return Ok(Judged::NoAtime),
         Err(e) => return Err(e),
     };
-    let inode = Inode::of(&st);
-    let mut head = vec![0u8; PAYLOAD_OFFSET as usize];
-    let n = pread_full(&fd, &mut head, 0)?;
-    let header = match tierkv::format::check_head(name_hash, &head[..n]) {
-        Ok(h) => h,
-        Err(reason) => return Ok(Judged::Bad(reason, inode)),
-    };
-    let size = st.st_size as u64;
-    if size != header.file_len() {
-        return Ok(Judged::Bad(
-            CorruptReason::Length {
-                file: size,
-                header: header.file_len(),
-            },
-            inode,
-        ));
+    match tierkv::format::check_file(fd.as_fd(), name_hash, st.st_size as u64, verify) {
+        Ok(Ok(header)) => Ok(Judged::Good(header.payload_len, st)),
+        Ok(Err(reason)) => Ok(Judged::Bad(reason, Inode::of(&st))),
+        Err(e) => Err(Errno::from_io_error(&e).unwrap_or(Errno::IO)),
     }
-    if verify {
-        let mut hasher = header.hasher();
-        let mut chunk = vec![0u8; 1 << 20];
-        let mut off = PAYLOAD_OFFSET;
-        while off < size {
-            let want = ((size - off) as usize).min(chunk.len());
-            let got = pread_full(&fd, &mut chunk[..want], off)?;
-            if got < want {
-                return Ok(Judged::Bad(
-                    CorruptReason::Length {
-                        file: off + got as u64,
-                        header: header.file_len(),
-                    },
-                    inode,
-                ));
-            }
-            hasher.update(&chunk[..got]);
-            off += got as u64;
-        }
-        if !hasher.matches(&header) {
-            return Ok(Judged::Bad(CorruptReason::Checksum, inode));
-        }
-    }
-    Ok(Judged::Good(header.payload_len, st))
-}
-
-/// Reads up to `buf.len()` bytes at `off`, short only at the end of the file.
-fn pread_full(fd: &OwnedFd, buf: &mut [u8], off: u64) -> Result<usize, Errno> {
-    tierkv::sys::read_full(fd.as_fd(), off, &mut [std::io::IoSliceMut::new(buf)])
-        .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
 }
 
 fn scan(args: &Args, workers: &[String]) -> Result<Report, BoxError> {
@@ -594,6 +552,103 @@ fn repair_remove(
     }
 }
 
+/// tierkv-stat's visitor of the tree walk ([`tierkv::ns::walk`]): what one thread found, and
+/// the block count of each leaf it read.
+struct Scan<'a> {
+    repair: bool,
+    verify: bool,
+    rule: TempRule,
+    now_s: u64,
+    progress: &'a indicatif::ProgressBar,
+    wr: WorkerReport,
+    /// Blocks of the leaf being read.
+    in_leaf: u64,
+    /// Blocks of each leaf read.
+    leaves: Vec<u64>,
+}
+
+impl Scan<'_> {
+    /// A valid block: its bytes, payload size and age.
+    fn good(&mut self, payload: u64, m: &rustix::fs::Stat) {
+        let local = &mut self.wr;
+        local.files += 1;
+        local.bytes += m.st_blocks as u64 * 512;
+        local.payload_bytes += payload;
+        *local.size_counts.entry(size_bucket(payload)).or_default() += 1;
+        let used = m.st_atime.max(m.st_mtime).max(0) as u64;
+        *local
+            .age_counts
+            .entry(age_bucket(self.now_s.saturating_sub(used)).into())
+            .or_default() += 1;
+    }
+
+    /// A bad block, read through the inode given: listed, and removed by repair.
+    fn bad(&mut self, at: &At<'_>, reason: CorruptReason, inode: Inode) {
+        let rel = at.rel();
+        tracing::warn!(path = %at.path().display(), %reason, "bad block file");
+        if self.repair && repair_remove(at.ns, at.parent, &rel, Some(inode), &mut self.wr) {
+            self.wr.removed_bad += 1;
+        }
+        if matches!(reason, CorruptReason::Checksum) {
+            self.wr.corrupt.push(at.path());
+        } else {
+            self.wr.bad_header.push(at.path());
+        }
+    }
+}
+
+impl Visitor for Scan<'_> {
+    fn block(&mut self, at: &At<'_>, hash: tierkv::BlockHash) {
+        self.in_leaf += 1;
+        self.progress.inc(1);
+        match check_block(at.ns, at.parent, at.name, &hash, self.verify) {
+            Ok(Judged::Good(payload, m)) => self.good(payload, &m),
+            Ok(Judged::Bad(reason, inode)) => self.bad(at, reason, inode),
+            Ok(Judged::NotRegular) => {
+                self.in_leaf -= 1;
+                self.wr.foreign += 1;
+            }
+            Ok(Judged::Gone) => self.in_leaf -= 1,
+            Ok(Judged::NoAtime) => self.wr.not_read += 1,
+            Err(err) => self.wr.error(at.path(), io_err(err)),
+        }
+    }
+
+    fn misplaced(&mut self, at: &At<'_>, _: tierkv::BlockHash) {
+        misplaced(at.ns, at.parent, &at.rel(), self.repair, &mut self.wr);
+    }
+
+    fn temp(&mut self, at: &At<'_>) {
+        temp_file(at.ns, at.parent, &at.rel(), self.rule, &mut self.wr);
+    }
+
+    fn meta(&mut self, at: &At<'_>) {
+        // A shared store's stats file whose store is gone: removed by repair, as a store's
+        // open-time sweep removes it.
+        if self.repair
+            && tierkv::store::sweep::instance_stats_abandoned(at.ns, at.parent, at.name, self.rule)
+        {
+            repair_remove(at.ns, at.parent, &at.rel(), None, &mut self.wr);
+        }
+    }
+
+    fn symlink(&mut self) {
+        self.wr.symlinks += 1;
+    }
+
+    fn foreign(&mut self) {
+        self.wr.foreign += 1;
+    }
+
+    fn unreadable(&mut self, path: PathBuf, err: Errno) {
+        self.wr.error(path, io_err(err));
+    }
+
+    fn leaf_done(&mut self, _: &str) {
+        self.leaves.push(std::mem::take(&mut self.in_leaf));
+    }
+}
+
 fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> WorkerReport {
     let mut wr = WorkerReport::default();
     let ns = match BlockDir::open(&args.dir, worker, false) {
@@ -676,120 +731,22 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
         }
         return wr;
     };
-    // Directories to scan, with their level; leaves are at `layout.depth`.
-    let mut dirs: Vec<(String, u8)> = vec![(String::new(), 0)];
-    let mut level_dirs = Vec::new();
-    // Expand the non-leaf levels first (cheap), then scan leaves in parallel.
-    while let Some((d, lvl)) = dirs.pop() {
-        if lvl == layout.depth {
-            level_dirs.push(d);
-            continue;
-        }
-        let (parent, entries) = match ns.list(&d) {
-            Ok(x) => x,
-            Err(e) => {
-                wr.error(ns.full(&d), io_err(e));
-                continue;
-            }
-        };
-        for e in entries {
-            let name = e.name_str();
-            match e.kind {
-                FileKind::Symlink => wr.symlinks += 1,
-                FileKind::Dir if layout.is_shard_dir(name) => dirs.push((join(&d, name), lvl + 1)),
-                FileKind::File => match Layout::classify(name) {
-                    EntryName::Meta if lvl == 0 => {}
-                    EntryName::ControlTemp if lvl == 0 => {
-                        temp_file(&ns, &parent, name, rule, &mut wr)
-                    }
-                    EntryName::Block(_) => {
-                        misplaced(&ns, &parent, &join(&d, name), repair, &mut wr)
-                    }
-                    _ => wr.foreign += 1,
-                },
-                _ => wr.foreign += 1,
-            }
-        }
-    }
     let now_s = now_ms() / 1000;
-    // Per thread: what it found, and the block count of each leaf it read.
-    let parts = in_parallel(
-        level_dirs,
-        8,
-        |d: String, (local, leaves): &mut (WorkerReport, Vec<u64>)| {
-            let mut in_leaf = 0u64;
-            let is_root_leaf = layout.depth == 0;
-            let (parent, entries) = match ns.list(&d) {
-                Ok(x) => x,
-                Err(e) => {
-                    local.error(ns.full(&d), io_err(e));
-                    return;
-                }
-            };
-            for e in entries {
-                let name = e.name_str().to_string();
-                let rel = join(&d, &name);
-                match e.kind {
-                    FileKind::Symlink => {
-                        local.symlinks += 1;
-                        continue;
-                    }
-                    FileKind::File => {}
-                    _ => {
-                        local.foreign += 1;
-                        continue;
-                    }
-                }
-                match Layout::classify(&name) {
-                    EntryName::Block(h) if layout.rel_path(&h).dir() != d => {
-                        misplaced(&ns, &parent, &rel, repair, local)
-                    }
-                    EntryName::Block(h) => {
-                        in_leaf += 1;
-                        progress.inc(1);
-                        match check_block(&ns, &parent, &name, &h, verify) {
-                            Ok(Judged::Good(payload, m)) => {
-                                local.files += 1;
-                                local.bytes += m.st_blocks as u64 * 512;
-                                local.payload_bytes += payload;
-                                *local.size_counts.entry(size_bucket(payload)).or_default() += 1;
-                                let used = m.st_atime.max(m.st_mtime).max(0) as u64;
-                                *local
-                                    .age_counts
-                                    .entry(age_bucket(now_s.saturating_sub(used)).into())
-                                    .or_default() += 1;
-                            }
-                            Ok(Judged::Bad(reason, inode)) => {
-                                tracing::warn!(path = %ns.full(&rel).display(), %reason, "bad block file");
-                                if repair && repair_remove(&ns, &parent, &rel, Some(inode), local) {
-                                    local.removed_bad += 1;
-                                }
-                                if matches!(reason, CorruptReason::Checksum) {
-                                    local.corrupt.push(ns.full(&rel));
-                                } else {
-                                    local.bad_header.push(ns.full(&rel));
-                                }
-                            }
-                            Ok(Judged::NotRegular) => {
-                                in_leaf -= 1;
-                                local.foreign += 1;
-                            }
-                            Ok(Judged::Gone) => in_leaf -= 1,
-                            Ok(Judged::NoAtime) => local.not_read += 1,
-                            Err(err) => local.error(ns.full(&rel), io_err(err)),
-                        }
-                    }
-                    EntryName::Temp => temp_file(&ns, &parent, &rel, rule, local),
-                    EntryName::ControlTemp if is_root_leaf => {
-                        temp_file(&ns, &parent, &rel, rule, local)
-                    }
-                    EntryName::Meta if is_root_leaf => {}
-                    _ => local.foreign += 1,
-                }
-            }
-            leaves.push(in_leaf);
-        },
-    );
+    let scans = walk(&ns, layout, 8, || Scan {
+        repair,
+        verify,
+        rule,
+        now_s,
+        progress,
+        wr: WorkerReport::default(),
+        in_leaf: 0,
+        leaves: Vec::new(),
+    });
+    let mut leaves = Vec::new();
+    for scan in scans {
+        merge(&mut wr, scan.wr);
+        leaves.extend(scan.leaves);
+    }
     if wr.not_read > 0 {
         wr.error(
             ns.path().to_path_buf(),
@@ -799,11 +756,6 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
                 wr.not_read
             ),
         );
-    }
-    let mut leaves = Vec::new();
-    for (local, l) in parts {
-        merge(&mut wr, local);
-        leaves.extend(l);
     }
     let mut leaf_counts: BTreeMap<String, u64> = BTreeMap::new();
     for &n in &leaves {
