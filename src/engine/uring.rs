@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
-use io_uring::{IoUring, opcode, types};
+use io_uring::{IoUring, opcode, squeue, types};
 
 use super::{IoEngine, IoKind, IoRequest};
 
@@ -140,30 +140,7 @@ fn run(
                     (ops.len() - 1, true)
                 }
             };
-            let op = &mut ops[i];
-            op.rest = advance(&op.iov, op.done);
-            let fd = types::Fd(op.fd);
-            let at = op.offset + op.done as u64;
-            // One buffer: the plain opcodes (what fio submits), else the vectored ones.
-            let entry = match (op.write, op.rest.as_slice()) {
-                (true, [one]) => {
-                    opcode::Write::new(fd, one.iov_base as *const u8, one.iov_len as u32)
-                        .offset(at)
-                        .build()
-                }
-                (false, [one]) => {
-                    opcode::Read::new(fd, one.iov_base as *mut u8, one.iov_len as u32)
-                        .offset(at)
-                        .build()
-                }
-                (true, _) => opcode::Writev::new(fd, op.rest.as_ptr(), op.rest.len() as u32)
-                    .offset(at)
-                    .build(),
-                (false, _) => opcode::Readv::new(fd, op.rest.as_ptr(), op.rest.len() as u32)
-                    .offset(at)
-                    .build(),
-            }
-            .user_data(i as u64);
+            let entry = entry_of(&mut ops[i], i);
             // SAFETY: the iovec array (op.rest, a heap buffer that stays put when `ops` grows)
             // and the buffers it points to stay valid and unmoved until this operation's
             // completion is reaped below: op.rest is only replaced when the operation is
@@ -183,53 +160,8 @@ fn run(
             break;
         }
         // The ring is full or nothing is left to pull: wait for a completion.
-        match ring.submit_and_wait(1) {
-            Ok(_) => {}
-            // Interrupted, or the kernel is short of resources or completion slots: reap what
-            // completed and go on.
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
-                ) => {}
-            Err(e) => {
-                // Operations in flight hold pointers into buffers this call only borrows:
-                // returning now would let the kernel write memory the caller may free. A ring
-                // that can no longer even be waited on leaves no sound way out.
-                tracing::error!(error = %e, inflight, "io_uring wait failed with operations in flight");
-                std::process::abort();
-            }
-        }
-        let done: Vec<(u64, i32)> = ring
-            .completion()
-            .map(|c| (c.user_data(), c.result()))
-            .collect();
-        for (ud, res) in done {
-            inflight -= 1;
-            let i = ud as usize;
-            let op = &mut ops[i];
-            if res < 0 {
-                let errno = -res;
-                if errno == libc::EINTR || errno == libc::EAGAIN {
-                    pending.push_back(i);
-                } else {
-                    op.result = Some(Err(io::Error::from_raw_os_error(errno)));
-                }
-            } else if res == 0 {
-                op.result = Some(if op.write {
-                    Err(io::Error::from(io::ErrorKind::WriteZero))
-                } else {
-                    Ok(op.done) // end of file
-                });
-            } else {
-                op.done += res as usize;
-                if op.done >= op.want {
-                    op.result = Some(Ok(op.done));
-                } else {
-                    pending.push_back(i); // short transfer: the rest goes again
-                }
-            }
-        }
+        wait_for_completion(ring, inflight);
+        inflight -= reap(ring, &mut ops, &mut pending);
     }
     if let Some(p) = panicked {
         std::panic::resume_unwind(p);
@@ -240,6 +172,87 @@ fn run(
                 .unwrap_or_else(|| Err(io::Error::other("io_uring operation lost")))
         })
         .collect()
+}
+
+/// The submission entry of `op` (index `i` in the run's ops) for what is left of it; sets
+/// `op.rest` to that remainder, which the entry points into.
+fn entry_of(op: &mut Op, i: usize) -> squeue::Entry {
+    op.rest = advance(&op.iov, op.done);
+    let fd = types::Fd(op.fd);
+    let at = op.offset + op.done as u64;
+    // One buffer: the plain opcodes (what fio submits), else the vectored ones.
+    match (op.write, op.rest.as_slice()) {
+        (true, [one]) => opcode::Write::new(fd, one.iov_base as *const u8, one.iov_len as u32)
+            .offset(at)
+            .build(),
+        (false, [one]) => opcode::Read::new(fd, one.iov_base as *mut u8, one.iov_len as u32)
+            .offset(at)
+            .build(),
+        (true, _) => opcode::Writev::new(fd, op.rest.as_ptr(), op.rest.len() as u32)
+            .offset(at)
+            .build(),
+        (false, _) => opcode::Readv::new(fd, op.rest.as_ptr(), op.rest.len() as u32)
+            .offset(at)
+            .build(),
+    }
+    .user_data(i as u64)
+}
+
+/// Submits what is queued and waits for at least one completion; `inflight` operations are
+/// in flight. Aborts the process if the ring cannot be waited on.
+fn wait_for_completion(ring: &mut IoUring, inflight: usize) {
+    match ring.submit_and_wait(1) {
+        Ok(_) => {}
+        // Interrupted, or the kernel is short of resources or completion slots: reap what
+        // completed and go on.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+            ) => {}
+        Err(e) => {
+            // Operations in flight hold pointers into buffers this call only borrows:
+            // returning now would let the kernel write memory the caller may free. A ring
+            // that can no longer even be waited on leaves no sound way out.
+            tracing::error!(error = %e, inflight, "io_uring wait failed with operations in flight");
+            std::process::abort();
+        }
+    }
+}
+
+/// Reaps the completions on `ring` into `ops`: settles each op done or failed, and queues on
+/// `pending` those to go again (interrupted, or short). Returns how many it reaped.
+fn reap(ring: &mut IoUring, ops: &mut [Op], pending: &mut VecDeque<usize>) -> usize {
+    let done: Vec<(u64, i32)> = ring
+        .completion()
+        .map(|c| (c.user_data(), c.result()))
+        .collect();
+    for &(ud, res) in &done {
+        let i = ud as usize;
+        let op = &mut ops[i];
+        if res < 0 {
+            let errno = -res;
+            if errno == libc::EINTR || errno == libc::EAGAIN {
+                pending.push_back(i);
+            } else {
+                op.result = Some(Err(io::Error::from_raw_os_error(errno)));
+            }
+        } else if res == 0 {
+            op.result = Some(if op.write {
+                Err(io::Error::from(io::ErrorKind::WriteZero))
+            } else {
+                Ok(op.done) // end of file
+            });
+        } else {
+            op.done += res as usize;
+            if op.done >= op.want {
+                op.result = Some(Ok(op.done));
+            } else {
+                pending.push_back(i); // short transfer: the rest goes again
+            }
+        }
+    }
+    done.len()
 }
 
 impl IoEngine for UringEngine {
