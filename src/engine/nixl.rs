@@ -383,14 +383,29 @@ impl NixlEngine {
         if plan.local.is_empty() {
             return Ok(());
         }
-        let e = |what: &str, err: nixl_sys::NixlError| format!("{what}: {err:?}");
         let (backend, local_mem) = match location {
             BufferLocation::Dram => (&self.posix, MemType::Dram),
             BufferLocation::Vram { .. } => (self.gds()?, MemType::Vram),
         };
-        let gpu = local_mem == MemType::Vram;
         // Registrations live until the transfer completed (dropped at the end of this call).
         let mut regs: Vec<RegistrationHandle> = Vec::with_capacity(plan.local.len() + 1);
+        self.register_local(plan, local_mem, backend, &mut regs)?;
+        self.register_files(plan, local_mem == MemType::Vram, backend, &mut regs)?;
+        self.post_and_poll(plan, write, location, local_mem, backend)?;
+        drop(regs);
+        Ok(())
+    }
+
+    /// Registers the local side of `plan` (`local_mem`, through `backend`): DRAM segments in
+    /// the kept LRU, VRAM segments for this transfer alone. Registrations the transfer needs
+    /// until it completes go to `regs`.
+    fn register_local(
+        &self,
+        plan: &TransferPlan,
+        local_mem: MemType,
+        backend: &Backend,
+        regs: &mut Vec<RegistrationHandle>,
+    ) -> Result<(), String> {
         if local_mem == MemType::Dram {
             let mut dram = self.dram.lock().unwrap_or_else(|e| e.into_inner());
             for &(addr, len, dev) in &plan.local {
@@ -427,6 +442,19 @@ impl NixlEngine {
                 )?);
             }
         }
+        Ok(())
+    }
+
+    /// Registers the files of `plan`, each from offset 0 to the end of what the transfer
+    /// asks: kept with cached descriptors, else for this transfer alone (into `regs`, with
+    /// `backend`). `gpu`: the transfer moves GPU memory.
+    fn register_files(
+        &self,
+        plan: &TransferPlan,
+        gpu: bool,
+        backend: &Backend,
+        regs: &mut Vec<RegistrationHandle>,
+    ) -> Result<(), String> {
         let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
         let mut seen: Vec<RawFd> = Vec::new();
         for &(fd, _, cached) in &plan.file_extent {
@@ -481,7 +509,21 @@ impl NixlEngine {
                 );
             }
         }
-        drop(files);
+        Ok(())
+    }
+
+    /// Posts the descriptor pairs of `plan` (local side `local_mem` at `location`, pinned to
+    /// `backend`) as transfer requests of at most [`MAX_DESCS_PER_TRANSFER`] pairs, each
+    /// polled to completion before the next is posted.
+    fn post_and_poll(
+        &self,
+        plan: &TransferPlan,
+        write: bool,
+        location: BufferLocation,
+        local_mem: MemType,
+        backend: &Backend,
+    ) -> Result<(), String> {
+        let e = |what: &str, err: nixl_sys::NixlError| format!("{what}: {err:?}");
         let op = if write { XferOp::Write } else { XferOp::Read };
         let pin = opt_args(&[backend])?;
         // Chunks well under the POSIX backend's I/O pool (65,536): a request that does not
@@ -519,7 +561,6 @@ impl NixlEngine {
                 }
             }
         }
-        drop(regs);
         Ok(())
     }
 
