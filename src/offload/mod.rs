@@ -29,7 +29,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::key::{BlockHash, BlockKey};
+use crate::key::{BlockHash, BlockKey, WorkerId};
 use crate::store::{Lookup, Store};
 
 pub mod filter;
@@ -269,6 +269,17 @@ struct Tracker {
 }
 
 impl Tracker {
+    /// A tracker of `n` outcomes, none known yet.
+    fn new(n: usize) -> Arc<Tracker> {
+        Arc::new(Tracker {
+            slots: Mutex::new(Slots {
+                outcomes: (0..n).map(|_| None).collect(),
+                remaining: n,
+            }),
+            done: Condvar::new(),
+        })
+    }
+
     fn set(&self, i: usize, o: Outcome) {
         let mut s = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         if s.outcomes[i].is_none() {
@@ -497,6 +508,8 @@ impl Offloader {
         c.expect("tracked")
     }
 
+    /// Offers `blocks` after `parent` (see [`Offloader::offer`]); with `tracked`, their
+    /// outcomes are tracked in the returned [`Completion`].
     fn offer_inner<P: Into<Payload>>(
         &self,
         parent: Option<&BlockKey>,
@@ -507,139 +520,28 @@ impl Offloader {
         let sh = &*self.shared;
         let c = &*sh.counters;
         let n = blocks.len();
-        let tracker = tracked.then(|| {
-            Arc::new(Tracker {
-                slots: Mutex::new(Slots {
-                    outcomes: (0..n).map(|_| None).collect(),
-                    remaining: n,
-                }),
-                done: Condvar::new(),
-            })
-        });
-        let worker = sh.store.worker().clone();
-        let mut now: Vec<(usize, DropReason)> = Vec::new();
-        let mut offered = Offered::default();
+        let tracker = tracked.then(|| Tracker::new(n));
+        let mut o = Offering::new(sh, tracker.as_ref(), parent);
         {
             let mut st = sh.lock();
-            // Why the next block cannot be queued whatever it is (its chain is broken).
-            let mut broken: Option<DropReason> = match parent {
-                _ if st.closing => Some(DropReason::Closed),
-                Some(p) if p.worker != worker => Some(DropReason::InvalidKey),
-                Some(p) if !st.pending.contains_key(&p.hash) && !sh.store.holds(&p.hash) => {
-                    Some(DropReason::NoParent)
-                }
-                _ => None,
-            };
-            let mut prev: Option<BlockHash> = parent.map(|p| p.hash);
-            let mut run: Vec<Entry> = Vec::new();
-            let mut run_parent: Option<BlockHash> = prev;
+            o.broken = o.broken_at_start(&st, parent);
             for (i, (key, data)) in blocks.into_iter().enumerate() {
                 let data: Payload = data.into();
-                if key.worker != worker {
-                    now.push((i, DropReason::InvalidKey));
-                    broken = broken.or(Some(DropReason::NoParent));
-                    prev = Some(key.hash);
+                let Some(chain_prev) = o.screen(&mut st, i, &key, &data) else {
                     continue;
-                }
-                let h = key.hash;
-                if let Some(r) = dedupe(sh, &st, &h) {
-                    now.push((i, r));
-                    push_run(sh, &mut st, &mut run, run_parent);
-                    if broken != Some(DropReason::Closed) {
-                        broken = None;
-                    }
-                    prev = Some(h);
-                    continue;
-                }
-                let admitted = st.filter.admit(&Candidate {
-                    hash: &h,
-                    parent: prev.as_ref(),
-                    position: i,
-                    bytes: data.len(),
-                });
-                let chain_prev = prev.replace(h);
-                if let Some(r) = broken {
-                    let r = if admitted || r == DropReason::Closed {
-                        r
-                    } else {
-                        DropReason::Filtered
-                    };
-                    now.push((i, r));
-                    continue;
-                }
-                if !admitted {
-                    now.push((i, DropReason::Filtered));
-                    broken = Some(DropReason::NoParent);
-                    continue;
-                }
-                // Room in the queue, or the reason there is none.
-                let len = data.len() as u64;
-                let refused = loop {
-                    if st.closing {
-                        break Some(DropReason::Closed);
-                    }
-                    let fits = st.blocks < sh.cfg.max_blocks && st.bytes + len <= sh.cfg.max_bytes;
-                    if fits {
-                        break None;
-                    }
-                    // Full; and if nothing is in flight, this block never fits.
-                    if sh.cfg.when_full == WhenFull::DropNewest || st.blocks == 0 {
-                        break Some(DropReason::Full);
-                    }
-                    // Blocking: what this offer queued so far goes first, then wait for room;
-                    // meanwhile another offer may have queued this block, or it was written.
-                    push_run(sh, &mut st, &mut run, run_parent);
-                    st = sh.progress.wait(st).unwrap_or_else(|e| e.into_inner());
-                    if let Some(r) = dedupe(sh, &st, &h) {
-                        break Some(r);
-                    }
                 };
-                match refused {
-                    Some(r) if !r.is_loss() => {
-                        now.push((i, r));
-                        continue;
-                    }
-                    Some(r) => {
-                        now.push((i, r));
-                        broken = Some(r);
-                        continue;
-                    }
-                    None => {}
+                // Room in the queue, or the reason there is none.
+                let refused;
+                (st, refused) = o.wait_for_room(st, &key.hash, data.len() as u64);
+                if o.refuse(i, refused) {
+                    continue;
                 }
-                if run.is_empty() {
-                    run_parent = chain_prev;
-                }
-                st.pending.insert(h, data.clone());
-                st.blocks += 1;
-                st.bytes += len;
-                add(&c.in_flight_blocks, 1);
-                add(&c.in_flight_bytes, len);
-                add(&c.queued, 1);
-                add(&c.queued_bytes, len);
-                offered.queued += 1;
-                run.push(Entry {
-                    key,
-                    data,
-                    track: tracker.as_ref().map(|t| (t.clone(), i)),
-                });
-                if run.len() >= sh.cfg.max_batch_blocks {
-                    push_run(sh, &mut st, &mut run, run_parent);
-                }
+                o.enqueue(&mut st, i, key, data, chain_prev);
             }
-            push_run(sh, &mut st, &mut run, run_parent);
+            push_run(sh, &mut st, &mut o.run, o.run_parent);
         }
         add(&c.offered, n as u64);
-        for &(i, r) in &now {
-            count_drop(c, r);
-            if r.is_loss() {
-                offered.dropped += 1;
-            } else {
-                offered.deduped += 1;
-            }
-            if let Some(t) = &tracker {
-                t.set(i, Outcome::Dropped(r));
-            }
-        }
+        let offered = o.finish(c);
         c.offer_latency.record(started.elapsed());
         (offered, tracker.map(Completion))
     }
@@ -791,6 +693,200 @@ impl Drop for Offloader {
     fn drop(&mut self) {
         let how = self.shared.cfg.on_close;
         self.close_inner(how);
+    }
+}
+
+/// One offer in progress, under the state lock: what it settled at once, and the run of
+/// blocks it gathers into a batch.
+struct Offering<'a> {
+    sh: &'a Shared,
+    worker: WorkerId,
+    tracker: Option<&'a Arc<Tracker>>,
+    /// Blocks settled at once (deduplicated or dropped): index and reason.
+    now: Vec<(usize, DropReason)>,
+    offered: Offered,
+    /// Why the next block cannot be queued whatever it is (its chain is broken).
+    broken: Option<DropReason>,
+    /// The previous block of the chain.
+    prev: Option<BlockHash>,
+    /// Blocks gathered for the next batch, and the parent of its first.
+    run: Vec<Entry>,
+    run_parent: Option<BlockHash>,
+}
+
+impl<'a> Offering<'a> {
+    /// An offer of blocks after `parent` to `sh`, tracked by `tracker` if any.
+    fn new(sh: &'a Shared, tracker: Option<&'a Arc<Tracker>>, parent: Option<&BlockKey>) -> Self {
+        let prev = parent.map(|p| p.hash);
+        Offering {
+            sh,
+            worker: sh.store.worker().clone(),
+            tracker,
+            now: Vec::new(),
+            offered: Offered::default(),
+            broken: None,
+            prev,
+            run: Vec::new(),
+            run_parent: prev,
+        }
+    }
+
+    /// Why no block of the offer can be queued, whatever it is: closing, or a `parent` of
+    /// another worker's or neither queued nor stored.
+    fn broken_at_start(&self, st: &State, parent: Option<&BlockKey>) -> Option<DropReason> {
+        match parent {
+            _ if st.closing => Some(DropReason::Closed),
+            Some(p) if p.worker != self.worker => Some(DropReason::InvalidKey),
+            Some(p) if !st.pending.contains_key(&p.hash) && !self.sh.store.holds(&p.hash) => {
+                Some(DropReason::NoParent)
+            }
+            _ => None,
+        }
+    }
+
+    /// Settles block `i` at once if it is another worker's, already stored or queued, its
+    /// chain is broken or the filter refuses it; `None` then. Else `Some` of its chain's
+    /// previous block: it is to be queued.
+    fn screen(
+        &mut self,
+        st: &mut State,
+        i: usize,
+        key: &BlockKey,
+        data: &Payload,
+    ) -> Option<Option<BlockHash>> {
+        let sh = self.sh;
+        if key.worker != self.worker {
+            self.now.push((i, DropReason::InvalidKey));
+            self.broken = self.broken.or(Some(DropReason::NoParent));
+            self.prev = Some(key.hash);
+            return None;
+        }
+        let h = key.hash;
+        if let Some(r) = dedupe(sh, st, &h) {
+            self.now.push((i, r));
+            push_run(sh, st, &mut self.run, self.run_parent);
+            if self.broken != Some(DropReason::Closed) {
+                self.broken = None;
+            }
+            self.prev = Some(h);
+            return None;
+        }
+        let admitted = st.filter.admit(&Candidate {
+            hash: &h,
+            parent: self.prev.as_ref(),
+            position: i,
+            bytes: data.len(),
+        });
+        let chain_prev = self.prev.replace(h);
+        if let Some(r) = self.broken {
+            let r = if admitted || r == DropReason::Closed {
+                r
+            } else {
+                DropReason::Filtered
+            };
+            self.now.push((i, r));
+            return None;
+        }
+        if !admitted {
+            self.now.push((i, DropReason::Filtered));
+            self.broken = Some(DropReason::NoParent);
+            return None;
+        }
+        Some(chain_prev)
+    }
+
+    /// Waits, as configured, for room in the queue for a block `h` of `len` bytes; returns the
+    /// lock and the reason there is none, if none.
+    fn wait_for_room<'g>(
+        &mut self,
+        mut st: MutexGuard<'g, State>,
+        h: &BlockHash,
+        len: u64,
+    ) -> (MutexGuard<'g, State>, Option<DropReason>) {
+        let sh = self.sh;
+        let refused = loop {
+            if st.closing {
+                break Some(DropReason::Closed);
+            }
+            let fits = st.blocks < sh.cfg.max_blocks && st.bytes + len <= sh.cfg.max_bytes;
+            if fits {
+                break None;
+            }
+            // Full; and if nothing is in flight, this block never fits.
+            if sh.cfg.when_full == WhenFull::DropNewest || st.blocks == 0 {
+                break Some(DropReason::Full);
+            }
+            // Blocking: what this offer queued so far goes first, then wait for room;
+            // meanwhile another offer may have queued this block, or it was written.
+            push_run(sh, &mut st, &mut self.run, self.run_parent);
+            st = sh.progress.wait(st).unwrap_or_else(|e| e.into_inner());
+            if let Some(r) = dedupe(sh, &st, h) {
+                break Some(r);
+            }
+        };
+        (st, refused)
+    }
+
+    /// Settles block `i` as `refused` says, if it was; a loss breaks the chain. True when it
+    /// was refused.
+    fn refuse(&mut self, i: usize, refused: Option<DropReason>) -> bool {
+        let Some(r) = refused else {
+            return false;
+        };
+        self.now.push((i, r));
+        if r.is_loss() {
+            self.broken = Some(r);
+        }
+        true
+    }
+
+    /// Queues block `i` (after `chain_prev` in its chain) in the run, and the run as a batch
+    /// once it is full.
+    fn enqueue(
+        &mut self,
+        st: &mut State,
+        i: usize,
+        key: BlockKey,
+        data: Payload,
+        chain_prev: Option<BlockHash>,
+    ) {
+        let (sh, c) = (self.sh, &*self.sh.counters);
+        let len = data.len() as u64;
+        if self.run.is_empty() {
+            self.run_parent = chain_prev;
+        }
+        st.pending.insert(key.hash, data.clone());
+        st.blocks += 1;
+        st.bytes += len;
+        add(&c.in_flight_blocks, 1);
+        add(&c.in_flight_bytes, len);
+        add(&c.queued, 1);
+        add(&c.queued_bytes, len);
+        self.offered.queued += 1;
+        self.run.push(Entry {
+            key,
+            data,
+            track: self.tracker.map(|t| (t.clone(), i)),
+        });
+        if self.run.len() >= sh.cfg.max_batch_blocks {
+            push_run(sh, st, &mut self.run, self.run_parent);
+        }
+    }
+
+    /// Counts the blocks settled at once and tells their outcomes; what the offer did.
+    fn finish(mut self, c: &OffloadCounters) -> Offered {
+        for &(i, r) in &self.now {
+            count_drop(c, r);
+            if r.is_loss() {
+                self.offered.dropped += 1;
+            } else {
+                self.offered.deduped += 1;
+            }
+            if let Some(t) = self.tracker {
+                t.set(i, Outcome::Dropped(r));
+            }
+        }
+        self.offered
     }
 }
 
