@@ -185,6 +185,21 @@ struct IoOptions {
     sharing: Sharing,
 }
 
+impl IoOptions {
+    /// The options `config` sets.
+    fn of(config: &StoreConfig) -> Self {
+        IoOptions {
+            verify: config.verify,
+            direct: config.direct_io,
+            sync_writes: config.sync_writes,
+            max_block: config.max_block_size(),
+            read_threads: config.read_threads.max(1),
+            read_only: config.read_only,
+            sharing: config.sharing,
+        }
+    }
+}
+
 /// How puts publish: what the filesystem turned out to support.
 #[derive(Debug)]
 struct Publisher {
@@ -192,6 +207,17 @@ struct Publisher {
     link_empty_path: AtomicBool,
     /// Evicted files are reused (configured, exclusive, and the filesystem grants leases).
     reuse: AtomicBool,
+}
+
+impl Publisher {
+    /// How a store of `config` publishes at first (`reuse`: evicted files are reused).
+    fn new(config: &StoreConfig, reuse: bool) -> Self {
+        Publisher {
+            tmpfile: AtomicBool::new(config.publish == Publish::Tmpfile),
+            link_empty_path: AtomicBool::new(true),
+            reuse: AtomicBool::new(reuse),
+        }
+    }
 }
 
 /// The store's background threads.
@@ -202,6 +228,18 @@ struct Background {
     /// Puts the worker lock's file back if it is removed ([`Inner::keep_lock`]).
     lock_keeper: Mutex<Option<Periodic>>,
     stats_interval: std::time::Duration,
+}
+
+impl Background {
+    /// No thread started yet; live stats every `stats_interval`, if any.
+    fn new(stats_interval: Option<std::time::Duration>) -> Self {
+        Background {
+            evictor: Mutex::new(None),
+            stats_writer: Mutex::new(None),
+            lock_keeper: Mutex::new(None),
+            stats_interval: stats_interval.unwrap_or_default(),
+        }
+    }
 }
 
 /// Takes a background thread's handle out of its slot (dropping it stops the thread).
@@ -269,6 +307,75 @@ impl Inner {
             }
         }
     }
+
+    /// Brings a store just built to life: starts its background threads, evicts down to the
+    /// capacity, writes the first stats, makes a shared store's worker lock shared (`alone`:
+    /// it was taken exclusive) and starts the lock's keeper.
+    fn start(
+        inner: &Arc<Inner>,
+        limits: crate::index::Limits,
+        reuse: bool,
+        stats_interval: Option<std::time::Duration>,
+        alone: bool,
+    ) -> Result<()> {
+        let read_only = inner.opts.read_only;
+        let shared_mode = inner.opts.sharing == Sharing::Shared && !read_only;
+        // The background threads; a failure to start one fails the open (the lock is released
+        // as `inner` drops).
+        let thread_err = |e: std::io::Error| Error::Io {
+            path: inner.ns.path().to_path_buf(),
+            source: std::io::Error::new(e.kind(), format!("could not start a store thread: {e}")),
+        };
+        // With reuse, every eviction is inline, where the put takes the victim's file: an evictor
+        // unlinking ahead of the puts would leave nothing to reuse.
+        if !read_only && !shared_mode && !reuse && limits.is_bounded() && limits.high < 1.0 {
+            let ev = Evictor::spawn(Arc::downgrade(inner)).map_err(thread_err)?;
+            put(&inner.threads.evictor, ev);
+        }
+        if let Some(i) = stats_interval {
+            let w = Periodic::spawn("tierkv-stats", Arc::downgrade(inner), i, move |inner| {
+                inner.write_live_stats(true, i)
+            })
+            .map_err(thread_err)?;
+            put(&inner.threads.stats_writer, w);
+        }
+        // Enforce the capacity on what the tree already holds.
+        if !read_only {
+            let victims = inner.index.evict_to_bound();
+            if !victims.is_empty() {
+                tracing::info!(count = victims.len(), "evicting down to the capacity");
+                inner.unlink_victims(victims);
+            }
+        }
+        if stats_interval.is_some() {
+            inner.write_live_stats(true, inner.threads.stats_interval);
+        }
+        if shared_mode && alone {
+            // Others may join now. flock converts a lock by dropping it first: a store that
+            // took the worker meanwhile is waited for, as at any shared open.
+            match lock_shared_waiting(&inner.ns) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(Error::WorkerBusy {
+                        path: inner.ns.path().to_path_buf(),
+                        holder: inner.ns.holder(),
+                    });
+                }
+                Err(e) => return Err(Error::from_io(inner.ns.path(), io_err(e))),
+            }
+        }
+        if !read_only {
+            let k = Periodic::spawn(
+                "tierkv-lock",
+                Arc::downgrade(inner),
+                crate::ns::LOCK_KEEP_INTERVAL,
+                Inner::keep_lock,
+            )
+            .map_err(|e| Error::from_io(inner.ns.path(), e))?;
+            put(&inner.threads.lock_keeper, k);
+        }
+        Ok(())
+    }
 }
 
 use crate::ns::io_err;
@@ -285,6 +392,129 @@ fn read_only_hint(e: Error) -> Error {
         }
         e => e,
     }
+}
+
+/// Sweeps the tree of `ns` (temp files as `config` and `alone` say), logs and counts what it
+/// found, and rebuilds the index from its blocks: the sweep's report (entries oldest first),
+/// the counters, the index.
+fn rebuild_index(
+    ns: &BlockDir,
+    layout: Layout,
+    config: &StoreConfig,
+    policy: Box<dyn Policy>,
+    alone: bool,
+) -> (sweep::SweepReport, Counters, Index) {
+    let read_only = config.read_only;
+    let shared_mode = config.sharing == Sharing::Shared && !read_only;
+    let started = std::time::Instant::now();
+    let temps = if config.keep_temp_files || read_only {
+        sweep::TempRule::Keep
+    } else if shared_mode && !alone {
+        sweep::TempRule::OwnerGone {
+            lease: config.temp_lease,
+        }
+    } else {
+        sweep::TempRule::All
+    };
+    let mut report = sweep::sweep_with(ns, layout, temps, true);
+    let scan_ms = started.elapsed().as_millis() as u64;
+    for (p, e) in &report.errors {
+        tracing::warn!(path = %p.display(), error = %e, "could not scan part of the tree");
+    }
+    if report.temp > 0 {
+        tracing::info!(
+            count = report.temp,
+            "removed temp files of an unfinished put"
+        );
+    }
+    if report.foreign + report.symlinks + report.misplaced > 0 {
+        tracing::warn!(
+            foreign = report.foreign,
+            symlinks = report.symlinks,
+            misplaced = report.misplaced,
+            "files that are not blocks of this store are in the tree; left alone"
+        );
+    }
+    let counters = Counters::default();
+    Counters::add(&counters.temp_swept, report.temp);
+    Counters::add(
+        &counters.foreign,
+        report.foreign + report.symlinks + report.misplaced,
+    );
+    Counters::add(&counters.blocks_at_open, report.blocks);
+
+    // The index, oldest block first, so the policy's recency order is the files'.
+    let limits = config.limits();
+    // Shared, the capacity is the tree's: the ledger decides when the index evicts.
+    let index = Index::with_enforcement(limits, policy, !shared_mode);
+    report
+        .entries
+        .sort_unstable_by_key(|e| (e.recency_ns, e.hash));
+    index.load_many(report.entries.iter().map(|e| (e.hash, e.bytes)));
+    tracing::debug!(
+        blocks = report.blocks,
+        scan_ms,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "index rebuilt"
+    );
+    (report, counters, index)
+}
+
+/// Shared mode's usage ledger of `ns`, set from the sweep's `report`: kept if another store
+/// keeps it (less the dead writers' temp files swept), else reset to what the scan found.
+fn open_ledger(
+    ns: &BlockDir,
+    limits: crate::index::Limits,
+    config: &StoreConfig,
+    report: &sweep::SweepReport,
+    alone: bool,
+) -> Result<shared::Shared> {
+    shared::Shared::new(
+        ns,
+        limits,
+        config.negative_ttl,
+        config.temp_lease,
+        config.ledger_wait,
+    )
+    .and_then(|sh| {
+        let found = shared::Usage {
+            bytes: report.entries.iter().map(|e| e.bytes).sum(),
+            files: report.entries.len() as u64,
+        };
+        match sh.read()? {
+            // Another store keeps it: the temp files of dead writers swept here
+            // were reserved (a live writer's put returns its own).
+            Some(_) if !alone => sh.freed(report.temp_dead_bytes, report.temp_dead),
+            // Alone (or no valid record): the tree is what the scan found.
+            _ => sh.reset(found)?,
+        }
+        sh.flush()?;
+        Ok(sh)
+    })
+}
+
+/// Whether the store in `ns` reuses evicted files.
+fn reuse_evicted(
+    ns: &BlockDir,
+    config: &StoreConfig,
+    shared_mode: bool,
+    limits: crate::index::Limits,
+) -> bool {
+    // Evicted files are reused where something is evicted by this store alone and the
+    // filesystem grants the write leases that keep other readers safe; else they are
+    // unlinked, and the background evictor runs.
+    config.reuse_evicted
+        && !config.read_only
+        && !shared_mode
+        && limits.is_bounded()
+        && match ns.leases_granted() {
+            Ok(granted) => granted,
+            Err(e) => {
+                tracing::info!(path = %ns.path().display(), error = %e,
+                    "no write leases here: evicted files are unlinked, not reused");
+                false
+            }
+        }
 }
 
 impl Store {
@@ -362,6 +592,9 @@ impl Store {
         Self::open_locked(ns, worker, &config, engine, policy, alone)
     }
 
+    /// Opens the store in `ns` once the worker lock is held (unless read-only; `alone`: no
+    /// other store held the worker): the layout, the sweep and the index, shared mode's
+    /// ledger, the background threads. A failure before the store exists releases the lock.
     fn open_locked(
         ns: BlockDir,
         worker: WorkerId,
@@ -384,88 +617,16 @@ impl Store {
                 return Err(e);
             }
         };
-        let started = std::time::Instant::now();
-        let temps = if config.keep_temp_files || read_only {
-            sweep::TempRule::Keep
-        } else if shared_mode && !alone {
-            sweep::TempRule::OwnerGone {
-                lease: config.temp_lease,
-            }
-        } else {
-            sweep::TempRule::All
-        };
-        let mut report = sweep::sweep_with(&ns, layout, temps, true);
-        let scan_ms = started.elapsed().as_millis() as u64;
-        for (p, e) in &report.errors {
-            tracing::warn!(path = %p.display(), error = %e, "could not scan part of the tree");
-        }
-        if report.temp > 0 {
-            tracing::info!(
-                count = report.temp,
-                "removed temp files of an unfinished put"
-            );
-        }
-        if report.foreign + report.symlinks + report.misplaced > 0 {
-            tracing::warn!(
-                foreign = report.foreign,
-                symlinks = report.symlinks,
-                misplaced = report.misplaced,
-                "files that are not blocks of this store are in the tree; left alone"
-            );
-        }
-        let counters = Counters::default();
-        Counters::add(&counters.temp_swept, report.temp);
-        Counters::add(
-            &counters.foreign,
-            report.foreign + report.symlinks + report.misplaced,
-        );
-        Counters::add(&counters.blocks_at_open, report.blocks);
-
-        // The index, oldest block first, so the policy's recency order is the files'.
+        let (report, counters, index) = rebuild_index(&ns, layout, config, policy, alone);
         let limits = config.limits();
-        // Shared, the capacity is the tree's: the ledger decides when the index evicts.
-        let index = Index::with_enforcement(limits, policy, !shared_mode);
-        report
-            .entries
-            .sort_unstable_by_key(|e| (e.recency_ns, e.hash));
-        index.load_many(report.entries.iter().map(|e| (e.hash, e.bytes)));
-        tracing::debug!(
-            blocks = report.blocks,
-            scan_ms,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "index rebuilt"
-        );
-
         let shared = if shared_mode {
-            let sh = match shared::Shared::new(
-                &ns,
-                limits,
-                config.negative_ttl,
-                config.temp_lease,
-                config.ledger_wait,
-            )
-            .and_then(|sh| {
-                let found = shared::Usage {
-                    bytes: report.entries.iter().map(|e| e.bytes).sum(),
-                    files: report.entries.len() as u64,
-                };
-                match sh.read()? {
-                    // Another store keeps it: the temp files of dead writers swept here
-                    // were reserved (a live writer's put returns its own).
-                    Some(_) if !alone => sh.freed(report.temp_dead_bytes, report.temp_dead),
-                    // Alone (or no valid record): the tree is what the scan found.
-                    _ => sh.reset(found)?,
-                }
-                sh.flush()?;
-                Ok(sh)
-            }) {
-                Ok(sh) => sh,
+            match open_ledger(&ns, limits, config, &report, alone) {
+                Ok(sh) => Some(sh),
                 Err(e) => {
                     unlock(&ns);
                     return Err(e);
                 }
-            };
-            Some(sh)
+            }
         } else {
             None
         };
@@ -476,21 +637,7 @@ impl Store {
         }
         tracing::debug!(worker = %worker, %layout, fd_cache = fd_cap, engine = engine.name(), "store open");
         let stats_interval = config.stats_interval.filter(|_| !read_only);
-        // Evicted files are reused where something is evicted by this store alone and the
-        // filesystem grants the write leases that keep other readers safe; else they are
-        // unlinked, and the background evictor runs.
-        let reuse = config.reuse_evicted
-            && !read_only
-            && !shared_mode
-            && limits.is_bounded()
-            && match ns.leases_granted() {
-                Ok(granted) => granted,
-                Err(e) => {
-                    tracing::info!(path = %ns.path().display(), error = %e,
-                        "no write leases here: evicted files are unlinked, not reused");
-                    false
-                }
-            };
+        let reuse = reuse_evicted(&ns, config, shared_mode, limits);
         let inner = Arc::new(Inner {
             worker,
             layout,
@@ -501,85 +648,15 @@ impl Store {
             index,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             bufs: crate::buf::BufPool::new(64 << 20),
-            opts: IoOptions {
-                verify: config.verify,
-                direct: config.direct_io,
-                sync_writes: config.sync_writes,
-                max_block: config.max_block_size(),
-                read_threads: config.read_threads.max(1),
-                read_only,
-                sharing: config.sharing,
-            },
-            publish: Publisher {
-                tmpfile: AtomicBool::new(config.publish == Publish::Tmpfile),
-                link_empty_path: AtomicBool::new(true),
-                reuse: AtomicBool::new(reuse),
-            },
-            threads: Background {
-                evictor: Mutex::new(None),
-                stats_writer: Mutex::new(None),
-                lock_keeper: Mutex::new(None),
-                stats_interval: stats_interval.unwrap_or_default(),
-            },
+            opts: IoOptions::of(config),
+            publish: Publisher::new(config, reuse),
+            threads: Background::new(stats_interval),
             counters,
             boot: crate::ns::boot_id(),
             offload: Mutex::new(None),
             lock_lost: AtomicBool::new(false),
         });
-        // The background threads; a failure to start one fails the open (the lock is released
-        // as `inner` drops).
-        let thread_err = |e: std::io::Error| Error::Io {
-            path: inner.ns.path().to_path_buf(),
-            source: std::io::Error::new(e.kind(), format!("could not start a store thread: {e}")),
-        };
-        // With reuse, every eviction is inline, where the put takes the victim's file: an evictor
-        // unlinking ahead of the puts would leave nothing to reuse.
-        if !read_only && !shared_mode && !reuse && limits.is_bounded() && limits.high < 1.0 {
-            let ev = Evictor::spawn(Arc::downgrade(&inner)).map_err(thread_err)?;
-            put(&inner.threads.evictor, ev);
-        }
-        if let Some(i) = stats_interval {
-            let w = Periodic::spawn("tierkv-stats", Arc::downgrade(&inner), i, move |inner| {
-                inner.write_live_stats(true, i)
-            })
-            .map_err(thread_err)?;
-            put(&inner.threads.stats_writer, w);
-        }
-        // Enforce the capacity on what the tree already holds.
-        if !read_only {
-            let victims = inner.index.evict_to_bound();
-            if !victims.is_empty() {
-                tracing::info!(count = victims.len(), "evicting down to the capacity");
-                inner.unlink_victims(victims);
-            }
-        }
-        if stats_interval.is_some() {
-            inner.write_live_stats(true, inner.threads.stats_interval);
-        }
-        if shared_mode && alone {
-            // Others may join now. flock converts a lock by dropping it first: a store that
-            // took the worker meanwhile is waited for, as at any shared open.
-            match lock_shared_waiting(&inner.ns) {
-                Ok(true) => {}
-                Ok(false) => {
-                    return Err(Error::WorkerBusy {
-                        path: inner.ns.path().to_path_buf(),
-                        holder: inner.ns.holder(),
-                    });
-                }
-                Err(e) => return Err(Error::from_io(inner.ns.path(), io_err(e))),
-            }
-        }
-        if !read_only {
-            let k = Periodic::spawn(
-                "tierkv-lock",
-                Arc::downgrade(&inner),
-                crate::ns::LOCK_KEEP_INTERVAL,
-                Inner::keep_lock,
-            )
-            .map_err(|e| Error::from_io(inner.ns.path(), e))?;
-            put(&inner.threads.lock_keeper, k);
-        }
+        Inner::start(&inner, limits, reuse, stats_interval, alone)?;
         Ok(Store {
             _open: Arc::new(OpenGuard(inner.clone())),
             inner,
