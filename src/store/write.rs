@@ -151,6 +151,28 @@ fn write_request<'p>(p: &'p WritePlan<'_>, data: &'p Payload<'_>) -> IoRequest<'
 /// temp file with the bytes it takes on disk, or the error.
 type FileOutcome<'s> = (usize, Offer, Result<(WritePlan<'s>, u64)>);
 
+/// What step 2 of a put batch decided for its valid items, in their order.
+struct Admitted<'s> {
+    /// Each item's hash and the room it takes (estimated).
+    offered: Vec<(BlockHash, u64)>,
+    /// The index's answer for each.
+    offers: Vec<Offer>,
+    /// The evicted files taken for the reserved items, in their order (reusing only).
+    spares: Vec<Option<Spare<'s>>>,
+}
+
+/// A file of a put batch written (steps 3 to 5), to be published: its slot, its offer, its
+/// plan, and the bytes it takes on disk.
+type Written<'s> = (usize, Offer, WritePlan<'s>, u64);
+
+/// The results of a batch's slots, each set by one of its steps.
+fn every_result(results: Vec<Option<Result<()>>>) -> Vec<Result<()>> {
+    results
+        .into_iter()
+        .map(|r| r.expect("every item has a result"))
+        .collect()
+}
+
 /// A put's payload as the batch's threads share it: host bytes or GPU memory.
 #[derive(Clone, Copy)]
 pub(super) enum Payload<'a> {
@@ -208,6 +230,39 @@ impl Inner {
     ) -> Vec<Result<()>> {
         let mut results: Vec<Option<Result<()>>> = (0..which.len()).map(|_| None).collect();
         // 1. Validate everything before anything is written.
+        let valid = self.validate_batch(items, which, &mut results);
+        // 2. The index decides: touch, admission, room under the capacity, reservation.
+        let Admitted {
+            offered,
+            mut offers,
+            spares,
+        } = self.admit_batch(items, which, &valid, replace, after);
+        // Shared: room under the tree's one capacity, reserved in its ledger.
+        let reserved = match &self.shared {
+            Some(sh) => match self.reserve_shared(sh, &offered, &mut offers, after) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.refuse_unreserved(sh, &e, &valid, &offers, &offered, &mut results);
+                    return every_result(results);
+                }
+            },
+            None => (0, 0),
+        };
+        // 3-5. Temp files and their writes streamed through the engine, sizes and syncs.
+        let written = self.write_batch(items, which, valid, offers, spares, &mut results);
+        // 6. Publish.
+        self.publish_batch(written, reserved, &mut results);
+        every_result(results)
+    }
+
+    /// Step 1 of a put batch: the slots (in `which`) of the items whose key and length are
+    /// valid; the others' errors go to `results`.
+    fn validate_batch<D: Source>(
+        &self,
+        items: &[(BlockKey, D)],
+        which: &[usize],
+        results: &mut [Option<Result<()>>],
+    ) -> Vec<usize> {
         let mut valid: Vec<usize> = Vec::with_capacity(which.len());
         for (slot, &i) in which.iter().enumerate() {
             let (key, data) = (&items[i].0, &items[i].1);
@@ -223,7 +278,20 @@ impl Inner {
                 valid.push(slot);
             }
         }
-        // 2. The index decides: touch, admission, room under the capacity, reservation.
+        valid
+    }
+
+    /// Step 2 of a put batch: the index's offer of the `valid` slots (touch, admission, room
+    /// under the capacity, reservation), and its victims unlinked or, reusing, taken as the
+    /// new blocks' files.
+    fn admit_batch<D: Source>(
+        &self,
+        items: &[(BlockKey, D)],
+        which: &[usize],
+        valid: &[usize],
+        replace: bool,
+        after: Option<BlockHash>,
+    ) -> Admitted<'_> {
         let offered: Vec<(BlockHash, u64)> = valid
             .iter()
             .map(|&slot| {
@@ -252,36 +320,51 @@ impl Inner {
         if stuck {
             self.shed_over_bound(&offered, &mut offers, &mut spares);
         }
-        // Shared: room under the tree's one capacity, reserved in its ledger.
-        let reserved = match &self.shared {
-            Some(sh) => match self.reserve_shared(sh, &offered, &mut offers, after) {
-                Ok(r) => r,
-                Err(e) => {
-                    let msg = e.to_string();
-                    for (slot, (offer, (hash, _))) in valid.iter().zip(offers.iter().zip(&offered))
-                    {
-                        if matches!(offer, Offer::Reserved | Offer::Replace { .. }) {
-                            self.index.abort(hash, *offer);
-                            results[*slot] = Some(Err(Error::Io {
-                                path: sh.ledger_path().to_path_buf(),
-                                source: std::io::Error::other(msg.clone()),
-                            }));
-                        } else {
-                            results[*slot] = Some(Ok(()));
-                        }
-                    }
-                    return results
-                        .into_iter()
-                        .map(|r| r.expect("every item has a result"))
-                        .collect();
-                }
-            },
-            None => (0, 0),
-        };
-        let mut published = (0u64, 0u64);
+        Admitted {
+            offered,
+            offers,
+            spares,
+        }
+    }
 
-        // 3-5. Temp files and their writes streamed through the engine, sizes and syncs: on
-        //      two threads for large buffered batches, each streaming half of the batch.
+    /// Shared mode, the ledger's reservation failed with `e`: the reserved offers of the
+    /// `valid` slots are aborted and fail with it; the others (touched, not admitted) succeed.
+    fn refuse_unreserved(
+        &self,
+        sh: &super::shared::Shared,
+        e: &Error,
+        valid: &[usize],
+        offers: &[Offer],
+        offered: &[(BlockHash, u64)],
+        results: &mut [Option<Result<()>>],
+    ) {
+        let msg = e.to_string();
+        for (slot, (offer, (hash, _))) in valid.iter().zip(offers.iter().zip(offered)) {
+            if matches!(offer, Offer::Reserved | Offer::Replace { .. }) {
+                self.index.abort(hash, *offer);
+                results[*slot] = Some(Err(Error::Io {
+                    path: sh.ledger_path().to_path_buf(),
+                    source: std::io::Error::other(msg.clone()),
+                }));
+            } else {
+                results[*slot] = Some(Ok(()));
+            }
+        }
+    }
+
+    /// Steps 3 to 5 of a put batch: temp files and their writes streamed through the engine,
+    /// sizes and syncs, for the `valid` slots the index reserved room for (`offers`); on two
+    /// threads for large buffered batches, each streaming half of the batch. Touched and
+    /// failed slots get their results; the files written are returned.
+    fn write_batch<'s, D: Source>(
+        &'s self,
+        items: &[(BlockKey, D)],
+        which: &[usize],
+        valid: Vec<usize>,
+        offers: Vec<Offer>,
+        mut spares: Vec<Option<Spare<'s>>>,
+        results: &mut [Option<Result<()>>],
+    ) -> Vec<Written<'s>> {
         let mut todo: Vec<(usize, Offer)> = Vec::with_capacity(valid.len());
         for (slot, offer) in valid.into_iter().zip(offers) {
             match offer {
@@ -315,16 +398,28 @@ impl Inner {
         for s in spares.into_iter().flatten() {
             let _ = self.ns.unlink_in(&s.parent, &s.name, None);
         }
-        let mut written: Vec<(usize, Offer, WritePlan, u64)> = Vec::with_capacity(todo.len());
+        let mut written: Vec<Written<'s>> = Vec::with_capacity(todo.len());
         for (slot, offer, outcome) in outcomes {
             match outcome {
                 Ok((plan, bytes)) => written.push((slot, offer, plan, bytes)),
                 Err(e) => results[slot] = Some(Err(e)),
             }
         }
+        written
+    }
 
-        // 6. Publish under the keys' stripe locks, so that an eviction or removal of the same
-        //    key cannot interleave between a file's publication and its commit in the index.
+    /// Step 6 of a put batch: publishes the `written` files under the keys' stripe locks and
+    /// commits them in the index (their results go to `results`), unlinks the victims of the
+    /// commits, and settles the ledger's `reserved` (bytes, files) against what was published.
+    fn publish_batch(
+        &self,
+        written: Vec<Written<'_>>,
+        reserved: (u64, u64),
+        results: &mut [Option<Result<()>>],
+    ) {
+        let mut published = (0u64, 0u64);
+        // Under the keys' stripe locks, so that an eviction or removal of the same key cannot
+        // interleave between a file's publication and its commit in the index.
         let mut stripes: Vec<usize> = written
             .iter()
             .map(|(_, _, p, _)| self.stripe_of(&p.hash))
@@ -390,10 +485,6 @@ impl Inner {
                 }
             }
         }
-        results
-            .into_iter()
-            .map(|r| r.expect("every item has a result"))
-            .collect()
     }
 
     /// Steps 3 to 5 of a put batch for the admitted `todo` (slot in `payloads`, offer): streams
