@@ -94,7 +94,7 @@ impl Inner {
         let block = match plan {
             ReadPlan::Cached { block, .. } => block,
             ReadPlan::Done(r) => return r,
-            ReadPlan::Fresh { .. } => unreachable!("GPU reads are planned on open, checked files"),
+            ReadPlan::Fresh(_) => unreachable!("GPU reads are planned on open, checked files"),
         };
         let len = block.header.payload_len as usize;
         // The path only for what goes wrong.

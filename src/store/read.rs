@@ -23,21 +23,62 @@ pub(super) enum ReadPlan {
         block: Arc<OpenBlock>,
         bounce: Option<PooledBuf>,
     },
-    Fresh {
-        fd: OwnedFd,
-        /// The file's length when it was opened.
-        size: u64,
-        rel: RelPath,
-        head: Vec<u8>,
-        tail: [u8; 1],
-        bounce: Option<PooledBuf>,
-        /// `O_DIRECT` into an aligned caller's buffer: the header page goes here, the payload
-        /// straight into the caller's buffer (no bounce buffer, no copy).
-        direct_head: Option<PooledBuf>,
-        /// The payload hashed as the engine reads it, when the verify mode hashes every
-        /// fresh file.
-        stream: Option<crate::format::FileHasher>,
-    },
+    Fresh(FreshRead),
+}
+
+/// A read of a file opened for it (not in the open-file cache): header and payload in one
+/// read, checked when it lands.
+pub(super) struct FreshRead {
+    fd: OwnedFd,
+    /// The file's length when it was opened.
+    size: u64,
+    rel: RelPath,
+    head: Vec<u8>,
+    tail: [u8; 1],
+    bounce: Option<PooledBuf>,
+    /// `O_DIRECT` into an aligned caller's buffer: the header page goes here, the payload
+    /// straight into the caller's buffer (no bounce buffer, no copy).
+    direct_head: Option<PooledBuf>,
+    /// The payload hashed as the engine reads it, when the verify mode hashes every
+    /// fresh file.
+    stream: Option<crate::format::FileHasher>,
+}
+
+impl FreshRead {
+    /// The read of the file's header, payload (into `buf`, or through the bounce buffer) and
+    /// spare byte, feeding the stream hash if there is one.
+    fn request<'a>(&'a mut self, buf: &'a mut [u8]) -> IoRequest<'a> {
+        let FreshRead {
+            fd,
+            head,
+            tail,
+            bounce,
+            direct_head,
+            stream,
+            ..
+        } = self;
+        let req = match (bounce, direct_head) {
+            (Some(b), _) => IoRequest::read((*fd).as_fd(), 0, vec![IoSliceMut::new(b)]),
+            (None, Some(h)) => IoRequest::read(
+                (*fd).as_fd(),
+                0,
+                vec![IoSliceMut::new(h), IoSliceMut::new(buf)],
+            ),
+            (None, None) => IoRequest::read(
+                (*fd).as_fd(),
+                0,
+                vec![
+                    IoSliceMut::new(head),
+                    IoSliceMut::new(buf),
+                    IoSliceMut::new(tail),
+                ],
+            ),
+        };
+        match stream {
+            Some(s) => req.feeding(s),
+            None => req,
+        }
+    }
 }
 
 impl crate::engine::Landed for crate::format::FileHasher {
@@ -114,85 +155,10 @@ impl Inner {
         let io_results = {
             let mut reqs = Vec::with_capacity(keys.len());
             for (i, (plan, dest)) in plans.iter_mut().zip(dests.iter_mut()).enumerate() {
-                let buf = match dest {
-                    Dest::Host(b) => &mut **b,
-                    Dest::Device(mem) => {
-                        if let ReadPlan::Cached { block, .. } = plan {
-                            let len = block.header.payload_len as usize;
-                            reqs.push(
-                                IoRequest::read_device(
-                                    block.fd.as_fd(),
-                                    PAYLOAD_OFFSET,
-                                    mem.prefix(len),
-                                )
-                                .on_cached_file()
-                                .with_file_len(block.header.file_len()),
-                            );
-                            owners.push(i);
-                        }
-                        continue;
-                    }
-                };
-                let req = match plan {
-                    ReadPlan::Done(_) => continue,
-                    ReadPlan::Cached { block, bounce } => match bounce {
-                        Some(b) => IoRequest::read(
-                            block.fd.as_fd(),
-                            PAYLOAD_OFFSET,
-                            vec![IoSliceMut::new(b)],
-                        )
-                        .on_cached_file()
-                        .with_file_len(block.header.file_len()),
-                        None => {
-                            // O_DIRECT without a bounce reads whole aligned blocks (the
-                            // kernel shortens the last one at the end of the file).
-                            let len = block.header.payload_len as usize;
-                            let n = if self.opts.direct { align_up(len) } else { len };
-                            IoRequest::read(
-                                block.fd.as_fd(),
-                                PAYLOAD_OFFSET,
-                                vec![IoSliceMut::new(&mut buf[..n])],
-                            )
-                            .on_cached_file()
-                            .with_file_len(block.header.file_len())
-                        }
-                    },
-                    ReadPlan::Fresh {
-                        fd,
-                        head,
-                        tail,
-                        bounce,
-                        direct_head,
-                        stream,
-                        ..
-                    } => {
-                        let req = match (bounce, direct_head) {
-                            (Some(b), _) => {
-                                IoRequest::read((*fd).as_fd(), 0, vec![IoSliceMut::new(b)])
-                            }
-                            (None, Some(h)) => IoRequest::read(
-                                (*fd).as_fd(),
-                                0,
-                                vec![IoSliceMut::new(h), IoSliceMut::new(buf)],
-                            ),
-                            (None, None) => IoRequest::read(
-                                (*fd).as_fd(),
-                                0,
-                                vec![
-                                    IoSliceMut::new(head),
-                                    IoSliceMut::new(buf),
-                                    IoSliceMut::new(tail),
-                                ],
-                            ),
-                        };
-                        match stream {
-                            Some(s) => req.feeding(s),
-                            None => req,
-                        }
-                    }
-                };
-                reqs.push(req);
-                owners.push(i);
+                if let Some(req) = self.read_request(plan, dest) {
+                    reqs.push(req);
+                    owners.push(i);
+                }
             }
             super::split::submit(
                 self.engine.as_ref(),
@@ -222,6 +188,53 @@ impl Inner {
             .collect();
         self.end_batch(keys, &results, &pinned);
         results
+    }
+
+    /// The engine's request of `plan` into `dest`, if it reads anything: for a GPU
+    /// destination, only a cached file's payload (a fresh one was read when planned).
+    fn read_request<'a>(
+        &self,
+        plan: &'a mut ReadPlan,
+        dest: &'a mut Dest<'_>,
+    ) -> Option<IoRequest<'a>> {
+        let buf = match dest {
+            Dest::Host(b) => &mut **b,
+            Dest::Device(mem) => {
+                let ReadPlan::Cached { block, .. } = plan else {
+                    return None;
+                };
+                let len = block.header.payload_len as usize;
+                return Some(
+                    IoRequest::read_device(block.fd.as_fd(), PAYLOAD_OFFSET, mem.prefix(len))
+                        .on_cached_file()
+                        .with_file_len(block.header.file_len()),
+                );
+            }
+        };
+        Some(match plan {
+            ReadPlan::Done(_) => return None,
+            ReadPlan::Cached { block, bounce } => match bounce {
+                Some(b) => {
+                    IoRequest::read(block.fd.as_fd(), PAYLOAD_OFFSET, vec![IoSliceMut::new(b)])
+                        .on_cached_file()
+                        .with_file_len(block.header.file_len())
+                }
+                None => {
+                    // O_DIRECT without a bounce reads whole aligned blocks (the
+                    // kernel shortens the last one at the end of the file).
+                    let len = block.header.payload_len as usize;
+                    let n = if self.opts.direct { align_up(len) } else { len };
+                    IoRequest::read(
+                        block.fd.as_fd(),
+                        PAYLOAD_OFFSET,
+                        vec![IoSliceMut::new(&mut buf[..n])],
+                    )
+                    .on_cached_file()
+                    .with_file_len(block.header.file_len())
+                }
+            },
+            ReadPlan::Fresh(fresh) => fresh.request(buf),
+        })
     }
 
     /// Starts a get batch: per key, an invalid key's error, or whether the index holds it.
@@ -377,7 +390,7 @@ impl Inner {
                         None,
                     )
                 };
-                ReadPlan::Fresh {
+                ReadPlan::Fresh(FreshRead {
                     fd,
                     size,
                     rel,
@@ -387,7 +400,7 @@ impl Inner {
                     direct_head,
                     stream: matches!(self.opts.verify, VerifyMode::OnOpen | VerifyMode::Always)
                         .then(crate::format::FileHasher::new),
-                }
+                })
             }
             Err(Errno::NOENT | Errno::NOTDIR | Errno::STALE) => {
                 // Deleted behind the store's back (or, shared, never put or evicted by
@@ -410,6 +423,8 @@ impl Inner {
         }
     }
 
+    /// Finishes the read of `key` into `buf` as planned by `plan`, whose request (if any)
+    /// returned `io`.
     fn finish_read(
         &self,
         key: &BlockKey,
@@ -419,133 +434,160 @@ impl Inner {
     ) -> Result<Lookup> {
         match plan {
             ReadPlan::Done(r) => r,
-            ReadPlan::Cached { block, bounce } => {
-                // The path only for what goes wrong, not for every cached hit.
-                let rel = || self.layout.rel_path(&key.hash);
-                let n = io.map_err(|e| Error::from_io(self.path(rel().as_str()), e))?;
-                let len = block.header.payload_len as usize;
-                if n != len {
-                    return Ok(self.corrupt(
-                        &key.hash,
-                        &rel(),
-                        &block.fd,
-                        Some(&block),
-                        CorruptReason::Length {
-                            file: PAYLOAD_OFFSET + n as u64,
-                            header: block.header.file_len(),
-                        },
-                    ));
-                }
-                if let Some(b) = bounce {
-                    buf[..len].copy_from_slice(&b[..len]);
-                }
-                let check = match self.opts.verify {
-                    VerifyMode::Always => true,
-                    VerifyMode::Never => false,
-                    VerifyMode::OnOpen | VerifyMode::AfterReboot => {
-                        !block.verified.load(Ordering::Relaxed)
-                    }
-                };
-                if check {
-                    if !block.header.verify(&buf[..len]) {
-                        return Ok(self.corrupt(
-                            &key.hash,
-                            &rel(),
-                            &block.fd,
-                            Some(&block),
-                            CorruptReason::Checksum,
-                        ));
-                    }
-                    block.verified.store(true, Ordering::Relaxed);
-                }
-                Ok(Lookup::Hit(len))
-            }
-            ReadPlan::Fresh {
-                fd,
-                size,
-                rel,
-                head,
-                tail,
-                bounce,
-                direct_head,
-                stream,
-            } => {
-                let n = io.map_err(|e| Error::from_io(self.path(rel.as_str()), e))?;
-                let head_bytes: &[u8] = match (&bounce, &direct_head) {
-                    (Some(b), _) | (None, Some(b)) => &b[..n.min(PAYLOAD_OFFSET as usize)],
-                    (None, None) => &head[..n.min(PAYLOAD_OFFSET as usize)],
-                };
-                let header = match check_head(&key.hash, head_bytes) {
-                    Ok(h) => h,
-                    Err(reason) => return Ok(self.corrupt(&key.hash, &rel, &fd, None, reason)),
-                };
-                // The claimed length against the file's own before anything is sized by it.
-                if header.file_len() != size {
-                    return Ok(self.corrupt(
-                        &key.hash,
-                        &rel,
-                        &fd,
-                        None,
-                        CorruptReason::Length {
-                            file: size,
-                            header: header.file_len(),
-                        },
-                    ));
-                }
-                let len = header.payload_len as usize;
-                if header.payload_len > buf.len() as u64 {
-                    return Err(Error::BufferTooSmall {
-                        key: key.to_string(),
-                        need: len,
-                        have: buf.len(),
-                    });
-                }
-                let expect = header.file_len() as usize;
-                if n != expect {
-                    // Shorter: truncated. Longer (bytes beyond the payload, caught by the
-                    // one-byte tail): appended to.
-                    let _ = tail;
-                    return Ok(self.corrupt(
-                        &key.hash,
-                        &rel,
-                        &fd,
-                        None,
-                        CorruptReason::Length {
-                            file: n as u64,
-                            header: expect as u64,
-                        },
-                    ));
-                }
-                if let Some(b) = &bounce {
-                    buf[..len].copy_from_slice(&b[PAYLOAD_OFFSET as usize..expect]);
-                }
-                // after-reboot hashes only what a machine crash may have torn.
-                let hash_now = match self.opts.verify {
-                    VerifyMode::Never => false,
-                    VerifyMode::Always | VerifyMode::OnOpen => true,
-                    VerifyMode::AfterReboot => !self.trusts(&header),
-                };
-                if hash_now && !self.payload_matches(&header, stream, n, &buf[..len]) {
-                    return Ok(self.corrupt(&key.hash, &rel, &fd, None, CorruptReason::Checksum));
-                }
-                let verified = self.opts.verify != VerifyMode::Never;
-                if self.shared.is_some() && !self.index.contains(&key.hash) {
-                    // Put by another store: the index learns it (as just used).
-                    Counters::add(&self.counters.tree_hits, 1);
-                    self.index.load(key.hash, align_up(size as usize) as u64);
-                }
-                self.fds.insert(
-                    key.hash,
-                    Arc::new(OpenBlock {
-                        engine: self.engine.clone(),
-                        fd,
-                        header,
-                        verified: AtomicBool::new(verified),
-                    }),
-                );
-                Ok(Lookup::Hit(len))
-            }
+            ReadPlan::Cached { block, bounce } => self.finish_cached(key, block, bounce, buf, io),
+            ReadPlan::Fresh(fresh) => self.finish_fresh(key, fresh, buf, io),
         }
+    }
+
+    /// Finishes a read of a cached file: its length, the copy from the bounce buffer, the
+    /// checksum as the verify mode asks.
+    fn finish_cached(
+        &self,
+        key: &BlockKey,
+        block: Arc<OpenBlock>,
+        bounce: Option<PooledBuf>,
+        buf: &mut [u8],
+        io: std::io::Result<usize>,
+    ) -> Result<Lookup> {
+        // The path only for what goes wrong, not for every cached hit.
+        let rel = || self.layout.rel_path(&key.hash);
+        let n = io.map_err(|e| Error::from_io(self.path(rel().as_str()), e))?;
+        let len = block.header.payload_len as usize;
+        if n != len {
+            return Ok(self.corrupt(
+                &key.hash,
+                &rel(),
+                &block.fd,
+                Some(&block),
+                CorruptReason::Length {
+                    file: PAYLOAD_OFFSET + n as u64,
+                    header: block.header.file_len(),
+                },
+            ));
+        }
+        if let Some(b) = bounce {
+            buf[..len].copy_from_slice(&b[..len]);
+        }
+        let check = match self.opts.verify {
+            VerifyMode::Always => true,
+            VerifyMode::Never => false,
+            VerifyMode::OnOpen | VerifyMode::AfterReboot => !block.verified.load(Ordering::Relaxed),
+        };
+        if check {
+            if !block.header.verify(&buf[..len]) {
+                return Ok(self.corrupt(
+                    &key.hash,
+                    &rel(),
+                    &block.fd,
+                    Some(&block),
+                    CorruptReason::Checksum,
+                ));
+            }
+            block.verified.store(true, Ordering::Relaxed);
+        }
+        Ok(Lookup::Hit(len))
+    }
+
+    /// Finishes a read of a file opened for it: its header, length and checksum checked (a
+    /// corrupt file removed), the payload copied from the bounce buffer; a good file is
+    /// adopted ([`Inner::adopt_fresh`]).
+    fn finish_fresh(
+        &self,
+        key: &BlockKey,
+        fresh: FreshRead,
+        buf: &mut [u8],
+        io: std::io::Result<usize>,
+    ) -> Result<Lookup> {
+        let FreshRead {
+            fd,
+            size,
+            rel,
+            head,
+            tail,
+            bounce,
+            direct_head,
+            stream,
+        } = fresh;
+        let n = io.map_err(|e| Error::from_io(self.path(rel.as_str()), e))?;
+        let head_bytes: &[u8] = match (&bounce, &direct_head) {
+            (Some(b), _) | (None, Some(b)) => &b[..n.min(PAYLOAD_OFFSET as usize)],
+            (None, None) => &head[..n.min(PAYLOAD_OFFSET as usize)],
+        };
+        let header = match check_head(&key.hash, head_bytes) {
+            Ok(h) => h,
+            Err(reason) => return Ok(self.corrupt(&key.hash, &rel, &fd, None, reason)),
+        };
+        // The claimed length against the file's own before anything is sized by it.
+        if header.file_len() != size {
+            return Ok(self.corrupt(
+                &key.hash,
+                &rel,
+                &fd,
+                None,
+                CorruptReason::Length {
+                    file: size,
+                    header: header.file_len(),
+                },
+            ));
+        }
+        let len = header.payload_len as usize;
+        if header.payload_len > buf.len() as u64 {
+            return Err(Error::BufferTooSmall {
+                key: key.to_string(),
+                need: len,
+                have: buf.len(),
+            });
+        }
+        let expect = header.file_len() as usize;
+        if n != expect {
+            // Shorter: truncated. Longer (bytes beyond the payload, caught by the
+            // one-byte tail): appended to.
+            let _ = tail;
+            return Ok(self.corrupt(
+                &key.hash,
+                &rel,
+                &fd,
+                None,
+                CorruptReason::Length {
+                    file: n as u64,
+                    header: expect as u64,
+                },
+            ));
+        }
+        if let Some(b) = &bounce {
+            buf[..len].copy_from_slice(&b[PAYLOAD_OFFSET as usize..expect]);
+        }
+        // after-reboot hashes only what a machine crash may have torn.
+        let hash_now = match self.opts.verify {
+            VerifyMode::Never => false,
+            VerifyMode::Always | VerifyMode::OnOpen => true,
+            VerifyMode::AfterReboot => !self.trusts(&header),
+        };
+        if hash_now && !self.payload_matches(&header, stream, n, &buf[..len]) {
+            return Ok(self.corrupt(&key.hash, &rel, &fd, None, CorruptReason::Checksum));
+        }
+        self.adopt_fresh(key.hash, fd, header, size);
+        Ok(Lookup::Hit(len))
+    }
+
+    /// A fresh file read and checked: the index learns it if another store put it (shared),
+    /// and its descriptor goes into the open-file cache.
+    fn adopt_fresh(&self, hash: BlockHash, fd: OwnedFd, header: crate::format::Header, size: u64) {
+        let verified = self.opts.verify != VerifyMode::Never;
+        if self.shared.is_some() && !self.index.contains(&hash) {
+            // Put by another store: the index learns it (as just used).
+            Counters::add(&self.counters.tree_hits, 1);
+            self.index.load(hash, align_up(size as usize) as u64);
+        }
+        self.fds.insert(
+            hash,
+            Arc::new(OpenBlock {
+                engine: self.engine.clone(),
+                fd,
+                header,
+                verified: AtomicBool::new(verified),
+            }),
+        );
     }
 
     /// True when `payload` (read in `n` bytes with its header) matches `header`'s checksum:
