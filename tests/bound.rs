@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::*;
 use tierkv::engine::{EngineKind, IoEngine, IoRequest};
-use tierkv::{Error, Layout, Store};
+use tierkv::{Error, Layout, Store, StoreConfig};
 
 /// Samples the filesystem at `path` (statvfs: each sample is one instant) as fast as it can
 /// until `stop`, and returns the most inodes and bytes in use above the first sample.
@@ -35,24 +35,42 @@ fn sampler(path: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(u64
 
 #[test]
 fn the_bound_is_never_exceeded() {
-    // A capacity that holds no block is refused at open.
     let root = tempfile::tempdir().unwrap();
+    capacities_that_hold_no_block_are_refused(root.path());
+    a_block_larger_than_the_capacity_is_not_stored(root.path());
+    // The bound at every instant: a tmpfs (statvfs counts its inodes and pages exactly, at
+    // one instant), a flat tree (no shard directories to count), no STATS.json.
+    let Some(fs) = Tmpfs::mount("256m", "counting files and bytes at one instant") else {
+        return;
+    };
+    // Evicted files unlinked (reuse has its own part, the last).
+    let flat = quiet()
+        .with_layout(Layout::new(0, 256).unwrap())
+        .with_watermarks(1.0, 1.0)
+        .with_reuse_evicted(false);
+    let cap = 4u64 << 20;
+    a_file_bound_holds_at_every_instant(fs.path(), &flat);
+    the_background_evictor_keeps_the_bound_beside_two_writers(fs.path());
+    a_byte_bound_holds_as_every_block_grows_16x(fs.path(), &flat, cap);
+    a_byte_bound_holds_with_evicted_files_reused(fs.path(), cap);
+}
+
+/// A capacity that holds no block is refused at open.
+fn capacities_that_hold_no_block_are_refused(root: &Path) {
     for cfg in [
         quiet().with_capacity_files(0),
         quiet().with_capacity_bytes(4096),
     ] {
-        match Store::open(root.path(), worker("1"), cfg) {
+        match Store::open(root, worker("1"), cfg) {
             Err(Error::Config(msg)) => assert!(msg.contains("capacity"), "{msg}"),
             other => panic!("{other:?}"),
         }
     }
-    // A block larger than the capacity is not stored (and not an error).
-    let store = Store::open(
-        root.path(),
-        worker("2"),
-        quiet().with_capacity_bytes(64 << 10),
-    )
-    .unwrap();
+}
+
+/// A block larger than the capacity is not stored (and not an error).
+fn a_block_larger_than_the_capacity_is_not_stored(root: &Path) {
+    let store = Store::open(root, worker("2"), quiet().with_capacity_bytes(64 << 10)).unwrap();
     let k = store.key(hash(1));
     store.put(&k, &vec![1u8; 1 << 20]).unwrap();
     assert!(
@@ -66,21 +84,13 @@ fn the_bound_is_never_exceeded() {
             .iter()
             .all(|p| p.file_name().unwrap().len() != 64)
     );
-    drop(store);
-    // The bound at every instant: a tmpfs (statvfs counts its inodes and pages exactly, at
-    // one instant), a flat tree (no shard directories to count), no STATS.json.
-    let Some(fs) = Tmpfs::mount("256m", "counting files and bytes at one instant") else {
-        return;
-    };
-    // Evicted files unlinked (reuse has its own part, the last).
-    let flat = quiet()
-        .with_layout(Layout::new(0, 256).unwrap())
-        .with_watermarks(1.0, 1.0)
-        .with_reuse_evicted(false);
-    // A file-count bound, one chain of 200 blocks, then unrelated single puts.
-    let store = Store::open(fs.path(), worker("0"), flat.clone().with_capacity_files(10)).unwrap();
+}
+
+/// A file-count bound, one chain of 200 blocks, then unrelated single puts (worker 0).
+fn a_file_bound_holds_at_every_instant(fs: &Path, flat: &StoreConfig) {
+    let store = Store::open(fs, worker("0"), flat.clone().with_capacity_files(10)).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let sample = sampler(fs.path().to_path_buf(), stop.clone());
+    let sample = sampler(fs.to_path_buf(), stop.clone());
     let chain = chain_keys(&store, 1, 200);
     let data = vec![1u8; 65_536];
     let items: Vec<_> = chain.iter().map(|k| (k.clone(), data.as_slice())).collect();
@@ -109,11 +119,13 @@ fn the_bound_is_never_exceeded() {
     assert!(store.stats().used_files <= 10);
     assert!(prefix_closed(&store, std::slice::from_ref(&chain)));
     drop(store);
+}
 
-    // The background evictor (default watermarks) beside two writers: blocks it evicted
-    // count until their files are gone, so the bound holds while it unlinks them too.
+/// The background evictor (default watermarks) beside two writers: blocks it evicted count
+/// until their files are gone, so the bound holds while it unlinks them too (worker 2).
+fn the_background_evictor_keeps_the_bound_beside_two_writers(fs: &Path) {
     let store = Store::open(
-        fs.path(),
+        fs,
         worker("2"),
         quiet()
             .with_layout(Layout::new(0, 256).unwrap())
@@ -122,7 +134,7 @@ fn the_bound_is_never_exceeded() {
     )
     .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let sample = sampler(fs.path().to_path_buf(), stop.clone());
+    let sample = sampler(fs.to_path_buf(), stop.clone());
     let writers: Vec<_> = (0..2u64)
         .map(|t| {
             let store = store.clone();
@@ -147,13 +159,14 @@ fn the_bound_is_never_exceeded() {
     );
     assert!(store.stats().evictions >= 580);
     drop(store);
+}
 
-    // A byte bound, and every block replaced by one 16x its size.
-    let cap = 4u64 << 20;
-    let store = Store::open(fs.path(), worker("1"), flat.with_capacity_bytes(cap)).unwrap();
+/// A byte bound, and every block replaced by one 16x its size (worker 1).
+fn a_byte_bound_holds_as_every_block_grows_16x(fs: &Path, flat: &StoreConfig, cap: u64) {
+    let store = Store::open(fs, worker("1"), flat.clone().with_capacity_bytes(cap)).unwrap();
     let ks = fill(&store, 40, 65_536);
     let stop = Arc::new(AtomicBool::new(false));
-    let sample = sampler(fs.path().to_path_buf(), stop.clone());
+    let sample = sampler(fs.to_path_buf(), stop.clone());
     let big = vec![2u8; 1 << 20];
     for k in &ks {
         store.put(k, &big).unwrap();
@@ -169,12 +182,14 @@ fn the_bound_is_never_exceeded() {
     );
     assert!(store.stats().used_bytes <= cap);
     drop(store);
+}
 
-    // A byte bound with evicted files reused, blocks of mixed sizes: a reused file keeps its
-    // old size until the put has written and cut it, so only a file that fits in the room
-    // reserved for the new block is reused.
+/// A byte bound with evicted files reused, blocks of mixed sizes: a reused file keeps its old
+/// size until the put has written and cut it, so only a file that fits in the room reserved
+/// for the new block is reused (worker 3).
+fn a_byte_bound_holds_with_evicted_files_reused(fs: &Path, cap: u64) {
     let stop = Arc::new(AtomicBool::new(false));
-    let sample = sampler(fs.path().to_path_buf(), stop.clone());
+    let sample = sampler(fs.to_path_buf(), stop.clone());
     let reusing = quiet()
         .with_layout(Layout::new(0, 256).unwrap())
         .with_capacity_bytes(cap)
@@ -193,7 +208,7 @@ fn the_bound_is_never_exceeded() {
         }
     }
     let slow = Arc::new(Slow(EngineKind::Psync.build().unwrap()));
-    let store = Store::open_with_engine(fs.path(), worker("3"), reusing, slow).unwrap();
+    let store = Store::open_with_engine(fs, worker("3"), reusing, slow).unwrap();
     // Batches of five sizes, in turning orders: within a batch the room of one block's
     // victim goes to another block.
     let sizes = [1 << 20, 65_536, 300_000, (1 << 20) + 5000, 4096];

@@ -122,6 +122,17 @@ fn corruptions(hex: &str, data: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
         b
     };
     let other = oracle::encode_block(&hash(999).to_hex(), data);
+    let mut all = header_corruptions(&edit);
+    all.extend(version_2_corruptions(&edit));
+    all.extend(field_and_payload_corruptions(&edit, &other));
+    all
+}
+
+/// A copy of the good block changed by the function, resealed or not.
+type Edit<'a> = &'a dyn Fn(&dyn Fn(&mut Vec<u8>), bool) -> Vec<u8>;
+
+/// The header's fixed fields of a version 1 file: magic, version, lengths, flags.
+fn header_corruptions(edit: Edit<'_>) -> Vec<(&'static str, Vec<u8>)> {
     vec![
         ("magic", edit(&|b| b[3] = b'x', true)),
         ("version", edit(&|b| b[8] = 3, true)),
@@ -130,6 +141,12 @@ fn corruptions(hex: &str, data: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
         ("header length high byte", edit(&|b| b[11] = 1, true)),
         ("flags without the checksum bit", edit(&|b| b[12] = 0, true)),
         ("flag bit 1 in a version 1 file", edit(&|b| b[12] = 3, true)),
+    ]
+}
+
+/// The flags and fields of a version 2 file.
+fn version_2_corruptions(edit: Edit<'_>) -> Vec<(&'static str, Vec<u8>)> {
+    vec![
         (
             "version 2, boot id bytes without flag bit 1",
             edit(
@@ -206,6 +223,12 @@ fn corruptions(hex: &str, data: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
                 true,
             ),
         ),
+    ]
+}
+
+/// The other fields, the padding, the block hash, the checksum, the payload and the length.
+fn field_and_payload_corruptions(edit: Edit<'_>, other: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
+    vec![
         ("unknown high flag", edit(&|b| b[15] = 0x80, true)),
         ("payload offset", edit(&|b| b[17] = 0x20, true)),
         ("payload offset high byte", edit(&|b| b[19] = 1, true)),

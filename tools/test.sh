@@ -37,6 +37,7 @@ tools/fetch-nixl.sh
 # Quiet cargo output (-q): a passing run reads as passing; the `test result:` lines stay.
 echo "== layers, fmt, clippy, docs"
 python3 tools/layers.py
+python3 tools/pyfunc-length.py
 cargo fmt --all -- --check
 cargo clippy -q --all-targets --all-features -- -D warnings
 cargo clippy -q -p tierkv-python --all-targets -- -D warnings

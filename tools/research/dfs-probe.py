@@ -545,13 +545,8 @@ class Probe:
     def sec_c(self):
         n = self.args.trials_slow
         size = 256 * 1024
-        kinds = Counter()
-        errs = Counter()       # attempts
-        err_trials = Counter()
-        windows = []
-        stale_trials = 0
-        done = 0
-        timeouts = 0
+        kinds, errs, err_trials = Counter(), Counter(), Counter()  # errs: attempts
+        windows, stale_trials, done, timeouts = [], 0, 0, 0
         cap = self.cap(90)
         for i in range(n):
             if cap.over():

@@ -289,14 +289,7 @@ fn fifos_and_devices_are_never_read_nor_removed() {
     // A FIFO under a block's name: a miss at once, the FIFO left alone.
     let p0 = store.path_of(&ks[0].hash);
     std::fs::remove_file(&p0).unwrap();
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        &p0,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o644),
-        0,
-    )
-    .unwrap();
+    mkfifo(&p0);
     let s2 = store.clone();
     let k0 = ks[0].clone();
     let r = within(10, "get of a FIFO", move || {
@@ -317,14 +310,7 @@ fn fifos_and_devices_are_never_read_nor_removed() {
         "FIFO unlinked by remove"
     );
     let temp_fifo = p0.with_file_name(format!(".tmp.{}.1.1", ks[0].hash.to_hex()));
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        &temp_fifo,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o644),
-        0,
-    )
-    .unwrap();
+    mkfifo(&temp_fifo);
     // A character device under a block's name (root only: mknod).
     if privileged("a character device in the tree") {
         let p1 = store.path_of(&ks[1].hash);
@@ -361,14 +347,7 @@ fn fifos_and_devices_are_never_read_nor_removed() {
         text(&o)
     );
     // FIFOs at STATS.json and LAYOUT: neither the store nor tierkv-stat hangs.
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        w.join("STATS.json"),
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o644),
-        0,
-    )
-    .unwrap();
+    mkfifo(w.join("STATS.json"));
     let o = run_within(stat_cmd(&[root.path().to_str().unwrap(), "--live"]), 30);
     assert_ne!(o.status.code(), Some(0), "{}", text(&o));
     let rp = root.path().to_path_buf();
@@ -377,14 +356,7 @@ fn fifos_and_devices_are_never_read_nor_removed() {
     })
     .unwrap();
     std::fs::remove_file(w.join("LAYOUT")).unwrap();
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        w.join("LAYOUT"),
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o644),
-        0,
-    )
-    .unwrap();
+    mkfifo(w.join("LAYOUT"));
     let rp = root.path().to_path_buf();
     let e = within(10, "Store::open with a FIFO at LAYOUT", move || {
         Store::open(&rp, worker("0"), quiet())
@@ -395,6 +367,18 @@ fn fifos_and_devices_are_never_read_nor_removed() {
     let o = run_within(stat_cmd(&[root.path().to_str().unwrap()]), 30);
     assert_ne!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("LAYOUT"), "{}", text(&o));
+}
+
+/// Makes a FIFO at `path`.
+fn mkfifo(path: impl AsRef<Path>) {
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        path.as_ref(),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
 }
 
 trait FifoLike {

@@ -476,7 +476,10 @@ fn repair_removes_the_stats_file_of_a_shared_store_that_is_gone() {
     exited.wait().unwrap();
     let worker = dir.path().join("v1/a");
     let dead = worker.join(tierkv::layout::instance_stats_name(node, dead_pid));
-    let live = worker.join(tierkv::layout::instance_stats_name(node, std::process::id()));
+    let live = worker.join(tierkv::layout::instance_stats_name(
+        node,
+        std::process::id(),
+    ));
     for f in [&dead, &live] {
         std::fs::write(f, "{}").unwrap();
     }
