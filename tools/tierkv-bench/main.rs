@@ -17,17 +17,17 @@ use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
 use std::sync::{Arc, Mutex};
 
-use tierkv::buf::AlignedBuf;
 use tierkv::engine::PosixQueue;
 use tierkv::index::policy::{Belady, Oracle};
 use tierkv::{
-    BlockHash, BlockKey, Layout, Lookup, Parts, PolicyKind, Publish, Store, StoreConfig,
-    StoreStats, VerifyMode, WorkerId,
+    BlockHash, BlockKey, Layout, Parts, PolicyKind, Publish, Store, StoreConfig, VerifyMode,
+    WorkerId,
 };
 
 #[path = "../common.rs"]
 mod common;
 mod instances;
+mod job;
 mod metadata;
 mod offload;
 mod replay;
@@ -339,33 +339,6 @@ fn parse_distribution(s: &str) -> Result<Distribution, String> {
     }
 }
 
-/// Draws block indices from a Zipf distribution over `0..n` (rank 0 most likely), by
-/// inverse transform on the cumulative weights `1 / (i + 1)^theta`.
-struct Zipf {
-    cdf: Vec<f64>,
-}
-
-impl Zipf {
-    fn new(n: usize, theta: f64) -> Self {
-        let mut acc = 0.0;
-        let mut cdf: Vec<f64> = (0..n)
-            .map(|i| {
-                acc += 1.0 / ((i + 1) as f64).powf(theta);
-                acc
-            })
-            .collect();
-        for c in &mut cdf {
-            *c /= acc;
-        }
-        Zipf { cdf }
-    }
-
-    fn sample(&self, rng: &mut fastrand::Rng) -> usize {
-        let u = rng.f64();
-        self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1)
-    }
-}
-
 /// When every job stops: a deadline and an operation budget shared by all jobs.
 struct Budget {
     deadline: Option<Instant>,
@@ -620,11 +593,44 @@ fn run_root(args: &Args) -> Result<(PathBuf, Option<tempfile::TempDir>), BoxErro
     Ok((tmp.path().to_path_buf(), Some(tmp)))
 }
 
+/// The whole run: options checked, the working set and the stores set up, the job run and
+/// reported, and its failures turned into the exit status.
 fn run(args: &Args) -> Result<(), BoxError> {
     check_usage(args)?;
     if let Some(n) = args.instances {
         return instances::run_instances(args, n);
     }
+    let (bs, nblocks) = working_set(args)?;
+    let (root, _tmp) = run_root(args)?;
+    let config = store_config(args, bs)?;
+    let (config, parts, oracle) = policy(args, config)?;
+    let config = check_replay(args, config)?;
+    match args.rw {
+        Rw::Metadata => return metadata::scale(args, &root, &config, bs, nblocks),
+        Rw::Offload => return offload::offload(args, &config, &root, bs, nblocks),
+        Rw::Replay => return run_replay(args, &root, config, parts, oracle.as_ref(), bs),
+        _ => {}
+    }
+    let bench = Bench::open(args, &root, &config, bs, nblocks)?;
+    bench.prepare()?;
+    instances::wait_for_start(args);
+    let phases = if args.rw == Rw::Main {
+        bench.main_job()?
+    } else {
+        bench.pattern()?
+    };
+    if args.keep && args.dir.is_none() {
+        eprintln!("tierkv-bench: kept {}", root.display());
+    }
+    if interrupted() {
+        return Ok(());
+    }
+    check_failures(&phases)
+}
+
+/// The block size and the number of blocks (`--bs`, `--nblocks` or `--size`), within the
+/// bench's limits and, but for a replay (its trace sets its needs), the memory there is.
+fn working_set(args: &Args) -> Result<(usize, u64), BoxError> {
     let bs = usize::try_from(args.bs)?;
     let nblocks = match args.size {
         Some(size) if bs == 0 || size < bs as u64 => {
@@ -652,7 +658,11 @@ fn run(args: &Args) -> Result<(), BoxError> {
     if !matches!(args.rw, Rw::Replay) {
         check_memory(&memory_need(args, bs, nblocks, nranks))?;
     }
-    let (root, _tmp) = run_root(args)?;
+    Ok((bs, nblocks))
+}
+
+/// The stores' configuration from the options (the policy aside: [`policy`]).
+fn store_config(args: &Args, bs: usize) -> Result<StoreConfig, BoxError> {
     let mut config = StoreConfig::new()
         .with_verify(args.verify)
         .with_read_threads(args.read_threads)
@@ -686,7 +696,18 @@ fn run(args: &Args) -> Result<(), BoxError> {
     if let Some((high, low)) = args.watermarks {
         config = config.with_watermarks(high, low);
     }
-    config = config.with_reuse_evicted(args.reuse_evicted);
+    Ok(config.with_reuse_evicted(args.reuse_evicted))
+}
+
+/// The Belady oracle a replay feeds the trace's future to.
+type SharedOracle = Arc<Mutex<Oracle>>;
+
+/// `--policy`: a policy of the configuration, or (belady, replay only) a part of the store,
+/// with the oracle that the replay keeps up to date.
+fn policy(
+    args: &Args,
+    mut config: StoreConfig,
+) -> Result<(StoreConfig, Parts, Option<SharedOracle>), BoxError> {
     let mut parts = Parts::new();
     let mut oracle = None;
     if args.policy == "belady" {
@@ -706,93 +727,146 @@ fn run(args: &Args) -> Result<(), BoxError> {
                 .map_err(|e| UsageError(e.to_string()))?,
         );
     }
-    if args.rw == Rw::Replay {
-        if args.numjobs > 1 {
-            return Err(UsageError(
-                "--rw replay runs one request stream: --numjobs must be 1".into(),
-            )
-            .into());
+    Ok((config, parts, oracle))
+}
+
+/// The options of `--rw replay` (one stream, a trace), there and nowhere else; a replay's
+/// configuration.
+fn check_replay(args: &Args, config: StoreConfig) -> Result<StoreConfig, BoxError> {
+    if args.rw != Rw::Replay {
+        if args.trace.is_some() || args.write_filter.is_some() {
+            return Err(
+                UsageError("--trace and --write-filter are only for --rw replay".into()).into(),
+            );
         }
-        if args.trace.is_none() {
-            return Err(UsageError("--rw replay needs --trace FILE".into()).into());
-        }
-        // Replay evicts exactly at the bound, so figures compare across policies.
-        config = config.with_watermarks(1.0, 1.0);
-    } else if args.trace.is_some() || args.write_filter.is_some() {
+        return Ok(config);
+    }
+    if args.numjobs > 1 {
         return Err(
-            UsageError("--trace and --write-filter are only for --rw replay".into()).into(),
+            UsageError("--rw replay runs one request stream: --numjobs must be 1".into()).into(),
         );
     }
-    if args.rw == Rw::Metadata {
-        return metadata::scale(args, &root, &config, bs, nblocks);
+    if args.trace.is_none() {
+        return Err(UsageError("--rw replay needs --trace FILE".into()).into());
     }
-    if args.rw == Rw::Offload {
-        return offload::offload(args, &config, &root, bs, nblocks);
-    }
-    if args.rw == Rw::Replay {
-        let store = Store::open_with(&root, args.worker.clone(), config, parts)?;
-        let trace = args.trace.as_ref().expect("checked above");
-        let r = replay::replay(
-            &store,
-            trace,
-            bs,
-            oracle.as_ref(),
-            args.verify_data,
-            args.write_filter,
-        )?;
-        return replay::report_replay(args, &store, &root, &r);
-    }
+    // Replay evicts exactly at the bound, so figures compare across policies.
+    Ok(config.with_watermarks(1.0, 1.0))
+}
 
-    // Without --workers: one store. With --workers N: N stores (worker ids 0 to N-1) on one
-    // root, all with the same block hashes (those of --worker, default 0, so rank 0 of a
-    // --workers run and a plain run use the same blocks), as tensor-parallel ranks store
-    // their shards of one block.
-    let namespace = args.worker.as_str().to_owned();
-    let ids = match args.workers {
-        None => vec![args.worker.clone()],
-        Some(n) => (0..n)
-            .map(|r| WorkerId::new(&r.to_string()))
-            .collect::<Result<Vec<_>, _>>()?,
-    };
-    let mut ranks = Vec::with_capacity(ids.len());
-    for id in &ids {
-        let store = Store::open(&root, id.clone(), config.clone())?;
-        let mut keys = Vec::new();
-        keys.try_reserve_exact(usize::try_from(nblocks)?)
-            .map_err(|_| UsageError(format!("no memory for the keys of {nblocks} blocks")))?;
-        keys.extend((0..nblocks).map(|i| store.key(block_hash(&namespace, i + args.key_offset))));
-        let gens = if args.sharing == tierkv::Sharing::Shared {
-            verify::Gens::content_addressed(keys.len())
-        } else {
-            verify::Gens::new(&root, id.as_str(), keys.len(), args.verify_data)
+/// `--rw replay`: the trace through one store, and its report.
+fn run_replay(
+    args: &Args,
+    root: &Path,
+    config: StoreConfig,
+    parts: Parts,
+    oracle: Option<&SharedOracle>,
+    bs: usize,
+) -> Result<(), BoxError> {
+    let store = Store::open_with(root, args.worker.clone(), config, parts)?;
+    let trace = args.trace.as_ref().expect("checked above");
+    let r = replay::replay(
+        &store,
+        trace,
+        bs,
+        oracle,
+        args.verify_data,
+        args.write_filter,
+    )?;
+    replay::report_replay(args, &store, root, &r)
+}
+
+/// A block-I/O run (the main job or one pattern): its stores and keys, and what each of its
+/// phases needs.
+struct Bench<'a> {
+    args: &'a Args,
+    root: &'a Path,
+    bs: usize,
+    nblocks: u64,
+    ranks: Vec<Rank>,
+    /// The worker id of each rank.
+    ids: Vec<WorkerId>,
+}
+
+impl<'a> Bench<'a> {
+    /// Opens the store of every rank and derives its keys.
+    fn open(
+        args: &'a Args,
+        root: &'a Path,
+        config: &StoreConfig,
+        bs: usize,
+        nblocks: u64,
+    ) -> Result<Bench<'a>, BoxError> {
+        // Without --workers: one store. With --workers N: N stores (worker ids 0 to N-1) on
+        // one root, all with the same block hashes (those of --worker, default 0, so rank 0 of
+        // a --workers run and a plain run use the same blocks), as tensor-parallel ranks store
+        // their shards of one block.
+        let namespace = args.worker.as_str().to_owned();
+        let ids = match args.workers {
+            None => vec![args.worker.clone()],
+            Some(n) => (0..n)
+                .map(|r| WorkerId::new(&r.to_string()))
+                .collect::<Result<Vec<_>, _>>()?,
         };
-        ranks.push(Rank { store, keys, gens });
+        let mut ranks = Vec::with_capacity(ids.len());
+        for id in &ids {
+            let store = Store::open(root, id.clone(), config.clone())?;
+            let mut keys = Vec::new();
+            keys.try_reserve_exact(usize::try_from(nblocks)?)
+                .map_err(|_| UsageError(format!("no memory for the keys of {nblocks} blocks")))?;
+            keys.extend(
+                (0..nblocks).map(|i| store.key(block_hash(&namespace, i + args.key_offset))),
+            );
+            let gens = if args.sharing == tierkv::Sharing::Shared {
+                verify::Gens::content_addressed(keys.len())
+            } else {
+                verify::Gens::new(root, id.as_str(), keys.len(), args.verify_data)
+            };
+            ranks.push(Rank { store, keys, gens });
+        }
+        Ok(Bench {
+            args,
+            root,
+            bs,
+            nblocks,
+            ranks,
+            ids,
+        })
     }
 
-    let reads = matches!(args.rw, Rw::Read | Rw::Randread | Rw::Randrw);
-    for r in &ranks {
-        if reads {
-            check_block_size(&r.store, &r.keys, bs, args.dir.as_deref())?;
+    /// Before a read pattern: checks the block size of `--dir`, lays out the missing blocks
+    /// and (`--invalidate`) drops them from the page cache.
+    fn prepare(&self) -> Result<(), BoxError> {
+        let args = self.args;
+        let reads = matches!(args.rw, Rw::Read | Rw::Randread | Rw::Randrw);
+        for r in &self.ranks {
+            if reads {
+                check_block_size(&r.store, &r.keys, self.bs, args.dir.as_deref())?;
+            }
+            if reads && !args.no_layout {
+                lay_out(&r.store, &r.keys, &r.gens, self.bs)?;
+            }
+            if reads && args.invalidate {
+                invalidate(&r.store, &r.keys)?;
+            }
         }
-        if reads && !args.no_layout {
-            lay_out(&r.store, &r.keys, &r.gens, bs)?;
-        }
-        if reads && args.invalidate {
-            invalidate(&r.store, &r.keys)?;
-        }
+        Ok(())
     }
-    instances::wait_for_start(args);
-    let limited = args.runtime.is_some() || args.ops.is_some();
-    let loops = args.loops();
-    let phases = if args.rw == Rw::Main {
+
+    /// Runs one phase on every rank.
+    fn phase(&self, spec: Spec, budget: &Budget) -> Vec<RankResult> {
+        job::run_phase(&self.ranks, &self.ids, self.bs, self.args, spec, budget)
+    }
+
+    /// The main job: write every block, read each once, hot-read them; reported phase by
+    /// phase.
+    fn main_job(self) -> Result<Vec<Phase>, BoxError> {
+        let args = self.args;
+        let limited = args.runtime.is_some() || args.ops.is_some();
+        let loops = args.loops();
         let mut phases = vec![Phase {
             name: "write",
             what: "every block once".into(),
-            ranks: run_phase(
-                &ranks,
-                &ids,
-                bs,
-                args,
+            ranks: self.phase(
                 Spec {
                     rw: Rw::Write,
                     loops: 1,
@@ -804,19 +878,15 @@ fn run(args: &Args) -> Result<(), BoxError> {
         let mut resident = None;
         if !interrupted() {
             if args.invalidate {
-                for r in &ranks {
+                for r in &self.ranks {
                     invalidate(&r.store, &r.keys)?;
                 }
             }
-            resident = page_cache_resident(&ranks[0].store, &ranks[0].keys, bs);
+            resident = page_cache_resident(&self.ranks[0].store, &self.ranks[0].keys, self.bs);
             phases.push(Phase {
                 name: "read",
                 what: "every block once, random order: opens every file".into(),
-                ranks: run_phase(
-                    &ranks,
-                    &ids,
-                    bs,
-                    args,
+                ranks: self.phase(
                     Spec {
                         rw: Rw::Randread,
                         loops: 1,
@@ -827,66 +897,86 @@ fn run(args: &Args) -> Result<(), BoxError> {
             });
         }
         if !interrupted() && (loops > 1 || limited) {
-            let budget = budget(args, &ranks, Rw::Randread, loops - 1, nblocks);
-            let what = if limited {
-                "passes until --runtime/--ops, through the open-file cache".to_string()
-            } else {
-                format!("{} more passes, through the open-file cache", loops - 1)
-            };
-            phases.push(Phase {
-                name: "hot_read",
-                what,
-                ranks: run_phase(
-                    &ranks,
-                    &ids,
-                    bs,
-                    args,
-                    Spec {
-                        rw: Rw::Randread,
-                        loops: loops - 1,
-                        limited,
-                    },
-                    &budget,
-                ),
-            });
-            budget.progress.finish_and_clear();
+            phases.push(self.hot_read(loops, limited));
         }
         let env = Environment {
-            filesystem: filesystem_name(&root),
+            filesystem: filesystem_name(self.root),
             page_cache_resident: resident,
         };
-        keep_generations(args, &ranks)?;
-        let engine = ranks[0].store.engine_name();
-        let layout = ranks[0].store.layout();
-        drop(ranks);
-        report::report_main(args, engine, layout, &root, nblocks, &phases, &env)?;
-        phases
-    } else {
-        let budget = budget(args, &ranks, args.rw, loops, nblocks);
+        let (root, nblocks) = (self.root, self.nblocks);
+        let (engine, layout) = self.close()?;
+        report::report_main(args, engine, layout, root, nblocks, &phases, &env)?;
+        Ok(phases)
+    }
+
+    /// The main job's hot-read phase: the passes after the first read, through the open-file
+    /// cache, until `--loops`, `--runtime` or `--ops`.
+    fn hot_read(&self, loops: u64, limited: bool) -> Phase {
+        let budget = budget(
+            self.args,
+            &self.ranks,
+            Rw::Randread,
+            loops - 1,
+            self.nblocks,
+        );
+        let what = if limited {
+            "passes until --runtime/--ops, through the open-file cache".to_string()
+        } else {
+            format!("{} more passes, through the open-file cache", loops - 1)
+        };
+        let phase = Phase {
+            name: "hot_read",
+            what,
+            ranks: self.phase(
+                Spec {
+                    rw: Rw::Randread,
+                    loops: loops - 1,
+                    limited,
+                },
+                &budget,
+            ),
+        };
+        budget.progress.finish_and_clear();
+        phase
+    }
+
+    /// One pattern (`--rw` other than main) as a single phase, reported.
+    fn pattern(self) -> Result<Vec<Phase>, BoxError> {
+        let args = self.args;
+        let limited = args.runtime.is_some() || args.ops.is_some();
+        let loops = args.loops();
+        let budget = budget(args, &self.ranks, args.rw, loops, self.nblocks);
         let spec = Spec {
             rw: args.rw,
             loops,
             limited,
         };
-        let results = run_phase(&ranks, &ids, bs, args, spec, &budget);
+        let results = self.phase(spec, &budget);
         budget.progress.finish_and_clear();
-        keep_generations(args, &ranks)?;
-        let engine = ranks[0].store.engine_name();
-        let layout = ranks[0].store.layout();
-        drop(ranks);
-        report(args, engine, layout, &root, nblocks, &results)?;
-        vec![Phase {
+        let (root, nblocks) = (self.root, self.nblocks);
+        let (engine, layout) = self.close()?;
+        report(args, engine, layout, root, nblocks, &results)?;
+        Ok(vec![Phase {
             name: "run",
             what: String::new(),
             ranks: results,
-        }]
-    };
-    if args.keep && args.dir.is_none() {
-        eprintln!("tierkv-bench: kept {}", root.display());
+        }])
     }
-    if interrupted() {
-        return Ok(());
+
+    /// Keeps (or forgets) the write generations and closes the stores, before the report;
+    /// the engine and layout they ran with.
+    fn close(self) -> Result<(&'static str, Layout), BoxError> {
+        keep_generations(self.args, &self.ranks)?;
+        let engine = self.ranks[0].store.engine_name();
+        let layout = self.ranks[0].store.layout();
+        drop(self.ranks);
+        Ok((engine, layout))
     }
+}
+
+/// The exit status of a run that was not interrupted: failed operations and blocks that read
+/// back wrong are errors.
+fn check_failures(phases: &[Phase]) -> Result<(), BoxError> {
     // Failed operations are errors, not IOPS: a run with any exits 1.
     let (mut errors, mut ok, mut verify_errors) = (0, 0, 0);
     let mut first = None;
@@ -1150,60 +1240,6 @@ fn budget(args: &Args, ranks: &[Rank], rw: Rw, loops: u64, nblocks: u64) -> Budg
     }
 }
 
-/// Runs one phase on every rank (`--numjobs` threads each) and gathers each rank's figures.
-fn run_phase(
-    ranks: &[Rank],
-    ids: &[WorkerId],
-    bs: usize,
-    args: &Args,
-    spec: Spec,
-    budget: &Budget,
-) -> Vec<RankResult> {
-    let before: Vec<StoreStats> = ranks.iter().map(|r| r.store.stats()).collect();
-    let jobs = parallel(ranks.len() * args.numjobs, |j| {
-        let rank = &ranks[j / args.numjobs];
-        let jr = j % args.numjobs;
-        // Writes split the rank's blocks between its jobs (and an --instances run's
-        // instances); reads go over all of them.
-        let n = rank.keys.len();
-        let (inst, ninst) = args.instance.unwrap_or((0, 1));
-        let (w, nw) = (inst * args.numjobs + jr, ninst * args.numjobs);
-        let (a, b) = match spec.rw {
-            Rw::Write | Rw::Randwrite => (n * w / nw, n * (w + 1) / nw),
-            _ => (0, n),
-        };
-        run_job(
-            &rank.store,
-            &rank.keys[a..b],
-            &rank.gens,
-            a as u64,
-            bs,
-            args,
-            spec,
-            j as u64,
-            budget,
-        )
-    });
-    ranks
-        .iter()
-        .zip(ids)
-        .zip(before)
-        .enumerate()
-        .map(|(i, ((rank, worker), before))| {
-            let mut run = Run::empty();
-            for r in &jobs[i * args.numjobs..(i + 1) * args.numjobs] {
-                run.merge(r);
-            }
-            RankResult {
-                worker: worker.clone(),
-                run,
-                before,
-                after: rank.store.stats(),
-            }
-        })
-        .collect()
-}
-
 /// Writes the blocks that are missing (fio's "laying out IO file").
 fn lay_out(
     store: &Store,
@@ -1279,211 +1315,6 @@ fn invalidate(store: &Store, keys: &[BlockKey]) -> Result<(), BoxError> {
         }
     }
     Ok(())
-}
-
-/// One job: batches of `--batch` blocks, read or written, until the loops, the runtime or
-/// the operation budget run out (or a signal). `keys[i]` is block `first + i` (contents follow the global
-/// index, so a later read can check them).
-#[allow(clippy::too_many_arguments)]
-fn run_job(
-    store: &Store,
-    keys: &[BlockKey],
-    gens: &verify::Gens,
-    first: u64,
-    bs: usize,
-    args: &Args,
-    spec: Spec,
-    job: u64,
-    budget: &Budget,
-) -> Run {
-    let mut run = Run::empty();
-    if keys.is_empty() {
-        // More writing jobs than blocks: nothing of its own to do.
-        return run;
-    }
-    // Zipf over this job's keys (all of them for reads, its share for writes).
-    let zipf = match args.random_distribution {
-        Distribution::Zipf(theta) => Some(Zipf::new(keys.len(), theta)),
-        Distribution::Random => None,
-    };
-    let zipf = zipf.as_ref();
-    // Page-aligned, as engines' buffer pools are (and as fio's are): copies into misaligned
-    // buffers run several times slower.
-    // Only the buffers of the directions this job runs (checked against memory up front).
-    let rw = spec.rw;
-    let (reads, writes) = match rw {
-        Rw::Write | Rw::Randwrite => (0, args.batch),
-        Rw::Randrw => (args.batch, args.batch),
-        _ => (args.batch, 0),
-    };
-    // Resident before the clock starts, as an engine's preallocated KV pool is: a fresh
-    // buffer's page faults would otherwise be timed as part of the first reads.
-    let mut bufs: Vec<AlignedBuf> = (0..reads)
-        .map(|_| {
-            let mut b = AlignedBuf::zeroed(bs);
-            b.fill(0xFF);
-            b
-        })
-        .collect();
-    let mut datas: Vec<AlignedBuf> = (0..writes)
-        .map(|_| {
-            let mut b = AlignedBuf::zeroed(bs);
-            b.fill(0xA5);
-            b
-        })
-        .collect();
-    let instance = args.instance.map_or(0, |(i, _)| i as u64);
-    let mut rng = fastrand::Rng::with_seed(0x7165_726b + job + (instance << 32));
-    let mut start = Instant::now();
-    // Until the ramp is over (`--ramp-time`): then the figures restart, once.
-    let mut ramp_end = budget.ramp_end;
-    let mut order: Vec<usize> = (0..keys.len()).collect();
-    let mut batch_idx: Vec<usize> = Vec::with_capacity(args.batch);
-    // With --runtime or --ops, passes repeat until that limit (fio's time_based); else
-    // --loops passes. randrw draws keys instead of passing over them: loops x blocks ops.
-    let limited = spec.limited;
-    let passes = if limited { u64::MAX } else { spec.loops.max(1) };
-    let mut mixed_left = if limited {
-        u64::MAX
-    } else {
-        spec.loops.saturating_mul(keys.len() as u64)
-    };
-    'passes: for _ in 0..passes {
-        let shuffle = matches!(rw, Rw::Randread | Rw::Randwrite);
-        if shuffle && zipf.is_none() {
-            rng.shuffle(&mut order);
-        }
-        let mut pos = 0usize;
-        loop {
-            // The next batch's block indices.
-            batch_idx.clear();
-            let want = match rw {
-                Rw::Randrw => {
-                    if mixed_left == 0 {
-                        break 'passes;
-                    }
-                    args.batch.min(mixed_left.min(usize::MAX as u64) as usize)
-                }
-                _ => args.batch.min(keys.len() - pos),
-            };
-            if want == 0 {
-                break;
-            }
-            let n = budget.take(want);
-            if n == 0 {
-                break 'passes;
-            }
-            for j in 0..n {
-                batch_idx.push(match (rw, zipf) {
-                    (Rw::Read | Rw::Write, _) => pos + j,
-                    (_, Some(z)) => z.sample(&mut rng),
-                    (Rw::Randrw, None) => rng.usize(..keys.len()),
-                    _ => order[pos + j],
-                });
-            }
-            pos += n;
-            mixed_left = mixed_left.saturating_sub(n as u64);
-            let write = match rw {
-                Rw::Write | Rw::Randwrite => true,
-                Rw::Randrw => rng.u8(0..100) >= args.rwmixread,
-                _ => false,
-            };
-            let batch: Vec<BlockKey> = batch_idx.iter().map(|&i| keys[i].clone()).collect();
-            let t = Instant::now();
-            if ramp_end.is_some_and(|r| t >= r) {
-                // The ramp is over: the timed figures start here (errors stay).
-                ramp_end = None;
-                run.read = Dir::restart(&run.read);
-                run.write = Dir::restart(&run.write);
-                run.hits = 0;
-                run.misses = 0;
-                start = t;
-            }
-            if write {
-                let batch_gens: Vec<u64> = batch_idx
-                    .iter()
-                    .map(|&i| gens.next(first as usize + i))
-                    .collect();
-                for ((d, &i), &g) in datas.iter_mut().zip(&batch_idx).zip(&batch_gens) {
-                    fill_block(d, &keys[i].hash, first + i as u64, g);
-                }
-                let items: Vec<(BlockKey, &[u8])> = batch
-                    .into_iter()
-                    .zip(datas.iter().map(|d| &d[..]))
-                    .collect();
-                let res = store.put_many(&items);
-                let w = &mut run.write;
-                w.lat.saturating_record(t.elapsed().as_nanos() as u64);
-                for ((r, &i), &g) in res.into_iter().zip(&batch_idx).zip(&batch_gens) {
-                    match r {
-                        Ok(()) => {
-                            gens.commit(first as usize + i, g);
-                            w.ops += 1;
-                            w.bytes += bs as u64;
-                        }
-                        Err(e) => {
-                            if w.errors == 0 {
-                                tracing::warn!(error = %e, "put failed");
-                            }
-                            w.error(&e);
-                        }
-                    }
-                }
-            } else {
-                let floors: Vec<u64> = if args.verify_data {
-                    batch_idx
-                        .iter()
-                        .map(|&i| gens.floor(first as usize + i))
-                        .collect()
-                } else {
-                    Vec::new()
-                };
-                let res = store.get_many(&batch, &mut bufs[..n]);
-                let rd = &mut run.read;
-                rd.lat.saturating_record(t.elapsed().as_nanos() as u64);
-                for (j, r) in res.into_iter().enumerate() {
-                    match r {
-                        Ok(Lookup::Hit(len)) => {
-                            rd.ops += 1;
-                            run.hits += 1;
-                            rd.bytes += len as u64;
-                            if args.verify_data {
-                                let i = first as usize + batch_idx[j];
-                                let k = &keys[batch_idx[j]];
-                                let checked = if len == bs {
-                                    verify::check(&bufs[j][..len], &k.hash, i as u64)
-                                        .and_then(|g| gens.check(i, floors[j], g))
-                                } else {
-                                    Err(format!("{len} bytes, not {bs}"))
-                                };
-                                if let Err(why) = checked {
-                                    run.verify_errors += 1;
-                                    tracing::error!(
-                                        path = %store.path_of(&k.hash).display(),
-                                        block = i,
-                                        "verify-data: {why}"
-                                    );
-                                }
-                            }
-                        }
-                        Ok(Lookup::Miss) => {
-                            rd.ops += 1;
-                            run.misses += 1;
-                        }
-                        Err(e) => {
-                            if rd.errors == 0 {
-                                tracing::warn!(error = %e, "read failed");
-                            }
-                            rd.error(&e);
-                        }
-                    }
-                }
-            }
-            budget.progress.inc(n as u64);
-        }
-    }
-    run.elapsed = start.elapsed();
-    run
 }
 
 #[cfg(test)]
