@@ -139,174 +139,242 @@ pub(crate) fn report(
     nblocks: u64,
     ranks: &[RankResult],
 ) -> Result<(), BoxError> {
-    let mut run = Run::empty();
-    for r in ranks {
-        run.merge(&r.run);
-    }
-    let delta = |f: fn(&StoreStats) -> u64| -> u64 {
-        ranks
-            .iter()
-            .map(|r| f(&r.after).saturating_sub(f(&r.before)))
-            .sum()
-    };
-    let secs = run.elapsed.as_secs_f64().max(1e-9);
-    let ops = run.ops();
-    let bytes = run.read.bytes + run.write.bytes;
-    let errors = run.read.errors + run.write.errors;
-    let corrupt = delta(|s| s.corrupt);
-    let fd_hits = delta(|s| s.fd_cache_hits);
-    let fd_misses = delta(|s| s.fd_cache_misses);
-    let fd_evictions = delta(|s| s.fd_cache_evictions);
-    let evictions = delta(|s| s.evictions);
-    let not_admitted = delta(|s| s.not_admitted);
-    let fd_capacity = ranks[0].after.fd_cache_capacity;
-    let fd_ratio = if fd_hits + fd_misses > 0 {
-        fd_hits as f64 / (fd_hits + fd_misses) as f64
-    } else {
-        0.0
-    };
-    let mut all = Dir::new();
-    all.merge(&run.read);
-    all.merge(&run.write);
+    let r = PatternReport::new(args, engine, layout, root, nblocks, ranks);
     let mut out = std::io::stdout().lock();
     match args.output_format {
         OutputFormat::Json => {
-            let workers: Vec<Value> = ranks
-                .iter()
-                .map(|r| {
-                    let s = r.run.elapsed.as_secs_f64().max(1e-9);
-                    json!({
-                        "worker": r.worker.as_str(),
-                        "ops": r.run.ops(),
-                        "ops_per_sec": r.run.ops() as f64 / s,
-                        "hits": r.run.hits,
-                        "misses": r.run.misses,
-                        "errors": r.run.read.errors + r.run.write.errors,
-                        "read": dir_json(&r.run.read, s),
-                        "write": dir_json(&r.run.write, s),
-                        "store": r.after,
-                    })
-                })
-                .collect();
-            let doc = json!({
-                "rw": format!("{:?}", args.rw).to_lowercase(),
-                "bs": args.bs,
-                "nblocks": nblocks,
-                "loops": loops_json(args),
-                "runtime_s": args.runtime.map(|d| d.as_secs_f64()),
-                "ramp_time_s": args.ramp_time.map(|d| d.as_secs_f64()),
-                "iodepth": iodepth(args),
-                "batch": args.batch,
-                "numjobs": args.numjobs,
-                "interrupted": interrupted(),
-                "worker": ranks[0].worker.as_str(),
-                "nworkers": ranks.len(),
-                "engine": engine,
-                "layout": {"depth": layout.depth, "fanout": layout.fanout},
-                "fd_cache_capacity": fd_capacity,
-                "verify": args.verify.to_string(),
-                "direct": args.direct,
-                "dir": root.display().to_string(),
-                "ops": ops,
-                "elapsed_s": secs,
-                "ops_per_sec": ops as f64 / secs,
-                "bw_bytes_per_sec": bytes as f64 / secs,
-                "bytes": bytes,
-                "hits": run.hits,
-                "misses": run.misses,
-                "errors": errors,
-                "verify_data": args.verify_data,
-                "verify_errors": run.verify_errors,
-                "corrupt": corrupt,
-                "evictions": evictions,
-                "not_admitted": not_admitted,
-                "read": dir_json(&run.read, secs),
-                "write": dir_json(&run.write, secs),
-                "fd_cache": {"hits": fd_hits, "misses": fd_misses, "hit_ratio": fd_ratio,
-                             "evictions": fd_evictions},
-                "lat_us": lat_json(&all),
-                "workers": workers,
-                // Worker 0's counters (each worker's are in `workers`).
-                "store": ranks[0].after,
-            });
-            writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+            writeln!(out, "{}", serde_json::to_string_pretty(&r.json())?)?;
         }
-        OutputFormat::Normal => {
-            writeln!(
-                out,
-                "tierkv-bench: rw={} bs={} nblocks={} {} iodepth={} batch={} numjobs={}{} engine={engine} layout=({layout}) fd-cache={fd_capacity} verify={}{}",
-                format!("{:?}", args.rw).to_lowercase(),
-                human_bytes(args.bs as f64),
-                nblocks,
-                passes_text(args),
-                iodepth(args),
-                args.batch,
-                args.numjobs,
-                if ranks.len() > 1 {
-                    format!(" workers={}", ranks.len())
-                } else {
-                    String::new()
-                },
-                args.verify,
-                if args.direct { " direct" } else { "" },
-            )?;
-            let reads = matches!(args.rw, Rw::Read | Rw::Randread | Rw::Randrw);
-            let writes = matches!(args.rw, Rw::Write | Rw::Randwrite | Rw::Randrw);
-            if reads {
-                dir_lines(&mut out, "read", &run.read, secs, args.batch)?;
-            }
-            if writes {
-                dir_lines(&mut out, "write", &run.write, secs, args.batch)?;
-            }
-            if reads {
-                writeln!(
-                    out,
-                    "  hits={} misses={} corrupt={corrupt} read-errors={} bytes-read={}{}",
-                    run.hits,
-                    run.misses,
-                    run.read.errors,
-                    run.read.bytes,
-                    if args.verify_data {
-                        format!(" verify-errors={}", run.verify_errors)
-                    } else {
-                        String::new()
-                    }
-                )?;
-                writeln!(
-                    out,
-                    "  fd-cache: hits={fd_hits} misses={fd_misses} hit-ratio={fd_ratio:.3} evictions={fd_evictions}"
-                )?;
-            }
-            if writes {
-                writeln!(
-                    out,
-                    "  puts={} put-errors={} bytes-written={} evictions={evictions} not-admitted={not_admitted}",
-                    run.write.ops, run.write.errors, run.write.bytes
-                )?;
-            }
-            if interrupted() {
-                writeln!(
-                    out,
-                    "  interrupted: partial result (the run stopped at the signal)"
-                )?;
-            }
-            if ranks.len() > 1 {
-                for r in ranks {
-                    let s = r.run.elapsed.as_secs_f64().max(1e-9);
-                    writeln!(
-                        out,
-                        "  worker {}: IOPS={}, hits={} misses={} errors={}",
-                        r.worker,
-                        human_count(r.run.ops() as f64 / s),
-                        r.run.hits,
-                        r.run.misses,
-                        r.run.read.errors + r.run.write.errors
-                    )?;
-                }
-            }
-        }
+        OutputFormat::Normal => r.text(&mut out)?,
     }
     Ok(())
+}
+
+/// A pattern run's report: what it ran with, and its figures summed over the ranks.
+struct PatternReport<'a> {
+    args: &'a Args,
+    engine: &'a str,
+    layout: Layout,
+    root: &'a Path,
+    nblocks: u64,
+    ranks: &'a [RankResult],
+    /// Every rank's figures, merged.
+    run: Run,
+    secs: f64,
+    corrupt: u64,
+    fd_hits: u64,
+    fd_misses: u64,
+    fd_evictions: u64,
+    evictions: u64,
+    not_admitted: u64,
+    fd_capacity: u64,
+    fd_ratio: f64,
+}
+
+impl<'a> PatternReport<'a> {
+    /// Sums the ranks' figures and their stores' counters over the run.
+    fn new(
+        args: &'a Args,
+        engine: &'a str,
+        layout: Layout,
+        root: &'a Path,
+        nblocks: u64,
+        ranks: &'a [RankResult],
+    ) -> Self {
+        let run = merged(ranks);
+        let secs = run.elapsed.as_secs_f64().max(1e-9);
+        let (fd_hits, fd_misses) = fd_cache(ranks);
+        let fd_ratio = if fd_hits + fd_misses > 0 {
+            fd_hits as f64 / (fd_hits + fd_misses) as f64
+        } else {
+            0.0
+        };
+        PatternReport {
+            args,
+            engine,
+            layout,
+            root,
+            nblocks,
+            ranks,
+            run,
+            secs,
+            corrupt: delta(ranks, |s| s.corrupt),
+            fd_hits,
+            fd_misses,
+            fd_evictions: delta(ranks, |s| s.fd_cache_evictions),
+            evictions: delta(ranks, |s| s.evictions),
+            not_admitted: delta(ranks, |s| s.not_admitted),
+            fd_capacity: ranks[0].after.fd_cache_capacity,
+            fd_ratio,
+        }
+    }
+
+    /// The JSON report: the run's options, its sums and each worker's figures.
+    fn json(&self) -> Value {
+        let (args, run, secs, ranks) = (self.args, &self.run, self.secs, self.ranks);
+        let ops = run.ops();
+        let bytes = run.read.bytes + run.write.bytes;
+        let mut all = Dir::new();
+        all.merge(&run.read);
+        all.merge(&run.write);
+        json!({
+            "rw": format!("{:?}", args.rw).to_lowercase(),
+            "bs": args.bs,
+            "nblocks": self.nblocks,
+            "loops": loops_json(args),
+            "runtime_s": args.runtime.map(|d| d.as_secs_f64()),
+            "ramp_time_s": args.ramp_time.map(|d| d.as_secs_f64()),
+            "iodepth": iodepth(args),
+            "batch": args.batch,
+            "numjobs": args.numjobs,
+            "interrupted": interrupted(),
+            "worker": ranks[0].worker.as_str(),
+            "nworkers": ranks.len(),
+            "engine": self.engine,
+            "layout": {"depth": self.layout.depth, "fanout": self.layout.fanout},
+            "fd_cache_capacity": self.fd_capacity,
+            "verify": args.verify.to_string(),
+            "direct": args.direct,
+            "dir": self.root.display().to_string(),
+            "ops": ops,
+            "elapsed_s": secs,
+            "ops_per_sec": ops as f64 / secs,
+            "bw_bytes_per_sec": bytes as f64 / secs,
+            "bytes": bytes,
+            "hits": run.hits,
+            "misses": run.misses,
+            "errors": run.read.errors + run.write.errors,
+            "verify_data": args.verify_data,
+            "verify_errors": run.verify_errors,
+            "corrupt": self.corrupt,
+            "evictions": self.evictions,
+            "not_admitted": self.not_admitted,
+            "read": dir_json(&run.read, secs),
+            "write": dir_json(&run.write, secs),
+            "fd_cache": {"hits": self.fd_hits, "misses": self.fd_misses,
+                         "hit_ratio": self.fd_ratio, "evictions": self.fd_evictions},
+            "lat_us": lat_json(&all),
+            "workers": self.workers_json(),
+            // Worker 0's counters (each worker's are in `workers`).
+            "store": ranks[0].after,
+        })
+    }
+
+    /// Each worker's figures, for the JSON report.
+    fn workers_json(&self) -> Vec<Value> {
+        self.ranks
+            .iter()
+            .map(|r| {
+                let s = r.run.elapsed.as_secs_f64().max(1e-9);
+                json!({
+                    "worker": r.worker.as_str(),
+                    "ops": r.run.ops(),
+                    "ops_per_sec": r.run.ops() as f64 / s,
+                    "hits": r.run.hits,
+                    "misses": r.run.misses,
+                    "errors": r.run.read.errors + r.run.write.errors,
+                    "read": dir_json(&r.run.read, s),
+                    "write": dir_json(&r.run.write, s),
+                    "store": r.after,
+                })
+            })
+            .collect()
+    }
+
+    /// The text report: a header, the directions the pattern ran, hits, the open-file cache,
+    /// puts, and each worker where there are several.
+    fn text(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let (args, run, secs) = (self.args, &self.run, self.secs);
+        self.header(out)?;
+        let reads = matches!(args.rw, Rw::Read | Rw::Randread | Rw::Randrw);
+        let writes = matches!(args.rw, Rw::Write | Rw::Randwrite | Rw::Randrw);
+        if reads {
+            dir_lines(out, "read", &run.read, secs, args.batch)?;
+        }
+        if writes {
+            dir_lines(out, "write", &run.write, secs, args.batch)?;
+        }
+        if reads {
+            writeln!(
+                out,
+                "  hits={} misses={} corrupt={} read-errors={} bytes-read={}{}",
+                run.hits,
+                run.misses,
+                self.corrupt,
+                run.read.errors,
+                run.read.bytes,
+                if args.verify_data {
+                    format!(" verify-errors={}", run.verify_errors)
+                } else {
+                    String::new()
+                }
+            )?;
+            writeln!(
+                out,
+                "  fd-cache: hits={} misses={} hit-ratio={:.3} evictions={}",
+                self.fd_hits, self.fd_misses, self.fd_ratio, self.fd_evictions
+            )?;
+        }
+        if writes {
+            writeln!(
+                out,
+                "  puts={} put-errors={} bytes-written={} evictions={} not-admitted={}",
+                run.write.ops, run.write.errors, run.write.bytes, self.evictions, self.not_admitted
+            )?;
+        }
+        if interrupted() {
+            writeln!(
+                out,
+                "  interrupted: partial result (the run stopped at the signal)"
+            )?;
+        }
+        self.worker_lines(out)
+    }
+
+    /// The text report's first line: the run's options.
+    fn header(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let args = self.args;
+        writeln!(
+            out,
+            "tierkv-bench: rw={} bs={} nblocks={} {} iodepth={} batch={} numjobs={}{} engine={} layout=({}) fd-cache={} verify={}{}",
+            format!("{:?}", args.rw).to_lowercase(),
+            human_bytes(args.bs as f64),
+            self.nblocks,
+            passes_text(args),
+            iodepth(args),
+            args.batch,
+            args.numjobs,
+            if self.ranks.len() > 1 {
+                format!(" workers={}", self.ranks.len())
+            } else {
+                String::new()
+            },
+            self.engine,
+            self.layout,
+            self.fd_capacity,
+            args.verify,
+            if args.direct { " direct" } else { "" },
+        )
+    }
+
+    /// A line per worker, where there are several.
+    fn worker_lines(&self, out: &mut impl Write) -> std::io::Result<()> {
+        if self.ranks.len() > 1 {
+            for r in self.ranks {
+                let s = r.run.elapsed.as_secs_f64().max(1e-9);
+                writeln!(
+                    out,
+                    "  worker {}: IOPS={}, hits={} misses={} errors={}",
+                    r.worker,
+                    human_count(r.run.ops() as f64 / s),
+                    r.run.hits,
+                    r.run.misses,
+                    r.run.read.errors + r.run.write.errors
+                )?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The header's passes: `loops=N`, or the limit that ends the run instead.
@@ -386,11 +454,48 @@ pub(crate) fn report_main(
 ) -> Result<(), BoxError> {
     let mut out = std::io::stdout().lock();
     let nranks = phases[0].ranks.len();
-    let total = args.bs as f64 * nblocks as f64 * nranks as f64;
-    let cache = if args.direct {
-        "O_DIRECT: reads bypassed the page cache (they met the device)".to_string()
-    } else {
-        match env.page_cache_resident {
+    let r = MainReport {
+        args,
+        engine,
+        layout,
+        root,
+        nblocks,
+        phases,
+        env,
+        nranks,
+        total: args.bs as f64 * nblocks as f64 * nranks as f64,
+    };
+    let summary = r.summary();
+    match args.output_format {
+        OutputFormat::Json => {
+            writeln!(out, "{}", serde_json::to_string_pretty(&r.json(summary))?)?;
+        }
+        OutputFormat::Normal => r.text(&mut out, &summary)?,
+    }
+    Ok(())
+}
+
+/// The main job's report: what it ran with, on what, and its phases.
+struct MainReport<'a> {
+    args: &'a Args,
+    engine: &'a str,
+    layout: Layout,
+    root: &'a Path,
+    nblocks: u64,
+    phases: &'a [Phase],
+    env: &'a Environment,
+    nranks: usize,
+    /// The bytes of every rank's blocks.
+    total: f64,
+}
+
+impl MainReport<'_> {
+    /// Where the first read came from, in words, for the text report.
+    fn page_cache_text(&self) -> String {
+        if self.args.direct {
+            return "O_DIRECT: reads bypassed the page cache (they met the device)".to_string();
+        }
+        match self.env.page_cache_resident {
             Some(f) if f >= 0.99 => format!(
                 "{:.0}% of the sampled blocks' bytes were in the page cache before the first \
                  read: reads came from memory, not the device (--invalidate or --direct to \
@@ -409,27 +514,32 @@ pub(crate) fn report_main(
             ),
             None => "unknown (this filesystem cannot tell what is cached)".to_string(),
         }
-    };
-    let from = if args.direct {
-        "the device (O_DIRECT)"
-    } else {
-        match env.page_cache_resident {
+    }
+
+    /// Where the first read came from, for the summary.
+    fn first_read_from(&self) -> &'static str {
+        if self.args.direct {
+            return "the device (O_DIRECT)";
+        }
+        match self.env.page_cache_resident {
             Some(f) if f >= 0.99 => "the page cache",
             Some(f) if f <= 0.01 => "the device",
             Some(_) => "partly the page cache",
             None => "the page cache or the device (unknown)",
         }
-    };
-    let phase_of = |name: &str| phases.iter().find(|p| p.name == name);
-    let summary = {
+    }
+
+    /// One sentence: what each phase did, on which filesystem, from where.
+    fn summary(&self) -> String {
+        let phase_of = |name: &str| self.phases.iter().find(|p| p.name == name);
         let mut parts = Vec::new();
         if let Some(p) = phase_of("write") {
             let r = merged(&p.ranks);
             parts.push(format!(
                 "wrote {} blocks of {} ({}) at {}",
                 r.write.ops,
-                human_bytes(args.bs as f64),
-                human_bytes(total),
+                human_bytes(self.args.bs as f64),
+                human_bytes(self.total),
                 rate(&r.write, r.elapsed.as_secs_f64().max(1e-9))
             ));
         }
@@ -450,137 +560,162 @@ pub(crate) fn report_main(
             ));
         }
         format!(
-            "{}; on {}, the first read from {from}{}",
+            "{}; on {}, the first read from {}{}",
             parts.join(", "),
-            env.filesystem,
+            self.env.filesystem,
+            self.first_read_from(),
             if interrupted() {
                 " (interrupted: partial)"
             } else {
                 ""
             }
         )
-    };
-    match args.output_format {
-        OutputFormat::Json => {
-            let mut ph = serde_json::Map::new();
-            for p in phases {
-                let r = merged(&p.ranks);
-                let secs = r.elapsed.as_secs_f64().max(1e-9);
-                let (h, m) = fd_cache(&p.ranks);
-                ph.insert(
-                    p.name.to_string(),
-                    json!({
-                        "elapsed_s": secs,
-                        "read": dir_json(&r.read, secs),
-                        "write": dir_json(&r.write, secs),
-                        "hits": r.hits,
-                        "misses": r.misses,
-                        "verify_errors": r.verify_errors,
-                        "fd_cache": {"hits": h, "misses": m},
-                    }),
-                );
-            }
-            let mut all = Run::empty();
-            for p in phases {
-                all.merge(&merged(&p.ranks));
-            }
-            let secs: f64 = phases
-                .iter()
-                .map(|p| merged(&p.ranks).elapsed.as_secs_f64())
-                .sum::<f64>()
-                .max(1e-9);
-            let (h, m) = phases
-                .iter()
-                .map(|p| fd_cache(&p.ranks))
-                .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-            let last = &phases[phases.len() - 1].ranks[0];
-            let doc = json!({
-                "rw": "main",
-                "bs": args.bs,
-                "nblocks": nblocks,
-                "loops": args.loops(),
-                "iodepth": iodepth(args),
-                "batch": args.batch,
-                "numjobs": args.numjobs,
-                "nworkers": nranks,
-                "engine": engine,
-                "layout": {"depth": layout.depth, "fanout": layout.fanout},
-                "verify": args.verify.to_string(),
-                "direct": args.direct,
-                "dir": root.display().to_string(),
-                "filesystem": env.filesystem,
-                "page_cache_resident": env.page_cache_resident,
-                "interrupted": interrupted(),
-                "phases": ph,
-                "ops": all.ops(),
-                "elapsed_s": secs,
-                "ops_per_sec": all.ops() as f64 / secs,
-                "hits": all.hits,
-                "misses": all.misses,
-                "errors": all.errors(),
-                "verify_data": args.verify_data,
-                "verify_errors": all.verify_errors,
-                "corrupt": phases.iter().map(|p| delta(&p.ranks, |s| s.corrupt)).sum::<u64>(),
-                "fd_cache": {"hits": h, "misses": m},
-                "store": last.after,
-                "summary": summary,
-            });
-            writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+    }
+
+    /// Each phase's figures, by name, for the JSON report.
+    fn phases_json(&self) -> serde_json::Map<String, Value> {
+        let mut ph = serde_json::Map::new();
+        for p in self.phases {
+            let r = merged(&p.ranks);
+            let secs = r.elapsed.as_secs_f64().max(1e-9);
+            let (h, m) = fd_cache(&p.ranks);
+            ph.insert(
+                p.name.to_string(),
+                json!({
+                    "elapsed_s": secs,
+                    "read": dir_json(&r.read, secs),
+                    "write": dir_json(&r.write, secs),
+                    "hits": r.hits,
+                    "misses": r.misses,
+                    "verify_errors": r.verify_errors,
+                    "fd_cache": {"hits": h, "misses": m},
+                }),
+            );
         }
-        OutputFormat::Normal => {
+        ph
+    }
+
+    /// The JSON report: the options, each phase, the sums over the phases and the summary.
+    fn json(&self, summary: String) -> Value {
+        let (args, phases, layout) = (self.args, self.phases, self.layout);
+        let ph = self.phases_json();
+        let mut all = Run::empty();
+        for p in phases {
+            all.merge(&merged(&p.ranks));
+        }
+        let secs: f64 = phases
+            .iter()
+            .map(|p| merged(&p.ranks).elapsed.as_secs_f64())
+            .sum::<f64>()
+            .max(1e-9);
+        let (h, m) = phases
+            .iter()
+            .map(|p| fd_cache(&p.ranks))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        let last = &phases[phases.len() - 1].ranks[0];
+        json!({
+            "rw": "main",
+            "bs": args.bs,
+            "nblocks": self.nblocks,
+            "loops": args.loops(),
+            "iodepth": iodepth(args),
+            "batch": args.batch,
+            "numjobs": args.numjobs,
+            "nworkers": self.nranks,
+            "engine": self.engine,
+            "layout": {"depth": layout.depth, "fanout": layout.fanout},
+            "verify": args.verify.to_string(),
+            "direct": args.direct,
+            "dir": self.root.display().to_string(),
+            "filesystem": self.env.filesystem,
+            "page_cache_resident": self.env.page_cache_resident,
+            "interrupted": interrupted(),
+            "phases": ph,
+            "ops": all.ops(),
+            "elapsed_s": secs,
+            "ops_per_sec": all.ops() as f64 / secs,
+            "hits": all.hits,
+            "misses": all.misses,
+            "errors": all.errors(),
+            "verify_data": args.verify_data,
+            "verify_errors": all.verify_errors,
+            "corrupt": phases.iter().map(|p| delta(&p.ranks, |s| s.corrupt)).sum::<u64>(),
+            "fd_cache": {"hits": h, "misses": m},
+            "store": last.after,
+            "summary": summary,
+        })
+    }
+
+    /// The text report: a header, each phase's lines, the filesystem, the page cache and the
+    /// summary.
+    fn text(&self, out: &mut impl Write, summary: &str) -> std::io::Result<()> {
+        let (args, root) = (self.args, self.root);
+        self.header(out)?;
+        if self.nranks > 1 {
             writeln!(
                 out,
-                "tierkv-bench: the main job: {nblocks} blocks of {} ({}){} in {} ({}); engine={engine} iodepth={} batch={} numjobs={} layout=({layout}) verify={}{}",
-                human_bytes(args.bs as f64),
-                human_bytes(total),
-                if args.bs == 2 << 20 {
-                    ", each one 16-token block of an 8B Llama's KV"
-                } else {
-                    ""
-                },
-                root.display(),
-                env.filesystem,
-                iodepth(args),
-                args.batch,
-                args.numjobs,
-                args.verify,
-                if args.direct { " direct" } else { "" },
+                "  {} workers (tensor-parallel ranks), figures summed",
+                self.nranks
             )?;
-            if nranks > 1 {
-                writeln!(
-                    out,
-                    "  {nranks} workers (tensor-parallel ranks), figures summed"
-                )?;
-            }
-            for p in phases {
-                let r = merged(&p.ranks);
-                let secs = r.elapsed.as_secs_f64().max(1e-9);
-                let (label, d) = match p.name {
-                    "write" => ("write", &r.write),
-                    "read" => ("read", &r.read),
-                    _ => ("hot read", &r.read),
-                };
-                writeln!(out, "  {label} ({}):", p.what)?;
-                dir_lines(&mut out, &format!("  {label}"), d, secs, args.batch)?;
-                if p.name != "write" {
-                    let (h, m) = fd_cache(&p.ranks);
-                    writeln!(
-                        out,
-                        "      hits={} misses={} fd-cache: hits={h} misses={m} (a miss opens the file)",
-                        r.hits, r.misses
-                    )?;
-                }
-            }
-            writeln!(out, "  filesystem: {} ({})", env.filesystem, root.display())?;
-            writeln!(out, "  page cache: {cache}")?;
-            if interrupted() {
-                writeln!(
-                    out,
-                    "  interrupted: partial result (the run stopped at the signal)"
-                )?;
-            }
-            writeln!(out, "summary: {summary}")?;
         }
+        for p in self.phases {
+            let r = merged(&p.ranks);
+            let secs = r.elapsed.as_secs_f64().max(1e-9);
+            let (label, d) = match p.name {
+                "write" => ("write", &r.write),
+                "read" => ("read", &r.read),
+                _ => ("hot read", &r.read),
+            };
+            writeln!(out, "  {label} ({}):", p.what)?;
+            dir_lines(out, &format!("  {label}"), d, secs, args.batch)?;
+            if p.name != "write" {
+                let (h, m) = fd_cache(&p.ranks);
+                writeln!(
+                    out,
+                    "      hits={} misses={} fd-cache: hits={h} misses={m} (a miss opens the file)",
+                    r.hits, r.misses
+                )?;
+            }
+        }
+        writeln!(
+            out,
+            "  filesystem: {} ({})",
+            self.env.filesystem,
+            root.display()
+        )?;
+        writeln!(out, "  page cache: {}", self.page_cache_text())?;
+        if interrupted() {
+            writeln!(
+                out,
+                "  interrupted: partial result (the run stopped at the signal)"
+            )?;
+        }
+        writeln!(out, "summary: {summary}")
     }
-    Ok(())
+
+    /// The text report's first line: the working set, where it is, and the options.
+    fn header(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let args = self.args;
+        writeln!(
+            out,
+            "tierkv-bench: the main job: {} blocks of {} ({}){} in {} ({}); engine={} iodepth={} batch={} numjobs={} layout=({}) verify={}{}",
+            self.nblocks,
+            human_bytes(args.bs as f64),
+            human_bytes(self.total),
+            if args.bs == 2 << 20 {
+                ", each one 16-token block of an 8B Llama's KV"
+            } else {
+                ""
+            },
+            self.root.display(),
+            self.env.filesystem,
+            self.engine,
+            iodepth(args),
+            args.batch,
+            args.numjobs,
+            self.layout,
+            args.verify,
+            if args.direct { " direct" } else { "" },
+        )
+    }
 }
