@@ -7,8 +7,9 @@
 //! JSON report, and prints the instances and their totals. It fails when an instance fails or
 //! reports verify errors.
 
-use std::io::Write as _;
-use std::process::{Command, Stdio};
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
@@ -90,6 +91,37 @@ pub(crate) fn run_instances(args: &Args, n: usize) -> Result<(), BoxError> {
         .into());
     }
     let (root, _tmp) = crate::run_root(args)?;
+    let children = spawn_instances(&root, n)?;
+    let (docs, failed) = wait_for_instances(children)?;
+    let t = Totals::of(&docs, n, failed.len());
+    let verify_errors = t.json["verify_errors"].as_u64().unwrap_or(0);
+    let mut out = std::io::stdout().lock();
+    match args.output_format {
+        OutputFormat::Json => {
+            let doc = json!({
+                "rw": format!("{:?}", args.rw).to_lowercase(),
+                "bs": args.bs,
+                "dir": root.display().to_string(),
+                "instances": docs,
+                "totals": t.json,
+            });
+            writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        }
+        OutputFormat::Normal => print_instances(&mut out, &docs, &t, n)?,
+    }
+    drop(out);
+    if !failed.is_empty() {
+        return Err(format!("{} instances failed: {}", failed.len(), failed.join("; ")).into());
+    }
+    if verify_errors > 0 {
+        return Err(format!("{verify_errors} hits held the wrong bytes (verify errors)").into());
+    }
+    Ok(())
+}
+
+/// Starts the `n` children on `root`, each with this run's options, shared, reporting JSON,
+/// and all with the same start time.
+fn spawn_instances(root: &Path, n: usize) -> Result<Vec<Child>, BoxError> {
     let exe = std::env::current_exe()?;
     let start_at = now_ms() + START_DELAY.as_millis() as u64;
     let base = child_args();
@@ -98,7 +130,7 @@ pub(crate) fn run_instances(args: &Args, n: usize) -> Result<(), BoxError> {
         let child = Command::new(&exe)
             .args(&base)
             .arg("--dir")
-            .arg(&root)
+            .arg(root)
             .args([
                 "--sharing",
                 "shared",
@@ -115,7 +147,13 @@ pub(crate) fn run_instances(args: &Args, n: usize) -> Result<(), BoxError> {
             .map_err(|e| format!("cannot start instance {i} ({}): {e}", exe.display()))?;
         children.push(child);
     }
-    let mut docs = Vec::with_capacity(n);
+    Ok(children)
+}
+
+/// Waits for every child: its JSON report with its pid and status, and a line for each
+/// child that failed or reported nothing readable.
+fn wait_for_instances(children: Vec<Child>) -> Result<(Vec<Value>, Vec<String>), BoxError> {
+    let mut docs = Vec::with_capacity(children.len());
     let mut failed = Vec::new();
     for (i, c) in children.into_iter().enumerate() {
         let pid = c.id();
@@ -131,89 +169,100 @@ pub(crate) fn run_instances(args: &Args, n: usize) -> Result<(), BoxError> {
             "result": doc.unwrap_or(Value::Null),
         }));
     }
-    let sum = |f: &dyn Fn(&Value) -> Option<f64>| -> f64 {
-        docs.iter().filter_map(|d| f(&d["result"])).sum::<f64>()
-    };
-    let num = |v: &Value, path: &[&str]| -> Option<f64> {
-        let mut v = v;
-        for p in path {
-            v = v.get(p)?;
-        }
-        v.as_f64()
-    };
-    let max_elapsed = docs
-        .iter()
-        .filter_map(|d| num(&d["result"], &["elapsed_s"]))
-        .fold(0.0f64, f64::max)
-        .max(1e-9);
-    let read_bytes = sum(&|r| num(r, &["read", "io_bytes"]));
-    let write_bytes = sum(&|r| num(r, &["write", "io_bytes"]));
-    let totals = json!({
-        "instances": n,
-        "hits": sum(&|r| num(r, &["hits"])) as u64,
-        "misses": sum(&|r| num(r, &["misses"])) as u64,
-        "errors": sum(&|r| num(r, &["errors"])) as u64,
-        "verify_errors": sum(&|r| num(r, &["verify_errors"])) as u64,
-        "ops": sum(&|r| num(r, &["ops"])) as u64,
-        "read_bytes": read_bytes as u64,
-        "write_bytes": write_bytes as u64,
-        "elapsed_s": max_elapsed,
-        "read_bw_bytes_per_sec": read_bytes / max_elapsed,
-        "write_bw_bytes_per_sec": write_bytes / max_elapsed,
-        "tree_hits": sum(&|r| num(r, &["store", "tree_hits"])) as u64,
-        "published_by_others": sum(&|r| num(r, &["store", "published_by_others"])) as u64,
-        "failed_instances": failed.len(),
-    });
-    let verify_errors = totals["verify_errors"].as_u64().unwrap_or(0);
-    let mut out = std::io::stdout().lock();
-    match args.output_format {
-        OutputFormat::Json => {
-            let doc = json!({
-                "rw": format!("{:?}", args.rw).to_lowercase(),
-                "bs": args.bs,
-                "dir": root.display().to_string(),
-                "instances": docs,
-                "totals": totals,
-            });
-            writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
-        }
-        OutputFormat::Normal => {
-            for d in &docs {
-                let r = &d["result"];
-                writeln!(
-                    out,
-                    "instance {} (pid {}): ops={} hits={} misses={} errors={} verify-errors={} read={:.1} MiB/s write={:.1} MiB/s tree-hits={} published-by-others={}",
-                    d["instance"],
-                    d["pid"],
-                    r["ops"],
-                    r["hits"],
-                    r["misses"],
-                    r["errors"],
-                    r["verify_errors"],
-                    num(r, &["read", "bw_bytes_per_sec"]).unwrap_or(0.0) / 1048576.0,
-                    num(r, &["write", "bw_bytes_per_sec"]).unwrap_or(0.0) / 1048576.0,
-                    r["store"]["tree_hits"],
-                    r["store"]["published_by_others"],
-                )?;
-            }
-            writeln!(
-                out,
-                "total: {n} instances hits={} misses={} errors={} verify-errors={} read={:.1} MiB/s write={:.1} MiB/s",
-                totals["hits"],
-                totals["misses"],
-                totals["errors"],
-                verify_errors,
-                read_bytes / max_elapsed / 1048576.0,
-                write_bytes / max_elapsed / 1048576.0,
-            )?;
+    Ok((docs, failed))
+}
+
+/// The number at `path` in a report, if there is one.
+fn num(v: &Value, path: &[&str]) -> Option<f64> {
+    let mut v = v;
+    for p in path {
+        v = v.get(p)?;
+    }
+    v.as_f64()
+}
+
+/// The instances' figures summed.
+struct Totals {
+    /// As the JSON report gives them.
+    json: Value,
+    read_bytes: f64,
+    write_bytes: f64,
+    /// The longest instance's run, seconds.
+    max_elapsed: f64,
+}
+
+impl Totals {
+    /// Sums the reports `docs` of `n` instances, `failed` of which failed.
+    fn of(docs: &[Value], n: usize, failed: usize) -> Totals {
+        let sum = |f: &dyn Fn(&Value) -> Option<f64>| -> f64 {
+            docs.iter().filter_map(|d| f(&d["result"])).sum::<f64>()
+        };
+        let max_elapsed = docs
+            .iter()
+            .filter_map(|d| num(&d["result"], &["elapsed_s"]))
+            .fold(0.0f64, f64::max)
+            .max(1e-9);
+        let read_bytes = sum(&|r| num(r, &["read", "io_bytes"]));
+        let write_bytes = sum(&|r| num(r, &["write", "io_bytes"]));
+        let json = json!({
+            "instances": n,
+            "hits": sum(&|r| num(r, &["hits"])) as u64,
+            "misses": sum(&|r| num(r, &["misses"])) as u64,
+            "errors": sum(&|r| num(r, &["errors"])) as u64,
+            "verify_errors": sum(&|r| num(r, &["verify_errors"])) as u64,
+            "ops": sum(&|r| num(r, &["ops"])) as u64,
+            "read_bytes": read_bytes as u64,
+            "write_bytes": write_bytes as u64,
+            "elapsed_s": max_elapsed,
+            "read_bw_bytes_per_sec": read_bytes / max_elapsed,
+            "write_bw_bytes_per_sec": write_bytes / max_elapsed,
+            "tree_hits": sum(&|r| num(r, &["store", "tree_hits"])) as u64,
+            "published_by_others": sum(&|r| num(r, &["store", "published_by_others"])) as u64,
+            "failed_instances": failed,
+        });
+        Totals {
+            json,
+            read_bytes,
+            write_bytes,
+            max_elapsed,
         }
     }
-    drop(out);
-    if !failed.is_empty() {
-        return Err(format!("{} instances failed: {}", failed.len(), failed.join("; ")).into());
+}
+
+/// The text report: a line per instance, then the totals.
+fn print_instances(
+    out: &mut impl Write,
+    docs: &[Value],
+    t: &Totals,
+    n: usize,
+) -> std::io::Result<()> {
+    for d in docs {
+        let r = &d["result"];
+        writeln!(
+            out,
+            "instance {} (pid {}): ops={} hits={} misses={} errors={} verify-errors={} read={:.1} MiB/s write={:.1} MiB/s tree-hits={} published-by-others={}",
+            d["instance"],
+            d["pid"],
+            r["ops"],
+            r["hits"],
+            r["misses"],
+            r["errors"],
+            r["verify_errors"],
+            num(r, &["read", "bw_bytes_per_sec"]).unwrap_or(0.0) / 1048576.0,
+            num(r, &["write", "bw_bytes_per_sec"]).unwrap_or(0.0) / 1048576.0,
+            r["store"]["tree_hits"],
+            r["store"]["published_by_others"],
+        )?;
     }
-    if verify_errors > 0 {
-        return Err(format!("{verify_errors} hits held the wrong bytes (verify errors)").into());
-    }
-    Ok(())
+    let totals = &t.json;
+    writeln!(
+        out,
+        "total: {n} instances hits={} misses={} errors={} verify-errors={} read={:.1} MiB/s write={:.1} MiB/s",
+        totals["hits"],
+        totals["misses"],
+        totals["errors"],
+        totals["verify_errors"].as_u64().unwrap_or(0),
+        t.read_bytes / t.max_elapsed / 1048576.0,
+        t.write_bytes / t.max_elapsed / 1048576.0,
+    )
 }
