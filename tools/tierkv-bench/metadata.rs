@@ -114,6 +114,8 @@ pub(crate) fn scale(
     Ok(())
 }
 
+/// One depth's phases on a fresh tree in `dir`: create, rebuild, lookup, read and (with
+/// `--invalidate`) cold read.
 fn one_depth(
     args: &Args,
     dir: &Path,
@@ -122,7 +124,6 @@ fn one_depth(
     bs: usize,
     nblocks: u64,
 ) -> Result<DepthRow, BoxError> {
-    let jobs = args.numjobs;
     let keys_of = |store: &Store| -> Vec<BlockKey> {
         (0..nblocks)
             .map(|i| store.key(block_hash(args.worker.as_str(), i)))
@@ -132,35 +133,12 @@ fn one_depth(
 
     let store = Store::open(dir, args.worker.clone(), config.clone())?;
     let keys = keys_of(&store);
-    let (create, t) = timed(jobs, |j| {
-        let (a, b) = split(keys.len(), j, jobs);
-        let mut tally = Tally::default();
-        let mut datas: Vec<Vec<u8>> = (0..args.batch).map(|_| vec![0x5Au8; bs]).collect();
-        for (c, chunk) in keys[a..b].chunks(args.batch).enumerate() {
-            if crate::interrupted() {
-                break;
-            }
-            let first = (a + c * args.batch) as u64;
-            for (i, d) in datas.iter_mut().enumerate().take(chunk.len()) {
-                fill_block(d, &chunk[i].hash, first + i as u64, 1);
-            }
-            let items: Vec<(BlockKey, &[u8])> = chunk
-                .iter()
-                .cloned()
-                .zip(datas.iter().map(Vec::as_slice))
-                .collect();
-            for r in store.put_many(&items) {
-                match r {
-                    Ok(()) => tally.ok += 1,
-                    Err(e) => {
-                        tally.errors += 1;
-                        tracing::warn!(error = %e, "put failed");
-                    }
-                }
-            }
-        }
-        tally
-    });
+    let phases = Phases {
+        args,
+        keys: &keys,
+        bs,
+    };
+    let (create, t) = phases.create(&store);
     bad.add(&Tally {
         ok: 0,
         ..t.visited("create", nblocks)?
@@ -172,34 +150,114 @@ fn one_depth(
     let rebuild = start.elapsed();
     let rebuilt_blocks = store.stats().blocks_at_open;
 
-    let (lookup, t) = timed(jobs, |j| {
-        let mut tally = Tally::default();
-        let order = shuffled(keys.len(), 0);
-        let (a, b) = split(order.len(), j, jobs);
-        for chunk in order[a..b].chunks(args.batch) {
-            if crate::interrupted() {
-                break;
-            }
-            let batch: Vec<BlockKey> = chunk.iter().map(|&i| keys[i].clone()).collect();
-            for r in store.contains_many(&batch) {
-                match r {
-                    Ok(true) => tally.ok += 1,
-                    Ok(false) => tally.missing += 1,
-                    Err(e) => {
-                        tally.errors += 1;
-                        tracing::warn!(error = %e, "lookup failed");
-                    }
-                }
-            }
-        }
-        tally
-    });
+    let (lookup, t) = phases.lookup(&store);
     bad.add(&Tally {
         ok: 0,
         ..t.visited("lookup", nblocks)?
     });
+    let (read, t) = phases.read(&store, 1000);
+    bad.add(&Tally {
+        ok: 0,
+        ..t.visited("read", nblocks)?
+    });
+    let cold_read = if args.invalidate {
+        drop_caches()?;
+        let (d, t) = phases.read(&store, 2000);
+        bad.add(&Tally {
+            ok: 0,
+            ..t.visited("cold read", nblocks)?
+        });
+        Some(d)
+    } else {
+        None
+    };
+    Ok(DepthRow {
+        layout,
+        create,
+        rebuild,
+        rebuilt_blocks,
+        lookup,
+        read,
+        cold_read,
+        bad,
+    })
+}
 
-    let read_all = |seed: usize| {
+/// The timed phases of one depth, each on `--numjobs` threads over every block.
+struct Phases<'a> {
+    args: &'a Args,
+    keys: &'a [BlockKey],
+    bs: usize,
+}
+
+impl Phases<'_> {
+    /// `put_many` of every block, the jobs splitting them.
+    fn create(&self, store: &Store) -> (Duration, Tally) {
+        let (args, keys, bs) = (self.args, self.keys, self.bs);
+        let jobs = args.numjobs;
+        timed(jobs, |j| {
+            let (a, b) = split(keys.len(), j, jobs);
+            let mut tally = Tally::default();
+            let mut datas: Vec<Vec<u8>> = (0..args.batch).map(|_| vec![0x5Au8; bs]).collect();
+            for (c, chunk) in keys[a..b].chunks(args.batch).enumerate() {
+                if crate::interrupted() {
+                    break;
+                }
+                let first = (a + c * args.batch) as u64;
+                for (i, d) in datas.iter_mut().enumerate().take(chunk.len()) {
+                    fill_block(d, &chunk[i].hash, first + i as u64, 1);
+                }
+                let items: Vec<(BlockKey, &[u8])> = chunk
+                    .iter()
+                    .cloned()
+                    .zip(datas.iter().map(Vec::as_slice))
+                    .collect();
+                for r in store.put_many(&items) {
+                    match r {
+                        Ok(()) => tally.ok += 1,
+                        Err(e) => {
+                            tally.errors += 1;
+                            tracing::warn!(error = %e, "put failed");
+                        }
+                    }
+                }
+            }
+            tally
+        })
+    }
+
+    /// `contains_many` of every block in random order.
+    fn lookup(&self, store: &Store) -> (Duration, Tally) {
+        let (args, keys) = (self.args, self.keys);
+        let jobs = args.numjobs;
+        timed(jobs, |j| {
+            let mut tally = Tally::default();
+            let order = shuffled(keys.len(), 0);
+            let (a, b) = split(order.len(), j, jobs);
+            for chunk in order[a..b].chunks(args.batch) {
+                if crate::interrupted() {
+                    break;
+                }
+                let batch: Vec<BlockKey> = chunk.iter().map(|&i| keys[i].clone()).collect();
+                for r in store.contains_many(&batch) {
+                    match r {
+                        Ok(true) => tally.ok += 1,
+                        Ok(false) => tally.missing += 1,
+                        Err(e) => {
+                            tally.errors += 1;
+                            tracing::warn!(error = %e, "lookup failed");
+                        }
+                    }
+                }
+            }
+            tally
+        })
+    }
+
+    /// `get_many` of every block in a random order drawn from `seed`.
+    fn read(&self, store: &Store, seed: usize) -> (Duration, Tally) {
+        let (args, keys, bs) = (self.args, self.keys, self.bs);
+        let jobs = args.numjobs;
         timed(jobs, |j| {
             let mut tally = Tally::default();
             let mut bufs: Vec<AlignedBuf> =
@@ -227,33 +285,7 @@ fn one_depth(
             }
             tally
         })
-    };
-    let (read, t) = read_all(1000);
-    bad.add(&Tally {
-        ok: 0,
-        ..t.visited("read", nblocks)?
-    });
-    let cold_read = if args.invalidate {
-        drop_caches()?;
-        let (d, t) = read_all(2000);
-        bad.add(&Tally {
-            ok: 0,
-            ..t.visited("cold read", nblocks)?
-        });
-        Some(d)
-    } else {
-        None
-    };
-    Ok(DepthRow {
-        layout,
-        create,
-        rebuild,
-        rebuilt_blocks,
-        lookup,
-        read,
-        cold_read,
-        bad,
-    })
+    }
 }
 
 /// Job `j` of `n`'s share of `len` items.
