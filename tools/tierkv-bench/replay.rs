@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tierkv::index::policy::{Oracle, belady::NEVER};
 use tierkv::offload::{FilterKind, OffloadConfig, Offloader, OnClose};
-use tierkv::{BlockHash, BlockKey, Lookup, Store};
+use tierkv::{BlockHash, BlockKey, Lookup, Store, StoreStats};
 
 use crate::common::{BoxError, UsageError};
 use crate::{Args, OutputFormat, fill_block, human_bytes};
@@ -106,14 +106,7 @@ pub(crate) fn replay(
         .map(|f| Offloader::new(store.clone(), OffloadConfig::new().with_filter(f)))
         .transpose()?;
     let reqs = load_trace(trace)?;
-    // Next use of each reference position, for the Belady oracle.
-    let flat: Vec<u64> = reqs.iter().flatten().copied().collect();
-    let mut next = vec![NEVER; flat.len()];
-    let mut last: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
-    for (i, id) in flat.iter().enumerate().rev() {
-        next[i] = last.get(id).copied().unwrap_or(NEVER);
-        last.insert(*id, i as u64);
-    }
+    let next = next_uses(&reqs);
     let longest = reqs.iter().map(Vec::len).max().unwrap_or(0);
     // The longest request's blocks are held at once: a usage error past the memory there is.
     crate::check_memory(&crate::MemoryNeed {
@@ -123,8 +116,14 @@ pub(crate) fn replay(
             human_bytes(bs as f64)
         ),
     })?;
-    let mut bufs: Vec<Vec<u8>> = (0..longest).map(|_| vec![0u8; bs]).collect();
-    let mut data = vec![0xA5u8; bs];
+    let mut rp = Replayer {
+        store,
+        offload,
+        bs,
+        verify_data,
+        bufs: (0..longest).map(|_| vec![0u8; bs]).collect(),
+        data: vec![0xA5u8; bs],
+    };
     let mut run = ReplayRun {
         requests: 0,
         refs: 0,
@@ -154,16 +153,57 @@ pub(crate) fn replay(
         run.requests += 1;
         run.refs += r.len() as u64;
         run.hits += n as u64;
-        for (j, res) in store
-            .get_many(&keys[..n], &mut bufs[..n])
-            .into_iter()
-            .enumerate()
-        {
+        rp.read_prefix(&keys[..n], &r[..n], &mut run);
+        rp.offer_rest(&keys, r, n, &mut run);
+    }
+    if let Some(off) = rp.offload {
+        let s = off.close(OnClose::Write);
+        run.errors += s.failed;
+    }
+    run.elapsed = start.elapsed();
+    run.ended_unix_ms = unix_ms();
+    Ok(run)
+}
+
+/// The next use of each reference position of the trace (its position in the trace's
+/// references, or [`NEVER`]), for the Belady oracle.
+fn next_uses(reqs: &[Vec<u64>]) -> Vec<u64> {
+    let flat: Vec<u64> = reqs.iter().flatten().copied().collect();
+    let mut next = vec![NEVER; flat.len()];
+    let mut last: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    for (i, id) in flat.iter().enumerate().rev() {
+        next[i] = last.get(id).copied().unwrap_or(NEVER);
+        last.insert(*id, i as u64);
+    }
+    next
+}
+
+/// What a replay reads and writes with: the store, the offloader (with a write filter), the
+/// options and the buffers.
+struct Replayer<'a> {
+    store: &'a Store,
+    offload: Option<Offloader>,
+    bs: usize,
+    verify_data: bool,
+    /// As many as the longest request has blocks.
+    bufs: Vec<Vec<u8>>,
+    /// The payload of a block to write.
+    data: Vec<u8>,
+}
+
+impl Replayer<'_> {
+    /// Reads a request's present prefix (`keys`, of trace ids `ids`), counting misses and
+    /// errors (`--verify-data`: checking every hit's bytes).
+    fn read_prefix(&mut self, keys: &[BlockKey], ids: &[u64], run: &mut ReplayRun) {
+        let (store, bs) = (self.store, self.bs);
+        let n = keys.len();
+        let bufs = &mut self.bufs[..n];
+        for (j, res) in store.get_many(keys, bufs).into_iter().enumerate() {
             match res {
-                Ok(Lookup::Hit(len)) if verify_data => {
+                Ok(Lookup::Hit(len)) if self.verify_data => {
                     // Written once per trace id (generation 1), or by an earlier replay.
                     let checked = if len == bs {
-                        crate::verify::check(&bufs[j][..len], &keys[j].hash, r[j]).map(|_| ())
+                        crate::verify::check(&bufs[j][..len], &keys[j].hash, ids[j]).map(|_| ())
                     } else {
                         Err(format!("{len} bytes, not {bs}"))
                     };
@@ -171,7 +211,7 @@ pub(crate) fn replay(
                         run.verify_errors += 1;
                         tracing::error!(
                             path = %store.path_of(&keys[j].hash).display(),
-                            block = r[j],
+                            block = ids[j],
                             "verify-data: {why}"
                         );
                     }
@@ -184,36 +224,52 @@ pub(crate) fn replay(
                 }
             }
         }
+    }
+
+    /// Offers the blocks of a request (`keys`, of trace ids `ids`) after its present prefix
+    /// of `n`, in one batch: to the store, or through the offloader (flushed).
+    fn offer_rest(&mut self, keys: &[BlockKey], ids: &[u64], n: usize, run: &mut ReplayRun) {
+        let data = &mut self.data;
         let items: Vec<(BlockKey, Vec<u8>)> = keys[n..]
             .iter()
-            .zip(&r[n..])
+            .zip(&ids[n..])
             .map(|(k, id)| {
-                fill_block(&mut data, &k.hash, *id, 1);
+                fill_block(data, &k.hash, *id, 1);
                 (k.clone(), data.clone())
             })
             .collect();
         let parent = n.checked_sub(1).map(|i| &keys[i]);
-        if let Some(off) = &offload {
+        if let Some(off) = &self.offload {
             off.offer(parent, items);
             off.flush();
-            continue;
+            return;
         }
-        for res in store.offer_many_after(parent, &items) {
+        for res in self.store.offer_many_after(parent, &items) {
             if let Err(e) = res {
                 run.errors += 1;
                 tracing::warn!(error = %e, "replay put failed");
             }
         }
     }
-    if let Some(off) = offload {
-        let s = off.close(OnClose::Write);
-        run.errors += s.failed;
-    }
-    run.elapsed = start.elapsed();
-    run.ended_unix_ms = unix_ms();
-    Ok(run)
 }
 
+impl ReplayRun {
+    /// The replay's time, seconds (never 0).
+    fn secs(&self) -> f64 {
+        self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// The fraction of the block references that hit.
+    fn hit_ratio(&self) -> f64 {
+        if self.refs > 0 {
+            self.hits as f64 / self.refs as f64
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Prints the replay's report; fails where `--verify-data` found blocks that were not theirs.
 pub(crate) fn report_replay(
     args: &Args,
     store: &Store,
@@ -221,92 +277,13 @@ pub(crate) fn report_replay(
     r: &ReplayRun,
 ) -> Result<(), BoxError> {
     let s = store.stats();
-    let secs = r.elapsed.as_secs_f64().max(1e-9);
-    let hit_ratio = if r.refs > 0 {
-        r.hits as f64 / r.refs as f64
-    } else {
-        0.0
-    };
     let mut out = std::io::stdout().lock();
     match args.output_format {
         OutputFormat::Json => {
-            let doc = json!({
-                "rw": "replay",
-                "trace": args.trace.as_ref().map(|p| p.display().to_string()),
-                "policy": store.policy_name(),
-                "bs": args.bs,
-                "capacity_bytes": s.capacity_bytes,
-                "capacity_blocks": s.capacity_files,
-                "requests": r.requests,
-                "refs": r.refs,
-                "hits": r.hits,
-                "hit_ratio": hit_ratio,
-                "read_misses": r.read_misses,
-                "errors": r.errors,
-                "verify_errors": r.verify_errors,
-                "bytes_written": s.bytes_written,
-                "bytes_read": s.bytes_read,
-                "evictions": s.evictions,
-                "not_admitted": s.not_admitted,
-                "write_filter": s.offload.as_ref().map(|o| o.filter.clone()),
-                "offload": s.offload,
-                "elapsed_s": secs,
-                "started_unix_ms": r.started_unix_ms,
-                "ended_unix_ms": r.ended_unix_ms,
-                "requests_per_sec": r.requests as f64 / secs,
-                "blocks_per_sec": r.refs as f64 / secs,
-                "dir": root.display().to_string(),
-                "store": s,
-            });
+            let doc = replay_json(args, store, root, r, &s);
             writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
         }
-        OutputFormat::Normal => {
-            writeln!(
-                out,
-                "tierkv-bench: rw=replay policy={} bs={} capacity={} engine={}",
-                store.policy_name(),
-                human_bytes(args.bs as f64),
-                match (s.capacity_files, s.capacity_bytes) {
-                    (Some(f), _) => format!("{f} blocks"),
-                    (None, Some(b)) => human_bytes(b as f64),
-                    (None, None) => "unbounded".into(),
-                },
-                store.engine_name()
-            )?;
-            writeln!(
-                out,
-                "  replay: {} requests, {} block references in {:.2}s ({:.0} requests/s, {:.0} blocks/s)",
-                r.requests,
-                r.refs,
-                secs,
-                r.requests as f64 / secs,
-                r.refs as f64 / secs
-            )?;
-            writeln!(
-                out,
-                "  hit ratio={hit_ratio:.4} hits={} read-misses={} errors={} verify-errors={}",
-                r.hits, r.read_misses, r.errors, r.verify_errors
-            )?;
-            writeln!(
-                out,
-                "  written={} read={} evictions={} not-admitted={}",
-                human_bytes(s.bytes_written as f64),
-                human_bytes(s.bytes_read as f64),
-                s.evictions,
-                s.not_admitted
-            )?;
-            if let Some(o) = &s.offload {
-                writeln!(
-                    out,
-                    "  write filter={}: offered={} written={} filtered={} deduped={}",
-                    o.filter,
-                    o.offered,
-                    o.written,
-                    o.dropped_filtered,
-                    o.deduped_present + o.deduped_queued
-                )?;
-            }
-        }
+        OutputFormat::Normal => replay_text(&mut out, args, store, r, &s)?,
     }
     if r.verify_errors > 0 {
         return Err(format!(
@@ -315,6 +292,106 @@ pub(crate) fn report_replay(
             r.verify_errors
         )
         .into());
+    }
+    Ok(())
+}
+
+/// The JSON report of a replay, with the store's counters `s`.
+fn replay_json(
+    args: &Args,
+    store: &Store,
+    root: &std::path::Path,
+    r: &ReplayRun,
+    s: &StoreStats,
+) -> serde_json::Value {
+    let secs = r.secs();
+    json!({
+        "rw": "replay",
+        "trace": args.trace.as_ref().map(|p| p.display().to_string()),
+        "policy": store.policy_name(),
+        "bs": args.bs,
+        "capacity_bytes": s.capacity_bytes,
+        "capacity_blocks": s.capacity_files,
+        "requests": r.requests,
+        "refs": r.refs,
+        "hits": r.hits,
+        "hit_ratio": r.hit_ratio(),
+        "read_misses": r.read_misses,
+        "errors": r.errors,
+        "verify_errors": r.verify_errors,
+        "bytes_written": s.bytes_written,
+        "bytes_read": s.bytes_read,
+        "evictions": s.evictions,
+        "not_admitted": s.not_admitted,
+        "write_filter": s.offload.as_ref().map(|o| o.filter.clone()),
+        "offload": s.offload,
+        "elapsed_s": secs,
+        "started_unix_ms": r.started_unix_ms,
+        "ended_unix_ms": r.ended_unix_ms,
+        "requests_per_sec": r.requests as f64 / secs,
+        "blocks_per_sec": r.refs as f64 / secs,
+        "dir": root.display().to_string(),
+        "store": s,
+    })
+}
+
+/// The text report of a replay, with the store's counters `s`.
+fn replay_text(
+    out: &mut impl Write,
+    args: &Args,
+    store: &Store,
+    r: &ReplayRun,
+    s: &StoreStats,
+) -> std::io::Result<()> {
+    let secs = r.secs();
+    writeln!(
+        out,
+        "tierkv-bench: rw=replay policy={} bs={} capacity={} engine={}",
+        store.policy_name(),
+        human_bytes(args.bs as f64),
+        match (s.capacity_files, s.capacity_bytes) {
+            (Some(f), _) => format!("{f} blocks"),
+            (None, Some(b)) => human_bytes(b as f64),
+            (None, None) => "unbounded".into(),
+        },
+        store.engine_name()
+    )?;
+    writeln!(
+        out,
+        "  replay: {} requests, {} block references in {:.2}s ({:.0} requests/s, {:.0} blocks/s)",
+        r.requests,
+        r.refs,
+        secs,
+        r.requests as f64 / secs,
+        r.refs as f64 / secs
+    )?;
+    writeln!(
+        out,
+        "  hit ratio={:.4} hits={} read-misses={} errors={} verify-errors={}",
+        r.hit_ratio(),
+        r.hits,
+        r.read_misses,
+        r.errors,
+        r.verify_errors
+    )?;
+    writeln!(
+        out,
+        "  written={} read={} evictions={} not-admitted={}",
+        human_bytes(s.bytes_written as f64),
+        human_bytes(s.bytes_read as f64),
+        s.evictions,
+        s.not_admitted
+    )?;
+    if let Some(o) = &s.offload {
+        writeln!(
+            out,
+            "  write filter={}: offered={} written={} filtered={} deduped={}",
+            o.filter,
+            o.offered,
+            o.written,
+            o.dropped_filtered,
+            o.deduped_present + o.deduped_queued
+        )?;
     }
     Ok(())
 }
