@@ -826,6 +826,7 @@ fn corrupt_text(verified: bool, n: u64) -> String {
     }
 }
 
+/// The text report: the totals, then each worker's section.
 fn print_text(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
     writeln!(
         out,
@@ -833,10 +834,9 @@ fn print_text(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
         r.root.display(),
         r.format_version
     )?;
-    let corrupt = |n: u64| format!("corrupt {}", corrupt_text(r.verified, n));
     writeln!(
         out,
-        "total: {} block files, {} on disk; temp {}, foreign {}, symlinks {}, misplaced {}, bad header {}, {}{}",
+        "total: {} block files, {} on disk; temp {}, foreign {}, symlinks {}, misplaced {}, bad header {}, corrupt {}{}",
         r.files,
         human(r.bytes),
         r.temp,
@@ -844,7 +844,7 @@ fn print_text(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
         r.symlinks,
         r.misplaced,
         r.bad_header,
-        corrupt(r.corrupt),
+        corrupt_text(r.verified, r.corrupt),
         if r.errors > 0 {
             format!("; {} errors", r.errors)
         } else {
@@ -853,91 +853,109 @@ fn print_text(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
     )?;
     for (w, wr) in &r.workers {
         writeln!(out)?;
-        let cap = match (wr.capacity_bytes, wr.capacity_files) {
-            (Some(c), _) => format!(
-                ", capacity {} ({:.0}% used)",
-                human(c),
-                100.0 * wr.bytes as f64 / c.max(1) as f64
-            ),
-            (None, Some(f)) => format!(
-                ", capacity {f} files ({:.0}% used)",
-                100.0 * wr.files as f64 / f.max(1) as f64
-            ),
-            _ => String::new(),
-        };
+        print_worker_head(out, w, wr)?;
+        print_worker_tree(out, wr, r.verified)?;
+    }
+    Ok(())
+}
+
+/// A worker's first lines: its files against its capacity, its layout, and the stores that
+/// use it.
+fn print_worker_head(out: &mut impl Write, w: &str, wr: &WorkerReport) -> std::io::Result<()> {
+    let cap = match (wr.capacity_bytes, wr.capacity_files) {
+        (Some(c), _) => format!(
+            ", capacity {} ({:.0}% used)",
+            human(c),
+            100.0 * wr.bytes as f64 / c.max(1) as f64
+        ),
+        (None, Some(f)) => format!(
+            ", capacity {f} files ({:.0}% used)",
+            100.0 * wr.files as f64 / f.max(1) as f64
+        ),
+        _ => String::new(),
+    };
+    writeln!(
+        out,
+        "worker {w}: {} files, {} on disk ({} payload){cap}{}",
+        wr.files,
+        human(wr.bytes),
+        human(wr.payload_bytes),
+        if wr.live { ", store running" } else { "" }
+    )?;
+    writeln!(
+        out,
+        "  layout: {}",
+        wr.layout.as_deref().unwrap_or("none (no LAYOUT file)")
+    )?;
+    if let Some(m) = &wr.sharing {
+        writeln!(out, "  mode: {m}")?;
+    }
+    for i in &wr.instances {
         writeln!(
             out,
-            "worker {w}: {} files, {} on disk ({} payload){cap}{}",
-            wr.files,
-            human(wr.bytes),
-            human(wr.payload_bytes),
-            if wr.live { ", store running" } else { "" }
+            "  store: pid {} on {} (node {}), {}, {}",
+            i.pid,
+            if i.host.is_empty() { "?" } else { &i.host },
+            if i.node.is_empty() { "?" } else { &i.node },
+            i.sharing,
+            if i.live { "running" } else { "not running" }
         )?;
+    }
+    if let Some(l) = &wr.ledger {
         writeln!(
             out,
-            "  layout: {}",
-            wr.layout.as_deref().unwrap_or("none (no LAYOUT file)")
+            "  shared usage (ledger): {} in {} files",
+            human(l.bytes),
+            l.files
         )?;
-        if let Some(m) = &wr.sharing {
-            writeln!(out, "  mode: {m}")?;
-        }
-        for i in &wr.instances {
-            writeln!(
-                out,
-                "  store: pid {} on {} (node {}), {}, {}",
-                i.pid,
-                if i.host.is_empty() { "?" } else { &i.host },
-                if i.node.is_empty() { "?" } else { &i.node },
-                i.sharing,
-                if i.live { "running" } else { "not running" }
-            )?;
-        }
-        if let Some(l) = &wr.ledger {
-            writeln!(
-                out,
-                "  shared usage (ledger): {} in {} files",
-                human(l.bytes),
-                l.files
-            )?;
-        }
-        let sb = &wr.shard_balance;
-        writeln!(
-            out,
-            "  shard balance: {} leaf dirs, files per leaf min {} avg {:.1} max {}",
-            sb.leaf_dirs, sb.min, sb.avg, sb.max
-        )?;
-        let hist = |m: &[Bucket]| {
-            m.iter()
-                .filter(|b| b.count > 0)
-                .map(|b| format!("{} {}", b.bucket, b.count))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        writeln!(out, "    leaves by files: {}", hist(&sb.histogram))?;
-        writeln!(out, "  block sizes: {}", hist(&wr.block_sizes))?;
-        writeln!(out, "  last use: {}", hist(&wr.ages))?;
-        writeln!(
-            out,
-            "  temp {}, foreign {}, symlinks {}, misplaced {}, bad header {}, {}",
-            wr.temp,
-            wr.foreign,
-            wr.symlinks,
-            wr.misplaced.len(),
-            wr.bad_header.len(),
-            corrupt(wr.corrupt.len() as u64)
-        )?;
-        for p in wr.bad_header.iter().chain(&wr.corrupt) {
-            writeln!(out, "    bad: {}", p.display())?;
-        }
-        for p in &wr.misplaced {
-            writeln!(out, "    misplaced: {}", p.display())?;
-        }
-        for e in &wr.errors {
-            writeln!(out, "    error: {}: {}", e.path.display(), e.error)?;
-        }
-        if wr.removed > 0 {
-            writeln!(out, "  repaired: removed {} files", wr.removed)?;
-        }
+    }
+    Ok(())
+}
+
+/// A worker's tree: shard balance, block sizes, ages, what is not a good block file (each
+/// bad, misplaced or unreadable one by path), and what a repair removed.
+fn print_worker_tree(
+    out: &mut impl Write,
+    wr: &WorkerReport,
+    verified: bool,
+) -> std::io::Result<()> {
+    let sb = &wr.shard_balance;
+    writeln!(
+        out,
+        "  shard balance: {} leaf dirs, files per leaf min {} avg {:.1} max {}",
+        sb.leaf_dirs, sb.min, sb.avg, sb.max
+    )?;
+    let hist = |m: &[Bucket]| {
+        m.iter()
+            .filter(|b| b.count > 0)
+            .map(|b| format!("{} {}", b.bucket, b.count))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    writeln!(out, "    leaves by files: {}", hist(&sb.histogram))?;
+    writeln!(out, "  block sizes: {}", hist(&wr.block_sizes))?;
+    writeln!(out, "  last use: {}", hist(&wr.ages))?;
+    writeln!(
+        out,
+        "  temp {}, foreign {}, symlinks {}, misplaced {}, bad header {}, corrupt {}",
+        wr.temp,
+        wr.foreign,
+        wr.symlinks,
+        wr.misplaced.len(),
+        wr.bad_header.len(),
+        corrupt_text(verified, wr.corrupt.len() as u64)
+    )?;
+    for p in wr.bad_header.iter().chain(&wr.corrupt) {
+        writeln!(out, "    bad: {}", p.display())?;
+    }
+    for p in &wr.misplaced {
+        writeln!(out, "    misplaced: {}", p.display())?;
+    }
+    for e in &wr.errors {
+        writeln!(out, "    error: {}: {}", e.path.display(), e.error)?;
+    }
+    if wr.removed > 0 {
+        writeln!(out, "  repaired: removed {} files", wr.removed)?;
     }
     Ok(())
 }
