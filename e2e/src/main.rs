@@ -16,6 +16,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use candle_core::Device;
+use candle_transformers::models::llama2_c::{Config, Llama};
 use clap::Parser;
 use engine_e2e::{
     BoxError, KV_LAYOUT_VERSION, KvLayout, ModelSize, argmax, build_model, forward_last, greedy,
@@ -23,7 +24,7 @@ use engine_e2e::{
 };
 use serde_json::{Value, json};
 use tierkv::offload::{OffloadConfig, Offloader, OnClose, Outcome};
-use tierkv::{BlockHash, Lookup, Store, StoreConfig, WorkerId};
+use tierkv::{BlockHash, Lookup, Store, StoreConfig, StoreStats, WorkerId};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Role {
@@ -209,33 +210,14 @@ fn second(args: &Args) -> Result<Value, BoxError> {
     let layout = KvLayout::of(&cfg, args.block_tokens);
     let (_, r2) = prompts(args, cfg.vocab_size);
     let dir = args.dir.as_ref().ok_or("--role second needs --dir")?;
-
-    // Warm the model's code paths (allocations, thread pool) on a short unrelated prompt.
-    let mut warm = new_cache(&cfg, &dev)?;
-    forward_last(
-        &model,
-        &mut warm,
-        &tokens(args.seed + 9, 16, cfg.vocab_size),
-        0,
-        &dev,
-    )?;
-    drop(warm);
-
-    // The reference: the whole prompt, no cache.
-    let mut cache = new_cache(&cfg, &dev)?;
-    let t = Instant::now();
-    let cold_logits = forward_last(&model, &mut cache, &r2, 0, &dev)?;
-    let cold_first = argmax(&cold_logits);
-    let ttft_cold_ms = ms(t);
-    let cold_cont = greedy(
-        &model,
-        &mut cache,
-        cold_first,
-        r2.len(),
-        args.continuation,
-        &dev,
-    )?;
-    drop(cache);
+    let engine = Engine {
+        args,
+        cfg: &cfg,
+        model: &model,
+        dev: &dev,
+    };
+    engine.warm_up()?;
+    let cold = engine.cold(&r2)?;
 
     if args.invalidate {
         invalidate(&dir.join("v1"))?;
@@ -246,15 +228,140 @@ fn second(args: &Args) -> Result<Value, BoxError> {
         StoreConfig::default().with_direct_io(args.direct),
     )?;
     let before = store.stats();
+    let cached = engine.cached(&store, &layout, &r2)?;
+    let after = store.stats();
+    Ok(compare(&cold, &cached, &before, &after))
+}
 
-    // With the cache: the prefix from tierkv, the rest prefilled.
-    let t = Instant::now();
-    let keys: Vec<_> = BlockHash::chain_all(&r2, args.block_tokens)
+/// Request 2's engine: the model, its configuration and device, and the options.
+struct Engine<'a> {
+    args: &'a Args,
+    cfg: &'a Config,
+    model: &'a Llama,
+    dev: &'a Device,
+}
+
+/// A run of request 2: its next-token logits, its first token and continuation, and its
+/// time to the first token.
+struct RunOf2 {
+    logits: Vec<f32>,
+    first: u32,
+    continuation: Vec<u32>,
+    ttft_ms: f64,
+}
+
+/// Request 2 with the cache: the run, what came from tierkv and the time of each step.
+struct CachedRun {
+    run: RunOf2,
+    /// Blocks of the prefix loaded.
+    loaded: usize,
+    /// Tokens of the prefix loaded.
+    pos: usize,
+    load_ms: f64,
+    rebuild_ms: f64,
+    prefill_rest_ms: f64,
+}
+
+impl Engine<'_> {
+    /// Warms the model's code paths (allocations, thread pool) on a short unrelated prompt.
+    fn warm_up(&self) -> Result<(), BoxError> {
+        let (args, cfg) = (self.args, self.cfg);
+        let mut warm = new_cache(cfg, self.dev)?;
+        forward_last(
+            self.model,
+            &mut warm,
+            &tokens(args.seed + 9, 16, cfg.vocab_size),
+            0,
+            self.dev,
+        )?;
+        drop(warm);
+        Ok(())
+    }
+
+    /// The reference: the whole prompt `r2`, no cache.
+    fn cold(&self, r2: &[u32]) -> Result<RunOf2, BoxError> {
+        let (model, dev) = (self.model, self.dev);
+        let mut cache = new_cache(self.cfg, dev)?;
+        let t = Instant::now();
+        let logits = forward_last(model, &mut cache, r2, 0, dev)?;
+        let first = argmax(&logits);
+        let ttft_ms = ms(t);
+        let continuation = greedy(
+            model,
+            &mut cache,
+            first,
+            r2.len(),
+            self.args.continuation,
+            dev,
+        )?;
+        drop(cache);
+        Ok(RunOf2 {
+            logits,
+            first,
+            continuation,
+            ttft_ms,
+        })
+    }
+
+    /// With the cache: the prefix from tierkv, the rest prefilled.
+    fn cached(&self, store: &Store, layout: &KvLayout, r2: &[u32]) -> Result<CachedRun, BoxError> {
+        let (model, dev, block_tokens) = (self.model, self.dev, self.args.block_tokens);
+        let t = Instant::now();
+        let (bufs, loaded) = load_prefix(store, layout, r2, block_tokens)?;
+        let load_ms = ms(t);
+        let t2 = Instant::now();
+        let mut cache = new_cache(self.cfg, dev)?;
+        if loaded > 0 {
+            let refs: Vec<&[u8]> = bufs[..loaded].iter().map(Vec::as_slice).collect();
+            for (slot, kv) in cache.kvs.iter_mut().zip(layout.decode(&refs, dev)?) {
+                *slot = Some(kv);
+            }
+        }
+        let rebuild_ms = ms(t2);
+        let pos = loaded * block_tokens;
+        let t3 = Instant::now();
+        let logits = forward_last(model, &mut cache, &r2[pos..], pos, dev)?;
+        let first = argmax(&logits);
+        let prefill_rest_ms = ms(t3);
+        let ttft_ms = ms(t);
+        let continuation = greedy(
+            model,
+            &mut cache,
+            first,
+            r2.len(),
+            self.args.continuation,
+            dev,
+        )?;
+        Ok(CachedRun {
+            run: RunOf2 {
+                logits,
+                first,
+                continuation,
+                ttft_ms,
+            },
+            loaded,
+            pos,
+            load_ms,
+            rebuild_ms,
+            prefill_rest_ms,
+        })
+    }
+}
+
+/// Loads the longest cached prefix of the prompt `r2` with one `get_many`: the block buffers
+/// and how many of them hold a block.
+fn load_prefix(
+    store: &Store,
+    layout: &KvLayout,
+    r2: &[u32],
+    block_tokens: usize,
+) -> Result<(Vec<Vec<u8>>, usize), BoxError> {
+    let keys: Vec<_> = BlockHash::chain_all(r2, block_tokens)
         .into_iter()
         .map(|h| store.key(h))
         .collect();
     // At least the last token is computed: its logits are the first token's.
-    let usable = (r2.len() - 1) / args.block_tokens;
+    let usable = (r2.len() - 1) / block_tokens;
     let n = store.contains_prefix(&keys[..usable.min(keys.len())])?;
     let mut bufs: Vec<Vec<u8>> = vec![vec![0u8; layout.block_bytes()]; n];
     let mut loaded = 0;
@@ -265,54 +372,36 @@ fn second(args: &Args) -> Result<Value, BoxError> {
             _ => break,
         }
     }
-    let load_ms = ms(t);
-    let t2 = Instant::now();
-    let mut cache = new_cache(&cfg, &dev)?;
-    if loaded > 0 {
-        let refs: Vec<&[u8]> = bufs[..loaded].iter().map(Vec::as_slice).collect();
-        for (slot, kv) in cache.kvs.iter_mut().zip(layout.decode(&refs, &dev)?) {
-            *slot = Some(kv);
-        }
-    }
-    let rebuild_ms = ms(t2);
-    let pos = loaded * args.block_tokens;
-    let t3 = Instant::now();
-    let cached_logits = forward_last(&model, &mut cache, &r2[pos..], pos, &dev)?;
-    let cached_first = argmax(&cached_logits);
-    let prefill_rest_ms = ms(t3);
-    let ttft_cached_ms = ms(t);
-    let cached_cont = greedy(
-        &model,
-        &mut cache,
-        cached_first,
-        r2.len(),
-        args.continuation,
-        &dev,
-    )?;
-    let after = store.stats();
+    Ok((bufs, loaded))
+}
 
-    let max_diff = cold_logits
+/// Request 2's report: the cached run against the reference, and the store's work between
+/// its counters `before` and `after`.
+fn compare(cold: &RunOf2, cached: &CachedRun, before: &StoreStats, after: &StoreStats) -> Value {
+    let c = &cached.run;
+    let max_diff = cold
+        .logits
         .iter()
-        .zip(&cached_logits)
+        .zip(&c.logits)
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
-    let max_abs = cold_logits.iter().map(|a| a.abs()).fold(0.0f32, f32::max);
-    Ok(json!({
-        "continuation_identical": cold_cont == cached_cont,
-        "first_token_identical": cold_first == cached_first,
+    let max_abs = cold.logits.iter().map(|a| a.abs()).fold(0.0f32, f32::max);
+    json!({
+        "continuation_identical": cold.continuation == c.continuation,
+        "first_token_identical": cold.first == c.first,
         "logits_max_abs_diff": max_diff,
         "logits_max_abs": max_abs,
-        "cached_blocks": loaded,
-        "cached_tokens": pos,
-        "ttft_cold_ms": ttft_cold_ms,
-        "ttft_cached_ms": ttft_cached_ms,
-        "load_ms": load_ms,
-        "rebuild_ms": rebuild_ms,
-        "prefill_rest_ms": prefill_rest_ms,
+        "cached_blocks": cached.loaded,
+        "cached_tokens": cached.pos,
+        "ttft_cold_ms": cold.ttft_ms,
+        "ttft_cached_ms": c.ttft_ms,
+        "load_ms": cached.load_ms,
+        "rebuild_ms": cached.rebuild_ms,
+        "prefill_rest_ms": cached.prefill_rest_ms,
         "store_hits": after.hits - before.hits,
         "store_bytes_read": after.bytes_read - before.bytes_read,
-        "continuation": cached_cont,
-    }))
+        "continuation": c.continuation,
+    })
 }
 
 /// Runs request 1, then request 2, each in a child process of its own, and merges what they
