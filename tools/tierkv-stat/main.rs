@@ -649,6 +649,8 @@ impl Visitor for Scan<'_> {
     }
 }
 
+/// Scans one worker's tree: takes the worker lock for repair, reads what its stores say,
+/// walks the tree ([`Scan`]), and sums up what was found.
 fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> WorkerReport {
     let mut wr = WorkerReport::default();
     let ns = match BlockDir::open(&args.dir, worker, false) {
@@ -658,36 +660,8 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
             return wr;
         }
     };
-    // Repair holds the worker lock for the whole scan: no store can open (and write temp
-    // files or publish blocks) meanwhile. A worker whose store is running is not repaired.
     let shared = args.sharing == tierkv::Sharing::Shared;
-    let repair = if args.repair {
-        let locked = if shared {
-            ns.try_lock_shared()
-        } else {
-            ns.try_lock()
-        };
-        match locked {
-            Ok(true) => true,
-            Ok(false) => {
-                let holder = ns.holder();
-                wr.error(
-                    ns.path().to_path_buf(),
-                    format!("in use by a running store ({holder}): not repaired"),
-                );
-                false
-            }
-            Err(e) => {
-                wr.error(
-                    ns.path().to_path_buf(),
-                    format!("could not take the worker lock: {}", io_err(e)),
-                );
-                false
-            }
-        }
-    } else {
-        false
-    };
+    let repair = args.repair && lock_for_repair(&ns, shared, &mut wr);
     // A store holds the lock (an exclusive one: a shared probe fails), or a shared store's
     // stats file is fresh.
     wr.live = (!repair || shared) && ns.is_locked_by_other().unwrap_or(false);
@@ -706,6 +680,57 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
     };
     wr.capacity_bytes = live.as_ref().and_then(|l| l.stats.capacity_bytes);
     wr.capacity_files = live.as_ref().and_then(|l| l.stats.capacity_files);
+    if let Some(layout) = read_layout(&ns, &mut wr) {
+        let scan = Scan {
+            repair,
+            verify: args.verify || args.repair,
+            rule,
+            now_s: now_ms() / 1000,
+            progress,
+            wr: WorkerReport::default(),
+            in_leaf: 0,
+            leaves: Vec::new(),
+        };
+        walk_worker(&ns, layout, &scan, &mut wr);
+    }
+    if repair {
+        let _ = ns.unlock();
+    }
+    wr
+}
+
+/// Takes the worker lock for repair, which holds it for the whole scan: no store can open
+/// (and write temp files or publish blocks) meanwhile. A worker whose store is running is
+/// not repaired (an error naming the holder). True if taken.
+fn lock_for_repair(ns: &BlockDir, shared: bool, wr: &mut WorkerReport) -> bool {
+    let locked = if shared {
+        ns.try_lock_shared()
+    } else {
+        ns.try_lock()
+    };
+    match locked {
+        Ok(true) => true,
+        Ok(false) => {
+            let holder = ns.holder();
+            wr.error(
+                ns.path().to_path_buf(),
+                format!("in use by a running store ({holder}): not repaired"),
+            );
+            false
+        }
+        Err(e) => {
+            wr.error(
+                ns.path().to_path_buf(),
+                format!("could not take the worker lock: {}", io_err(e)),
+            );
+            false
+        }
+    }
+}
+
+/// The worker's layout (also into `wr`); without one nothing can be placed, so every entry
+/// of the worker directory but its control files counts as foreign, and `None`.
+fn read_layout(ns: &BlockDir, wr: &mut WorkerReport) -> Option<Layout> {
     let layout = match ns.read_control(LAYOUT_FILE) {
         Ok(Some(t)) => std::str::from_utf8(&t)
             .ok()
@@ -717,34 +742,31 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
         }
     };
     wr.layout = layout.map(|l| l.to_string());
-    let verify = args.verify || args.repair;
-    let Some(layout) = layout else {
-        // Without a layout nothing can be placed: everything here is foreign.
+    if layout.is_none() {
         match ns.read_dir("") {
             Ok(entries) => {
                 wr.foreign = entries
                     .iter()
                     .filter(|e| Layout::classify(e.name_str()) != EntryName::Meta)
-                    .count() as u64
+                    .count() as u64;
             }
             Err(e) => wr.error(ns.path().to_path_buf(), io_err(e)),
         }
-        return wr;
-    };
-    let now_s = now_ms() / 1000;
-    let scans = walk(&ns, layout, 8, || Scan {
-        repair,
-        verify,
-        rule,
-        now_s,
-        progress,
+    }
+    layout
+}
+
+/// Walks the worker's tree with a copy of `scan` per thread, and sums what they found into
+/// `wr`: counts, the shard balance, ages and block sizes.
+fn walk_worker(ns: &BlockDir, layout: Layout, scan: &Scan<'_>, wr: &mut WorkerReport) {
+    let scans = walk(ns, layout, 8, || Scan {
         wr: WorkerReport::default(),
-        in_leaf: 0,
         leaves: Vec::new(),
+        ..*scan
     });
     let mut leaves = Vec::new();
     for scan in scans {
-        merge(&mut wr, scan.wr);
+        merge(wr, scan.wr);
         leaves.extend(scan.leaves);
     }
     if wr.not_read > 0 {
@@ -757,21 +779,7 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
             ),
         );
     }
-    let mut leaf_counts: BTreeMap<String, u64> = BTreeMap::new();
-    for &n in &leaves {
-        *leaf_counts.entry(leaf_bucket(n).into()).or_default() += 1;
-    }
-    wr.shard_balance = ShardBalance {
-        leaf_dirs: leaves.len() as u64,
-        min: leaves.iter().copied().min().unwrap_or(0),
-        max: leaves.iter().copied().max().unwrap_or(0),
-        avg: if leaves.is_empty() {
-            0.0
-        } else {
-            leaves.iter().sum::<u64>() as f64 / leaves.len() as f64
-        },
-        histogram: buckets(&LEAF_KEYS, &leaf_counts),
-    };
+    wr.shard_balance = shard_balance(&leaves);
     wr.ages = buckets(&AGE_KEYS, &wr.age_counts);
     let largest = wr.size_counts.keys().last().copied().unwrap_or(4096);
     let mut b = 4096u64;
@@ -785,10 +793,25 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
     wr.bad_header.sort();
     wr.corrupt.sort();
     wr.misplaced.sort();
-    if repair {
-        let _ = ns.unlock();
+}
+
+/// How evenly the blocks spread over the leaf directories, from each leaf's block count.
+fn shard_balance(leaves: &[u64]) -> ShardBalance {
+    let mut leaf_counts: BTreeMap<String, u64> = BTreeMap::new();
+    for &n in leaves {
+        *leaf_counts.entry(leaf_bucket(n).into()).or_default() += 1;
     }
-    wr
+    ShardBalance {
+        leaf_dirs: leaves.len() as u64,
+        min: leaves.iter().copied().min().unwrap_or(0),
+        max: leaves.iter().copied().max().unwrap_or(0),
+        avg: if leaves.is_empty() {
+            0.0
+        } else {
+            leaves.iter().sum::<u64>() as f64 / leaves.len() as f64
+        },
+        histogram: buckets(&LEAF_KEYS, &leaf_counts),
+    }
 }
 
 fn merge(into: &mut WorkerReport, from: WorkerReport) {
