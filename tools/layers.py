@@ -18,7 +18,7 @@ LAYERS = [
     ["ns"],               # every file operation
     ["stats"],            # counters below both the store and the offloader
     ["store"],            # the store
-    ["offload"],          # write-behind over the store
+    ["offload", "queue"], # write-behind, and the completion queue, over the store
 ]
 LEVEL = {m: i for i, ms in enumerate(LAYERS) for m in ms}
 __doc__ += "\n" + "\n".join("  %d: %s" % (i, ", ".join(ms)) for i, ms in enumerate(LAYERS))

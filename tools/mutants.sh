@@ -25,7 +25,8 @@ fi
 # listed get the unit tests plus the behaviour tests that need no tools.
 tests_for() {
   case "$1" in
-    src/format/*) echo "--lib --test oracle" ;;
+    # check_file is tierkv-stat's block check (stat_cli).
+    src/format/*) echo "--lib --test oracle --test stat_cli" ;;
     src/key.rs) echo "--lib --test oracle" ;;
     src/layout/*) echo "--lib --test oracle --test semantics" ;;
     src/store/write.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test device --test capacity --test reuse --test bound" ;;
@@ -34,7 +35,7 @@ tests_for() {
     # The worker lock, the shared ledger and node ids: their unit tests, and the suites that
     # share workers between stores and processes.
     src/ns/lock.rs | src/ns/ledger.rs | src/ns/node.rs) echo "--lib --test semantics --test capacity --test shared --test hostile" ;;
-    src/store/sweep.rs) echo "--lib --test oracle --test semantics --test hostile --test shared" ;;
+    src/store/sweep.rs) echo "--lib --test oracle --test semantics --test hostile --test shared --test stat_cli" ;;
     src/store/shared.rs) echo "--lib --test semantics --test capacity --test shared" ;;
     src/store/evict.rs) echo "--lib --test semantics --test capacity --test bound --test reuse" ;;
     src/store/periodic.rs | src/store/statsfile.rs) echo "--lib --test semantics --test hostile --test stat_cli" ;;
@@ -47,6 +48,9 @@ tests_for() {
     # Splitting a get between threads: its unit tests read through it with every condition.
     src/store/split.rs) echo "--lib" ;;
     src/offload/*) echo "--lib --test offload" ;;
+    src/queue/*) echo "--lib --test queue" ;;
+    # The one walker: the sweep's suites and tierkv-stat's (its other visitor).
+    src/ns/walk.rs) echo "--lib --test oracle --test semantics --test hostile --test shared --test stat_cli" ;;
     src/store/config.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test reuse --test shared" ;;
     src/store/mod.rs | src/store/stats.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test offload --test reuse --test shared --test hostile" ;;
     *) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity" ;;

@@ -1,0 +1,366 @@
+//! A completion queue over a [`Store`]: batches are submitted without waiting and their
+//! results collected later, by polling ([`Completions::drain`]), by blocking
+//! ([`Completions::wait`]), or by waiting for an eventfd ([`Completions::event_fd`]) to become
+//! readable in the caller's own event loop.
+//!
+//! This is the shape the engines' plugin interfaces share: LMCache's `native_plugin` L2
+//! adapter (`submit_batch_get/set/exists`, `event_fd`, `drain_completions`), vLLM's
+//! `SecondaryTierManager` (`submit_store`, `submit_load`, `get_finished_jobs`) and SGLang's
+//! prefetch and backup threads. A submission never blocks on the disk: it queues the batch
+//! and returns its id; `threads` named threads (`tierkv-cq-N`) run the batches through the
+//! store's own batch calls, one at a time each, and hand every buffer back with its results
+//! (the `BufResult` shape of io_uring APIs), so no buffer is copied and none is dropped while
+//! a batch still writes into it.
+//!
+//! Ordering: batches start in submission order; with more than one thread they may complete
+//! in any order (each completion carries its id). A store error is a result of its batch, as
+//! from the store's own calls; a batch whose call panicked completes with every result an
+//! [`Error::Io`] naming the store and the panic, so a caller waiting on it is never left
+//! waiting. Closing (or dropping) the queue runs every batch already submitted first.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rustix::event::{EventfdFlags, PollFd, PollFlags};
+
+use crate::error::{Error, Result};
+use crate::key::BlockKey;
+use crate::store::{Lookup, Store};
+
+/// One batch, as submitted.
+enum Job<B> {
+    Get(Vec<BlockKey>, Vec<B>),
+    Set(Vec<(BlockKey, B)>),
+    Exists(Vec<BlockKey>),
+    Prefix(Vec<BlockKey>),
+}
+
+/// What a finished batch gives back: its results, one per key in order, and the buffers it
+/// was given.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Outcome<B> {
+    /// A [`Completions::submit_get`]: each block's lookup, and the buffers (a hit's bytes are
+    /// at the start of its buffer).
+    Get {
+        /// One per key.
+        results: Vec<Result<Lookup>>,
+        /// The buffers, in the keys' order.
+        bufs: Vec<B>,
+    },
+    /// A [`Completions::submit_set`]: each block's put, and the items (their buffers may be
+    /// reused).
+    Set {
+        /// One per item.
+        results: Vec<Result<()>>,
+        /// The items, in their order.
+        items: Vec<(BlockKey, B)>,
+    },
+    /// A [`Completions::submit_exists`]: whether each block is stored.
+    Exists {
+        /// One per key.
+        results: Vec<Result<bool>>,
+    },
+    /// A [`Completions::submit_prefix`]: how many of the keys' leading blocks are stored.
+    Prefix {
+        /// The length of the stored prefix.
+        result: Result<usize>,
+    },
+}
+
+/// A finished batch.
+#[derive(Debug)]
+pub struct Completion<B> {
+    /// The id its submission returned.
+    pub id: u64,
+    /// Its results and buffers.
+    pub outcome: Outcome<B>,
+}
+
+/// Batches not yet started, oldest first, with their ids, and whether the queue is closing
+/// (its threads then finish what is queued and stop).
+struct Queue<B> {
+    jobs: VecDeque<(u64, Job<B>)>,
+    closing: bool,
+}
+
+/// The state the submitters, the threads and the collector share.
+struct Shared<B> {
+    store: Store,
+    jobs: Mutex<Queue<B>>,
+    /// Signalled when a batch is queued or the queue closes.
+    queued: Condvar,
+    /// Finished batches not yet collected.
+    done: Mutex<Vec<Completion<B>>>,
+    /// Counts finished batches since the last collection: readable while any are waiting.
+    event: OwnedFd,
+    /// Batches submitted and not yet collected.
+    pending: AtomicU64,
+    next_id: AtomicU64,
+}
+
+/// A completion queue over a store (see the module docs).
+pub struct Completions<B: Send + 'static = Vec<u8>> {
+    shared: Arc<Shared<B>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl<B> std::fmt::Debug for Completions<B>
+where
+    B: AsRef<[u8]> + AsMut<[u8]> + Send + 'static,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completions")
+            .field("threads", &self.threads.len())
+            .field("pending", &self.pending())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl<B> Completions<B>
+where
+    B: AsRef<[u8]> + AsMut<[u8]> + Send + 'static,
+{
+    /// A queue over `store` whose batches run on `threads` threads (at least 1).
+    pub fn new(store: Store, threads: usize) -> Result<Self> {
+        let event = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+            .map_err(|e| Error::from_io(store.dir(), crate::ns::io_err(e)))?;
+        let shared = Arc::new(Shared {
+            store,
+            jobs: Mutex::new(Queue {
+                jobs: VecDeque::new(),
+                closing: false,
+            }),
+            queued: Condvar::new(),
+            done: Mutex::new(Vec::new()),
+            event,
+            pending: AtomicU64::new(0),
+            next_id: AtomicU64::new(1),
+        });
+        let mut handles = Vec::new();
+        for n in 0..threads.max(1) {
+            let s = shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("tierkv-cq-{n}"))
+                .spawn(move || s.run());
+            match spawned {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    let queue = Completions {
+                        shared,
+                        threads: handles,
+                    };
+                    drop(queue);
+                    return Err(Error::from_io("tierkv-cq thread", e));
+                }
+            }
+        }
+        Ok(Completions {
+            shared,
+            threads: handles,
+        })
+    }
+
+    /// The store the batches run on.
+    pub fn store(&self) -> &Store {
+        &self.shared.store
+    }
+
+    /// Queues a get of `keys` into `bufs` (one each, as [`Store::get_many`]); returns its id.
+    pub fn submit_get(&self, keys: Vec<BlockKey>, bufs: Vec<B>) -> u64 {
+        self.submit(Job::Get(keys, bufs))
+    }
+
+    /// Queues a put of `items` (as [`Store::put_many`]); returns its id.
+    pub fn submit_set(&self, items: Vec<(BlockKey, B)>) -> u64 {
+        self.submit(Job::Set(items))
+    }
+
+    /// Queues a lookup of which of `keys` are stored (as [`Store::contains_many`]).
+    pub fn submit_exists(&self, keys: Vec<BlockKey>) -> u64 {
+        self.submit(Job::Exists(keys))
+    }
+
+    /// Queues a lookup of how many of `keys`' leading blocks are stored (as
+    /// [`Store::contains_prefix`]).
+    pub fn submit_prefix(&self, keys: Vec<BlockKey>) -> u64 {
+        self.submit(Job::Prefix(keys))
+    }
+
+    fn submit(&self, job: Job<B>) -> u64 {
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        self.shared.pending.fetch_add(1, Ordering::AcqRel);
+        lock(&self.shared.jobs).jobs.push_back((id, job));
+        self.shared.queued.notify_one();
+        id
+    }
+
+    /// The finished batches not yet collected, without waiting (none if none finished).
+    pub fn drain(&self) -> Vec<Completion<B>> {
+        // The count first, then the list: a batch that finishes in between is in the list and
+        // leaves the count readable, so a poller wakes once more for nothing, never misses one.
+        let mut count = [0u8; 8];
+        let _ = rustix::io::read(&self.shared.event, &mut count);
+        let done = std::mem::take(&mut *lock(&self.shared.done));
+        self.shared
+            .pending
+            .fetch_sub(done.len() as u64, Ordering::AcqRel);
+        done
+    }
+
+    /// Waits until at least one batch has finished, or `timeout` has passed (`None`: no
+    /// limit, but returns at once when no batch is pending), and collects what finished.
+    pub fn wait(&self, timeout: Option<Duration>) -> Vec<Completion<B>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let done = self.drain();
+            if !done.is_empty() || self.pending() == 0 {
+                return done;
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left == Some(Duration::ZERO) {
+                return done;
+            }
+            let ts = left.map(|l| rustix::time::Timespec {
+                tv_sec: l.as_secs() as i64,
+                tv_nsec: i64::from(l.subsec_nanos()),
+            });
+            let mut fds = [PollFd::new(&self.shared.event, PollFlags::IN)];
+            match rustix::event::poll(&mut fds, ts.as_ref()) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => panic!("poll of the completion eventfd failed: {e}"),
+            }
+        }
+    }
+
+    /// An eventfd that is readable while finished batches wait to be collected: for the
+    /// caller's `poll`/`epoll`. Collect with [`Completions::drain`], which resets it.
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        self.shared.event.as_fd()
+    }
+
+    /// Batches submitted and not yet collected (queued, running or finished).
+    pub fn pending(&self) -> u64 {
+        self.shared.pending.load(Ordering::Acquire)
+    }
+
+    /// Runs every batch already submitted, stops the threads, and returns what finished and
+    /// was not collected.
+    pub fn close(mut self) -> Vec<Completion<B>> {
+        self.stop();
+        self.drain()
+    }
+
+    /// Lets the threads finish what is queued, and waits for them.
+    fn stop(&mut self) {
+        lock(&self.shared.jobs).closing = true;
+        self.shared.queued.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl<B: Send + 'static> Drop for Completions<B> {
+    fn drop(&mut self) {
+        // Batches still queued run first (the threads stop once the queue is empty), so no
+        // submitted batch is lost; their completions go with the queue.
+        lock(&self.shared.jobs).closing = true;
+        self.shared.queued.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl<B> Shared<B>
+where
+    B: AsRef<[u8]> + AsMut<[u8]> + Send + 'static,
+{
+    /// A thread's loop: the oldest queued batch, run, until the queue closes.
+    fn run(&self) {
+        loop {
+            let next = {
+                let mut q = lock(&self.jobs);
+                loop {
+                    if let Some(j) = q.jobs.pop_front() {
+                        break j;
+                    }
+                    if q.closing {
+                        return;
+                    }
+                    q = self.queued.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            let (id, job) = next;
+            let outcome = job.run(&self.store);
+            self.finish(id, outcome);
+        }
+    }
+
+    /// Publishes a finished batch and counts it on the eventfd.
+    fn finish(&self, id: u64, outcome: Outcome<B>) {
+        lock(&self.done).push(Completion { id, outcome });
+        let _ = rustix::io::write(&self.event, &1u64.to_ne_bytes());
+    }
+}
+
+impl<B> Job<B>
+where
+    B: AsRef<[u8]> + AsMut<[u8]> + Send + 'static,
+{
+    /// Runs the batch through the store's batch call; a panic there fails every result.
+    fn run(self, store: &Store) -> Outcome<B> {
+        match self {
+            Job::Get(keys, mut bufs) => {
+                let r = guarded(store, keys.len(), || store.get_many(&keys, &mut bufs));
+                Outcome::Get { results: r, bufs }
+            }
+            Job::Set(items) => {
+                let results = guarded(store, items.len(), || {
+                    let view: Vec<(BlockKey, &[u8])> =
+                        items.iter().map(|(k, b)| (k.clone(), b.as_ref())).collect();
+                    store.put_many(&view)
+                });
+                Outcome::Set { results, items }
+            }
+            Job::Exists(keys) => Outcome::Exists {
+                results: guarded(store, keys.len(), || store.contains_many(&keys)),
+            },
+            Job::Prefix(keys) => Outcome::Prefix {
+                result: guarded(store, 1, || vec![store.contains_prefix(&keys)])
+                    .pop()
+                    .expect("one result"),
+            },
+        }
+    }
+}
+
+/// `call`'s results, or `n` errors naming the store and the panic if it panicked.
+fn guarded<T>(store: &Store, n: usize, call: impl FnOnce() -> Vec<Result<T>>) -> Vec<Result<T>> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)) {
+        Ok(r) => r,
+        Err(p) => {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            (0..n)
+                .map(|_| {
+                    let e =
+                        std::io::Error::other(format!("the batch's store call panicked: {what}"));
+                    Err(Error::from_io(store.dir(), e))
+                })
+                .collect()
+        }
+    }
+}
