@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use common::*;
 use tierkv::engine::{EngineKind, IoEngine};
-use tierkv::{Error, Lookup, Publish, Store, StoreConfig};
+use tierkv::{BlockKey, Error, Lookup, Publish, Store, StoreConfig};
 
 /// The engines this machine can run. io_uring is required here (the kernel of this project's
 /// machines allows it); CI fails rather than silently testing fewer engines.
@@ -721,5 +721,114 @@ fn large_gets_split_between_read_threads_keep_every_block_in_its_buffer() {
         let s = store.stats();
         assert_eq!(s.split_reads, if split { 2 } else { 0 }, "{what}");
         assert_eq!(s.corrupt, 0, "{what}");
+    }
+}
+
+/// The parts of `buf` split at `at`.
+fn split_at<'a>(buf: &'a mut [u8], at: &[usize]) -> Vec<&'a mut [u8]> {
+    let mut out = Vec::new();
+    let (mut rest, mut prev) = (buf, 0);
+    for &a in at {
+        let (head, tail) = rest.split_at_mut(a - prev);
+        out.push(head);
+        (rest, prev) = (tail, a);
+    }
+    out.push(rest);
+    out
+}
+
+/// Blocks put from several buffers (an MHA page's K and V regions) and read into several: the
+/// file is that of the concatenated payload (docs/format.md's oracle), and reads into parts
+/// come back byte for byte, for every engine, buffered and `O_DIRECT`, parts page-aligned
+/// (straight into them) or not (through a bounce buffer), fresh and cached; parts too small
+/// are an error, and a byte changed in the file a miss.
+#[test]
+fn vectored_puts_and_gets_split_blocks_across_buffers() {
+    use tierkv::buf::{AlignedBuf, align_up};
+    let shapes: [(usize, usize); 4] = [(3000, 5000), (8192, 8192), (4096, 0), (1, 300_000)];
+    for (name, engine) in engines() {
+        for direct in [false, true] {
+            let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+            let cfg = || StoreConfig::new().with_direct_io(direct);
+            let want: Vec<Vec<u8>> = (0..shapes.len())
+                .map(|i| payload(i as u64, 7, shapes[i].0 + shapes[i].1))
+                .collect();
+            let ks = {
+                let store = store_with(dir.path(), engine.clone(), cfg());
+                let ks = keys(&store, shapes.len() as u64);
+                // K and V in page-aligned buffers of their own.
+                let kv: Vec<(AlignedBuf, AlignedBuf)> = shapes
+                    .iter()
+                    .zip(&want)
+                    .map(|(&(k, v), p)| {
+                        let (mut a, mut b) = (AlignedBuf::zeroed(k), AlignedBuf::zeroed(v));
+                        a.copy_from_slice(&p[..k]);
+                        b.copy_from_slice(&p[k..]);
+                        (a, b)
+                    })
+                    .collect();
+                let parts: Vec<[&[u8]; 2]> = kv.iter().map(|(a, b)| [&a[..], &b[..]]).collect();
+                let items: Vec<(BlockKey, &[&[u8]])> = ks
+                    .iter()
+                    .cloned()
+                    .zip(parts.iter().map(|p| &p[..]))
+                    .collect();
+                let r = store.put_many_vectored(&items);
+                assert!(r.iter().all(Result::is_ok), "{name} direct={direct}: {r:?}");
+                for (k, w) in ks.iter().zip(&want) {
+                    let bytes = std::fs::read(store.path_of(&k.hash)).unwrap();
+                    common::oracle::check_block_bytes(&bytes, &k.hash.to_hex()).unwrap();
+                    assert_eq!(&bytes[4096..], &w[..], "{name} direct={direct}");
+                }
+                ks
+            };
+            // A new store: the first round reads fresh files, the second cached ones.
+            let store = store_with(dir.path(), engine.clone(), cfg());
+            for round in ["fresh", "cached"] {
+                for (i, w) in want.iter().enumerate() {
+                    let total = w.len();
+                    let room = align_up(total.max(1)) + 4096;
+                    // Page-aligned parts: a whole page first, then the rest.
+                    let mut a = AlignedBuf::zeroed(room);
+                    // Unaligned parts: one byte, then split in the middle.
+                    let mut u = vec![0u8; room + 1];
+                    for (buf, at) in [(&mut a[..], vec![4096]), (&mut u[1..], vec![1, room / 2])] {
+                        let mut parts = split_at(buf, &at);
+                        let mut one = [&mut parts[..]];
+                        let r = store.get_many_vectored(&ks[i..=i], &mut one);
+                        let what = format!("{name} direct={direct} {round} block {i} at {at:?}");
+                        assert_eq!(r[0].as_ref().unwrap(), &Lookup::Hit(total), "{what}");
+                        let got: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+                        assert_eq!(&got[..total], &w[..], "{what}");
+                    }
+                }
+            }
+            // Parts that cannot hold the block.
+            let mut small = [vec![0u8; 100], vec![0u8; 100]];
+            let mut parts: Vec<&mut [u8]> = small.iter_mut().map(|v| &mut v[..]).collect();
+            let r = store.get_many_vectored(&ks[1..2], &mut [&mut parts[..]]);
+            assert!(
+                matches!(r[0], Err(Error::BufferTooSmall { .. })),
+                "{name}: {r:?}"
+            );
+            drop(store);
+            // A byte of block 1's V region changed in place: a miss for a new store.
+            let p = {
+                let store = store_with(dir.path(), engine.clone(), cfg());
+                store.path_of(&ks[1].hash)
+            };
+            let mut bytes = std::fs::read(&p).unwrap();
+            bytes[4096 + 8192 + 5] ^= 1;
+            std::fs::write(&p, &bytes).unwrap();
+            let store = store_with(dir.path(), engine.clone(), cfg());
+            let mut a = AlignedBuf::zeroed(4 * 4096);
+            let mut parts = split_at(&mut a, &[8192]);
+            let r = store.get_many_vectored(&ks[1..2], &mut [&mut parts[..]]);
+            assert_eq!(
+                r[0].as_ref().unwrap(),
+                &Lookup::Miss,
+                "{name} direct={direct}"
+            );
+        }
     }
 }

@@ -46,6 +46,21 @@ pub fn payload_xxh3(payload: &[u8]) -> [u8; 32] {
     out
 }
 
+/// XXH3-128 of a payload held in several buffers, in their order: the same sum as
+/// [`payload_xxh3`] of their concatenation.
+pub fn parts_xxh3(parts: &[&[u8]]) -> [u8; 32] {
+    if let [one] = parts {
+        return payload_xxh3(one);
+    }
+    let mut h = twox_hash::XxHash3_128::new();
+    for p in parts {
+        h.write(p);
+    }
+    let mut out = [0u8; 32];
+    out[..16].copy_from_slice(&h.finish_128().to_le_bytes());
+    out
+}
+
 /// blake3 of a payload: on several threads for large payloads ([`PARALLEL_HASH_MIN`]).
 pub fn payload_blake3(payload: &[u8]) -> [u8; 32] {
     if payload.len() >= PARALLEL_HASH_MIN {
@@ -147,10 +162,15 @@ impl Header {
     /// The header for `payload` stored under `key`, written on the machine booted as
     /// `writer_boot` (see [`crate::ns::boot_id`]).
     pub fn for_payload(key: BlockHash, payload: &[u8], writer_boot: Option<[u8; 16]>) -> Header {
+        Header::for_parts(key, &[payload], writer_boot)
+    }
+
+    /// As [`Header::for_payload`], for a payload held in several buffers, in their order.
+    pub fn for_parts(key: BlockHash, parts: &[&[u8]], writer_boot: Option<[u8; 16]>) -> Header {
         Header {
             flags: FLAG_PAYLOAD_XXH3 | writer_boot.map_or(0, |_| FLAG_WRITER_BOOT),
-            payload_len: payload.len() as u64,
-            checksum: payload_xxh3(payload),
+            payload_len: parts.iter().map(|p| p.len() as u64).sum(),
+            checksum: parts_xxh3(parts),
             key,
             writer_boot,
         }
@@ -239,6 +259,19 @@ impl Header {
             key: BlockHash(b[64..96].try_into().expect("32 bytes")),
             writer_boot: has_boot.then(|| b[96..112].try_into().expect("16 bytes")),
         })
+    }
+
+    /// As [`Header::verify`], for a payload held in several buffers, in their order.
+    pub fn verify_parts(&self, parts: &[&[u8]]) -> bool {
+        if let [one] = parts {
+            return self.verify(one);
+        }
+        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let mut h = self.hasher();
+        for p in parts {
+            h.update(p);
+        }
+        len == self.payload_len && h.matches(self)
     }
 
     /// True when `payload` matches the checksum.

@@ -26,6 +26,7 @@ mod evict;
 mod fdcache;
 mod periodic;
 mod read;
+mod scatter;
 mod shared;
 mod split;
 mod statsfile;
@@ -759,6 +760,21 @@ impl Store {
         self.inner.put_with_retry(items, true, None)
     }
 
+    /// As [`Store::put_many`], for blocks whose payload is held in several host buffers (an
+    /// MHA page's K and V regions, which are not contiguous): each block's parts are written
+    /// in their order as one payload, from the caller's buffers, without copying them
+    /// together (with `O_DIRECT`, only when every part's address and length are page-aligned;
+    /// else through one aligned bounce buffer). [`Store::get_many_vectored`] reads it back
+    /// into parts; [`Store::get_many`] into one buffer.
+    #[must_use = "each item has its own result: a put can fail"]
+    pub fn put_many_vectored(&self, items: &[(BlockKey, &[&[u8]])]) -> Vec<Result<()>> {
+        let gathered: Vec<(BlockKey, write::Gather<'_>)> = items
+            .iter()
+            .map(|(k, parts)| (k.clone(), write::Gather(parts)))
+            .collect();
+        self.inner.put_with_retry(&gathered, true, None)
+    }
+
     /// Offers a request's blocks (root first), the call an engine makes once it has computed
     /// them: absent blocks are stored as by [`Store::put_many`] (subject to admission),
     /// present ones are only marked as used, in one batch so that the policy sees the chain
@@ -809,6 +825,22 @@ impl Store {
     ) -> Vec<Result<Lookup>> {
         let started = std::time::Instant::now();
         let results = self.inner.get_batch(keys, bufs);
+        self.inner.record_get(started, &results);
+        results
+    }
+
+    /// As [`Store::get_many`], into several host buffers a block (an MHA page's K and V
+    /// regions): the payload fills each block's parts in their order, and `Hit(len)` gives
+    /// its length; the parts together must hold it (else [`Error::BufferTooSmall`]). With
+    /// `O_DIRECT` the read goes straight into the parts when each starts page-aligned and
+    /// every part but the last is a whole number of pages; else through a bounce buffer.
+    pub fn get_many_vectored(
+        &self,
+        keys: &[BlockKey],
+        bufs: &mut [&mut [&mut [u8]]],
+    ) -> Vec<Result<Lookup>> {
+        let started = std::time::Instant::now();
+        let results = self.inner.get_batch_vectored(keys, bufs);
         self.inner.record_get(started, &results);
         results
     }

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustix::io::Errno;
 
 use super::fdcache::OpenBlock;
+use super::scatter::Scatter;
 use super::{Counters, Inner, Lookup, VerifyMode, io_err};
 use crate::buf::{DIRECT_ALIGN, DeviceMem, PooledBuf, align_up};
 use crate::engine::IoRequest;
@@ -47,7 +48,7 @@ pub(super) struct FreshRead {
 impl FreshRead {
     /// The read of the file's header, payload (into `buf`, or through the bounce buffer) and
     /// spare byte, feeding the stream hash if there is one.
-    fn request<'a>(&'a mut self, buf: &'a mut [u8]) -> IoRequest<'a> {
+    fn request<'a>(&'a mut self, buf: &'a mut Scatter<'_>) -> IoRequest<'a> {
         let FreshRead {
             fd,
             head,
@@ -59,20 +60,19 @@ impl FreshRead {
         } = self;
         let req = match (bounce, direct_head) {
             (Some(b), _) => IoRequest::read((*fd).as_fd(), 0, vec![IoSliceMut::new(b)]),
-            (None, Some(h)) => IoRequest::read(
-                (*fd).as_fd(),
-                0,
-                vec![IoSliceMut::new(h), IoSliceMut::new(buf)],
-            ),
-            (None, None) => IoRequest::read(
-                (*fd).as_fd(),
-                0,
-                vec![
-                    IoSliceMut::new(head),
-                    IoSliceMut::new(buf),
-                    IoSliceMut::new(tail),
-                ],
-            ),
+            (None, Some(h)) => {
+                let mut slices = vec![IoSliceMut::new(h)];
+                let n = buf.len();
+                buf.push_slices(n, &mut slices);
+                IoRequest::read((*fd).as_fd(), 0, slices)
+            }
+            (None, None) => {
+                let mut slices = vec![IoSliceMut::new(head)];
+                let n = buf.len();
+                buf.push_slices(n, &mut slices);
+                slices.push(IoSliceMut::new(tail));
+                IoRequest::read((*fd).as_fd(), 0, slices)
+            }
         };
         match stream {
             Some(s) => req.feeding(s),
@@ -107,8 +107,8 @@ pub(super) fn count_mismatch(
 
 /// Where a get puts a block's payload: host memory, or GPU memory that the engine fills.
 pub(super) enum Dest<'a> {
-    /// A caller's host buffer.
-    Host(&'a mut [u8]),
+    /// A caller's host buffer, or several filled in order.
+    Host(Scatter<'a>),
     /// A caller's GPU buffer.
     Device(DeviceMem),
 }
@@ -123,7 +123,27 @@ impl Inner {
         if let Some(e) = count_mismatch("get_many", keys, bufs.len()) {
             return e;
         }
-        let mut dests: Vec<Dest<'_>> = bufs.iter_mut().map(|b| Dest::Host(b.as_mut())).collect();
+        let mut dests: Vec<Dest<'_>> = bufs
+            .iter_mut()
+            .map(|b| Dest::Host(Scatter::One(b.as_mut())))
+            .collect();
+        self.read_pipeline(keys, &mut dests)
+    }
+
+    /// Reads a batch into several host buffers a block; see
+    /// [`Store::get_many_vectored`](super::Store::get_many_vectored).
+    pub(super) fn get_batch_vectored(
+        &self,
+        keys: &[BlockKey],
+        bufs: &mut [&mut [&mut [u8]]],
+    ) -> Vec<Result<Lookup>> {
+        if let Some(e) = count_mismatch("get_many_vectored", keys, bufs.len()) {
+            return e;
+        }
+        let mut dests: Vec<Dest<'_>> = bufs
+            .iter_mut()
+            .map(|parts| Dest::Host(Scatter::Many(parts.iter_mut().map(|p| &mut **p).collect())))
+            .collect();
         self.read_pipeline(keys, &mut dests)
     }
 
@@ -146,7 +166,7 @@ impl Inner {
             plans.push(match (p, d) {
                 (Err(e), _) => ReadPlan::Done(Err(e)),
                 (Ok(false), _) => ReadPlan::Done(Ok(Lookup::Miss)),
-                (Ok(true), Dest::Host(b)) => self.plan_read(k, b.len(), b.as_ptr() as usize),
+                (Ok(true), Dest::Host(b)) => self.plan_read(k, b.len(), b.aligned()),
                 (Ok(true), Dest::Device(m)) => self.plan_device_read(k, m.len()),
             });
         }
@@ -198,7 +218,7 @@ impl Inner {
         dest: &'a mut Dest<'_>,
     ) -> Option<IoRequest<'a>> {
         let buf = match dest {
-            Dest::Host(b) => &mut **b,
+            Dest::Host(b) => b,
             Dest::Device(mem) => {
                 let ReadPlan::Cached { block, .. } = plan else {
                     return None;
@@ -224,13 +244,11 @@ impl Inner {
                     // kernel shortens the last one at the end of the file).
                     let len = block.header.payload_len as usize;
                     let n = if self.opts.direct { align_up(len) } else { len };
-                    IoRequest::read(
-                        block.fd.as_fd(),
-                        PAYLOAD_OFFSET,
-                        vec![IoSliceMut::new(&mut buf[..n])],
-                    )
-                    .on_cached_file()
-                    .with_file_len(block.header.file_len())
+                    let mut slices = Vec::with_capacity(2);
+                    buf.push_slices(n, &mut slices);
+                    IoRequest::read(block.fd.as_fd(), PAYLOAD_OFFSET, slices)
+                        .on_cached_file()
+                        .with_file_len(block.header.file_len())
                 }
             },
             ReadPlan::Fresh(fresh) => fresh.request(buf),
@@ -336,7 +354,9 @@ impl Inner {
         }
     }
 
-    fn plan_read(&self, key: &BlockKey, buf_len: usize, buf_addr: usize) -> ReadPlan {
+    /// Plans the read of `key` into a destination of `buf_len` bytes, `aligned` as
+    /// [`Scatter::aligned`] says.
+    fn plan_read(&self, key: &BlockKey, buf_len: usize, aligned: bool) -> ReadPlan {
         if let Err(e) = self.check_key(key) {
             return ReadPlan::Done(Err(e));
         }
@@ -353,7 +373,7 @@ impl Inner {
                 }
                 // O_DIRECT straight into the caller's buffer when it is aligned and holds the
                 // block rounded up to the alignment; else through a bounce buffer.
-                let fits = buf_addr % DIRECT_ALIGN == 0 && buf_len >= align_up(need);
+                let fits = aligned && buf_len >= align_up(need);
                 let bounce = (self.opts.direct && !fits).then(|| self.bufs.take(need));
                 return ReadPlan::Cached { block, bounce };
             }
@@ -374,7 +394,7 @@ impl Inner {
                 // header page into a pooled page, the payload in place. The file's length
                 // (from fstat, checked against the header) stands in for the spare byte
                 // that buffered reads use to see a file longer than its header says.
-                let in_place = buf_addr % DIRECT_ALIGN == 0 && buf_len % DIRECT_ALIGN == 0;
+                let in_place = aligned && buf_len % DIRECT_ALIGN == 0;
                 let (head, bounce, direct_head) = if !self.opts.direct {
                     (vec![0u8; PAYLOAD_OFFSET as usize], None, None)
                 } else if in_place {
@@ -429,7 +449,7 @@ impl Inner {
         &self,
         key: &BlockKey,
         plan: ReadPlan,
-        buf: &mut [u8],
+        buf: &mut Scatter<'_>,
         io: std::io::Result<usize>,
     ) -> Result<Lookup> {
         match plan {
@@ -446,7 +466,7 @@ impl Inner {
         key: &BlockKey,
         block: Arc<OpenBlock>,
         bounce: Option<PooledBuf>,
-        buf: &mut [u8],
+        buf: &mut Scatter<'_>,
         io: std::io::Result<usize>,
     ) -> Result<Lookup> {
         // The path only for what goes wrong, not for every cached hit.
@@ -466,7 +486,7 @@ impl Inner {
             ));
         }
         if let Some(b) = bounce {
-            buf[..len].copy_from_slice(&b[..len]);
+            buf.copy_from(&b[..len]);
         }
         let check = match self.opts.verify {
             VerifyMode::Always => true,
@@ -474,7 +494,7 @@ impl Inner {
             VerifyMode::OnOpen | VerifyMode::AfterReboot => !block.verified.load(Ordering::Relaxed),
         };
         if check {
-            if !block.header.verify(&buf[..len]) {
+            if !buf.matches(&block.header, len) {
                 return Ok(self.corrupt(
                     &key.hash,
                     &rel(),
@@ -495,7 +515,7 @@ impl Inner {
         &self,
         key: &BlockKey,
         fresh: FreshRead,
-        buf: &mut [u8],
+        buf: &mut Scatter<'_>,
         io: std::io::Result<usize>,
     ) -> Result<Lookup> {
         let FreshRead {
@@ -555,7 +575,7 @@ impl Inner {
             ));
         }
         if let Some(b) = &bounce {
-            buf[..len].copy_from_slice(&b[PAYLOAD_OFFSET as usize..expect]);
+            buf.copy_from(&b[PAYLOAD_OFFSET as usize..expect]);
         }
         // after-reboot hashes only what a machine crash may have torn.
         let hash_now = match self.opts.verify {
@@ -563,7 +583,7 @@ impl Inner {
             VerifyMode::Always | VerifyMode::OnOpen => true,
             VerifyMode::AfterReboot => !self.trusts(&header),
         };
-        if hash_now && !self.payload_matches(&header, stream, n, &buf[..len]) {
+        if hash_now && !self.payload_matches(&header, stream, n, buf, len) {
             return Ok(self.corrupt(&key.hash, &rel, &fd, None, CorruptReason::Checksum));
         }
         self.adopt_fresh(key.hash, fd, header, size);
@@ -590,22 +610,23 @@ impl Inner {
         );
     }
 
-    /// True when `payload` (read in `n` bytes with its header) matches `header`'s checksum:
-    /// from what `stream` hashed as the bytes landed when it can tell (counted in
-    /// `StoreStats::checksums_streamed`), else by hashing `payload`.
+    /// True when the payload (the first `len` bytes of `buf`, read in `n` bytes with its
+    /// header) matches `header`'s checksum: from what `stream` hashed as the bytes landed when
+    /// it can tell (counted in `StoreStats::checksums_streamed`), else by hashing the payload.
     fn payload_matches(
         &self,
         header: &crate::format::Header,
         stream: Option<crate::format::FileHasher>,
         n: usize,
-        payload: &[u8],
+        buf: &Scatter<'_>,
+        len: usize,
     ) -> bool {
         match stream.and_then(|s| s.verdict(header, n)) {
             Some(ok) => {
                 Counters::add(&self.counters.checksums_streamed, 1);
                 ok
             }
-            None => header.verify(payload),
+            None => buf.matches(header, len),
         }
     }
 

@@ -86,6 +86,31 @@ pub(super) trait Source {
     fn host(&self) -> Option<&[u8]>;
     /// The memory, when it is on a GPU.
     fn device(&self) -> Option<DeviceMem>;
+    /// The bytes, when they are in several host buffers, one payload in their order.
+    fn parts(&self) -> Option<&[&[u8]]> {
+        None
+    }
+}
+
+/// A payload gathered from several host buffers (an MHA page's K and V regions), written as
+/// one payload in their order without copying them together ([`Store::put_many_vectored`]).
+///
+/// [`Store::put_many_vectored`]: super::Store::put_many_vectored
+pub(super) struct Gather<'a>(pub(super) &'a [&'a [u8]]);
+
+impl Source for Gather<'_> {
+    fn len(&self) -> usize {
+        self.0.iter().map(|p| p.len()).sum()
+    }
+    fn host(&self) -> Option<&[u8]> {
+        None
+    }
+    fn device(&self) -> Option<DeviceMem> {
+        None
+    }
+    fn parts(&self) -> Option<&[&[u8]]> {
+        Some(self.0)
+    }
 }
 
 impl<D: AsRef<[u8]>> Source for D {
@@ -123,25 +148,18 @@ pub(crate) const PARALLEL_PUT_MIN_BYTES: usize = 8 << 20;
 /// write, from the bounce buffer or the header page when `O_DIRECT`, or the payload alone from
 /// GPU memory (its header is written after, see `Inner::seal`).
 fn write_request<'p>(p: &'p WritePlan<'_>, data: &'p Payload<'_>) -> IoRequest<'p> {
-    match (&p.bounce, data.host(), data.device()) {
+    match (&p.bounce, data.host_parts(), data.device()) {
         (Some(b), _, _) => IoRequest::write(p.fd.as_fd(), 0, vec![IoSlice::new(b)]),
-        (None, Some(data), _) if p.head_page.is_some() => IoRequest::write(
-            p.fd.as_fd(),
-            0,
-            vec![
-                IoSlice::new(p.head_page.as_deref().expect("checked")),
-                IoSlice::new(data),
-            ],
-        ),
-        (None, Some(data), _) => IoRequest::write(
-            p.fd.as_fd(),
-            0,
-            vec![
-                IoSlice::new(&p.header),
-                IoSlice::new(&PADDING),
-                IoSlice::new(data),
-            ],
-        ),
+        (None, Some(parts), _) if p.head_page.is_some() => {
+            let head = p.head_page.as_deref().expect("checked");
+            let slices = std::iter::once(head).chain(parts.iter().copied());
+            IoRequest::write(p.fd.as_fd(), 0, slices.map(IoSlice::new).collect())
+        }
+        (None, Some(parts), _) => {
+            let head = [&p.header[..], &PADDING[..]];
+            let slices = head.into_iter().chain(parts.iter().copied());
+            IoRequest::write(p.fd.as_fd(), 0, slices.map(IoSlice::new).collect())
+        }
         (None, None, Some(mem)) => IoRequest::write_device(p.fd.as_fd(), PAYLOAD_OFFSET, mem),
         (None, None, None) => unreachable!("a payload is in host or device memory"),
     }
@@ -173,19 +191,31 @@ fn every_result(results: Vec<Option<Result<()>>>) -> Vec<Result<()>> {
         .collect()
 }
 
-/// A put's payload as the batch's threads share it: host bytes or GPU memory.
+/// A put's payload as the batch's threads share it: host bytes (in one buffer or several)
+/// or GPU memory.
 #[derive(Clone, Copy)]
 pub(super) enum Payload<'a> {
     Host(&'a [u8]),
+    Parts(&'a [&'a [u8]]),
     Device(DeviceMem),
 }
 
 impl<'a> Payload<'a> {
     fn of<D: Source>(d: &'a D) -> Payload<'a> {
-        match (d.host(), d.device()) {
-            (Some(h), _) => Payload::Host(h),
-            (None, Some(m)) => Payload::Device(m),
-            (None, None) => unreachable!("a payload is in host or device memory"),
+        match (d.parts(), d.host(), d.device()) {
+            (Some(p), _, _) => Payload::Parts(p),
+            (None, Some(h), _) => Payload::Host(h),
+            (None, None, Some(m)) => Payload::Device(m),
+            (None, None, None) => unreachable!("a payload is in host or device memory"),
+        }
+    }
+
+    /// The host bytes, in order, as one buffer or several; `None` for GPU memory.
+    fn host_parts(&self) -> Option<&[&'a [u8]]> {
+        match self {
+            Payload::Host(h) => Some(std::slice::from_ref(h)),
+            Payload::Parts(p) => Some(p),
+            Payload::Device(_) => None,
         }
     }
 }
@@ -194,19 +224,26 @@ impl Source for Payload<'_> {
     fn len(&self) -> usize {
         match self {
             Payload::Host(h) => h.len(),
+            Payload::Parts(p) => p.iter().map(|b| b.len()).sum(),
             Payload::Device(m) => m.len(),
         }
     }
     fn host(&self) -> Option<&[u8]> {
         match self {
             Payload::Host(h) => Some(h),
-            Payload::Device(_) => None,
+            Payload::Parts(_) | Payload::Device(_) => None,
         }
     }
     fn device(&self) -> Option<DeviceMem> {
         match self {
-            Payload::Host(_) => None,
+            Payload::Host(_) | Payload::Parts(_) => None,
             Payload::Device(m) => Some(*m),
+        }
+    }
+    fn parts(&self) -> Option<&[&[u8]]> {
+        match self {
+            Payload::Parts(p) => Some(p),
+            Payload::Host(_) | Payload::Device(_) => None,
         }
     }
 }
@@ -659,15 +696,15 @@ impl Inner {
     }
 
     /// Creates the temp file of one validated, admitted put, or takes `spare`'s.
-    fn plan_write<'s, D: Source>(
+    fn plan_write<'s>(
         &'s self,
         key: &BlockKey,
-        data: &D,
+        data: &Payload<'_>,
         spare: Option<Spare<'s>>,
     ) -> Result<WritePlan<'s>> {
         // From GPU memory, the header is written once the payload is in the file.
-        let header = match data.host() {
-            Some(d) => Header::for_payload(key.hash, d, self.boot).encode(),
+        let header = match data.host_parts() {
+            Some(parts) => Header::for_parts(key.hash, parts, self.boot).encode(),
             None => [0; HEADER_LEN],
         };
         let rel = self.layout.rel_path(&key.hash);
@@ -696,13 +733,15 @@ impl Inner {
         // O_DIRECT from a payload whose address and length are page-aligned (an engine's KV
         // pool): only the header page is the store's; else the whole file is copied into an
         // aligned bounce buffer.
-        let aligned = |d: &[u8]| {
-            d.as_ptr() as usize % crate::buf::DIRECT_ALIGN == 0
-                && d.len() % crate::buf::DIRECT_ALIGN == 0
+        let aligned = |parts: &[&[u8]]| {
+            parts.iter().all(|d| {
+                d.as_ptr() as usize % crate::buf::DIRECT_ALIGN == 0
+                    && d.len() % crate::buf::DIRECT_ALIGN == 0
+            })
         };
         let head_page = data
-            .host()
-            .filter(|d| self.opts.direct && aligned(d))
+            .host_parts()
+            .filter(|parts| self.opts.direct && aligned(parts))
             .map(|_| {
                 let mut b = self.bufs.take(PAYLOAD_OFFSET as usize);
                 b[..HEADER_LEN].copy_from_slice(&header);
@@ -710,15 +749,19 @@ impl Inner {
                 b
             });
         let bounce = data
-            .host()
+            .host_parts()
             .filter(|_| self.opts.direct && head_page.is_none())
-            .map(|data| {
+            .map(|parts| {
                 let total = PAYLOAD_OFFSET as usize + data.len();
                 let mut b = self.bufs.take(total);
                 b[..HEADER_LEN].copy_from_slice(&header);
                 // A reused buffer holds old bytes: the padding must be zero.
                 b[HEADER_LEN..PAYLOAD_OFFSET as usize].fill(0);
-                b[PAYLOAD_OFFSET as usize..total].copy_from_slice(data);
+                let mut at = PAYLOAD_OFFSET as usize;
+                for part in parts {
+                    b[at..at + part.len()].copy_from_slice(part);
+                    at += part.len();
+                }
                 b
             });
         let device = data.device().is_some();
