@@ -72,18 +72,25 @@ async fn foyer_put(
     cache.storage().wait().await;
 }
 
-fn peers(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    for size in [64 * 1024usize, 256 * 1024, 2 << 20] {
+/// The four stores of one block size, each filled with `blocks_of(size)` blocks.
+struct Peers {
+    size: usize,
+    blocks: u64,
+    data: Vec<u8>,
+    store: Store,
+    keys: Vec<tierkv::BlockKey>,
+    naive: Store,
+    nkeys: Vec<tierkv::BlockKey>,
+    cdir: tempfile::TempDir,
+    foyer: HybridCache<u64, Vec<u8>>,
+    _dirs: [tempfile::TempDir; 3],
+}
+
+impl Peers {
+    /// tierkv (the default store), the seed's naive mode, cacache and foyer, filled.
+    fn fill(rt: &tokio::runtime::Runtime, size: usize) -> Peers {
         let blocks = blocks_of(size);
         let data = vec![0x5Au8; size];
-        let mut g = c.benchmark_group(format!("peer_get_{}KiB", size / 1024));
-        g.throughput(Throughput::Bytes(size as u64));
-        g.sample_size(30);
-
         // tierkv
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(
@@ -98,19 +105,6 @@ fn peers(c: &mut Criterion) {
         for k in &keys {
             store.put(k, &data).unwrap();
         }
-        let mut buf = AlignedBuf::zeroed(size);
-        let mut i = 0u64;
-        g.bench_function(BenchmarkId::from_parameter("tierkv"), |b| {
-            b.iter(|| {
-                i = (i * 7919 + 13) % blocks;
-                assert_eq!(
-                    store.get(&keys[i as usize], &mut buf).unwrap(),
-                    Lookup::Hit(size)
-                );
-                black_box(&buf);
-            })
-        });
-
         // The seed's naive mode: one flat directory, open + read + close per get, no checksum.
         let ndir = tempfile::tempdir().unwrap();
         let naive = Store::open(
@@ -128,33 +122,11 @@ fn peers(c: &mut Criterion) {
         for k in &nkeys {
             naive.put(k, &data).unwrap();
         }
-        let mut ni = 0u64;
-        g.bench_function(BenchmarkId::from_parameter("naive"), |b| {
-            b.iter(|| {
-                ni = (ni * 7919 + 13) % blocks;
-                assert_eq!(
-                    naive.get(&nkeys[ni as usize], &mut buf).unwrap(),
-                    Lookup::Hit(size)
-                );
-                black_box(&buf);
-            })
-        });
-
         // cacache: key -> index entry -> content file (verified by its integrity hash).
         let cdir = tempfile::tempdir().unwrap();
         for j in 0..blocks {
             cacache::write_sync(cdir.path(), name(j), &data).unwrap();
         }
-        let mut j = 0u64;
-        g.bench_function(BenchmarkId::from_parameter("cacache"), |b| {
-            b.iter(|| {
-                j = (j * 7919 + 13) % blocks;
-                let v = cacache::read_sync(cdir.path(), name(j)).unwrap();
-                assert_eq!(v.len(), size);
-                black_box(v);
-            })
-        });
-
         // foyer: key -> in-memory index -> one aligned read from a device file (checksummed).
         let fdir = tempfile::tempdir().unwrap();
         let capacity = (blocks as usize * (size + 4096) * 4).max(64 * FOYER_BLOCK);
@@ -164,72 +136,164 @@ fn peers(c: &mut Criterion) {
             let e = rt.block_on(foyer.get(&k)).unwrap();
             assert!(e.is_some(), "foyer lost block {k} while filling");
         }
-        let mut f = 0u64;
-        g.bench_function(BenchmarkId::from_parameter("foyer"), |b| {
-            b.iter(|| {
-                f = (f * 7919 + 13) % blocks;
-                let e = rt.block_on(foyer.get(&f)).unwrap().expect("foyer miss");
-                assert_eq!(e.value().len(), size);
-                black_box(e);
-            })
-        });
-        g.finish();
+        Peers {
+            size,
+            blocks,
+            data,
+            store,
+            keys,
+            naive,
+            nkeys,
+            cdir,
+            foyer,
+            _dirs: [dir, ndir, fdir],
+        }
+    }
+}
 
-        let mut g = c.benchmark_group(format!("peer_put_{}KiB_x{BATCH}", size / 1024));
-        g.throughput(Throughput::Bytes((size * BATCH) as u64));
-        g.sample_size(20);
-        let mut n = 0u32;
-        g.bench_function(BenchmarkId::from_parameter("tierkv"), |b| {
-            b.iter(|| {
-                let items: Vec<_> = (0..BATCH)
-                    .map(|_| {
-                        n += 1;
-                        (
-                            store.key(BlockHash::chain(None, &[u32::MAX - n])),
-                            data.as_slice(),
-                        )
-                    })
-                    .collect();
-                for r in store.put_many(&items) {
-                    r.unwrap();
-                }
-            })
-        });
-        let mut nn = 0u32;
-        g.bench_function(BenchmarkId::from_parameter("naive"), |b| {
-            b.iter(|| {
-                let items: Vec<_> = (0..BATCH)
-                    .map(|_| {
-                        nn += 1;
-                        (
-                            naive.key(BlockHash::chain(None, &[u32::MAX - nn])),
-                            data.as_slice(),
-                        )
-                    })
-                    .collect();
-                for r in naive.put_many(&items) {
-                    r.unwrap();
-                }
-            })
-        });
-        let mut m = 0u64;
-        g.bench_function(BenchmarkId::from_parameter("cacache"), |b| {
-            b.iter(|| {
-                for _ in 0..BATCH {
-                    m += 1;
-                    cacache::write_sync(cdir.path(), format!("new-{m}"), &data).unwrap();
-                }
-            })
-        });
-        let mut k = blocks;
-        g.bench_function(BenchmarkId::from_parameter("foyer"), |b| {
-            b.iter(|| {
-                rt.block_on(foyer_put(&foyer, k..k + BATCH as u64, &data));
-                k += BATCH as u64;
-            })
-        });
-        g.finish();
-        rt.block_on(foyer.close()).unwrap();
+/// Gets of one block at a time, spread over the blocks, from each peer.
+fn bench_gets(c: &mut Criterion, rt: &tokio::runtime::Runtime, p: &Peers) {
+    let Peers {
+        size,
+        blocks,
+        store,
+        keys,
+        naive,
+        nkeys,
+        cdir,
+        foyer,
+        ..
+    } = p;
+    let (size, blocks) = (*size, *blocks);
+    let mut g = c.benchmark_group(format!("peer_get_{}KiB", size / 1024));
+    g.throughput(Throughput::Bytes(size as u64));
+    g.sample_size(30);
+    let mut buf = AlignedBuf::zeroed(size);
+    let mut i = 0u64;
+    g.bench_function(BenchmarkId::from_parameter("tierkv"), |b| {
+        b.iter(|| {
+            i = (i * 7919 + 13) % blocks;
+            assert_eq!(
+                store.get(&keys[i as usize], &mut buf).unwrap(),
+                Lookup::Hit(size)
+            );
+            black_box(&buf);
+        })
+    });
+
+    let mut ni = 0u64;
+    g.bench_function(BenchmarkId::from_parameter("naive"), |b| {
+        b.iter(|| {
+            ni = (ni * 7919 + 13) % blocks;
+            assert_eq!(
+                naive.get(&nkeys[ni as usize], &mut buf).unwrap(),
+                Lookup::Hit(size)
+            );
+            black_box(&buf);
+        })
+    });
+
+    let mut j = 0u64;
+    g.bench_function(BenchmarkId::from_parameter("cacache"), |b| {
+        b.iter(|| {
+            j = (j * 7919 + 13) % blocks;
+            let v = cacache::read_sync(cdir.path(), name(j)).unwrap();
+            assert_eq!(v.len(), size);
+            black_box(v);
+        })
+    });
+
+    let mut f = 0u64;
+    g.bench_function(BenchmarkId::from_parameter("foyer"), |b| {
+        b.iter(|| {
+            f = (f * 7919 + 13) % blocks;
+            let e = rt.block_on(foyer.get(&f)).unwrap().expect("foyer miss");
+            assert_eq!(e.value().len(), size);
+            black_box(e);
+        })
+    });
+    g.finish();
+}
+
+/// Puts of batches of [`BATCH`] new blocks into each peer.
+fn bench_puts(c: &mut Criterion, rt: &tokio::runtime::Runtime, p: &Peers) {
+    let Peers {
+        size,
+        blocks,
+        data,
+        store,
+        naive,
+        cdir,
+        foyer,
+        ..
+    } = p;
+    let size = *size;
+    let mut g = c.benchmark_group(format!("peer_put_{}KiB_x{BATCH}", size / 1024));
+    g.throughput(Throughput::Bytes((size * BATCH) as u64));
+    g.sample_size(20);
+    let mut n = 0u32;
+    g.bench_function(BenchmarkId::from_parameter("tierkv"), |b| {
+        b.iter(|| {
+            let items: Vec<_> = (0..BATCH)
+                .map(|_| {
+                    n += 1;
+                    (
+                        store.key(BlockHash::chain(None, &[u32::MAX - n])),
+                        data.as_slice(),
+                    )
+                })
+                .collect();
+            for r in store.put_many(&items) {
+                r.unwrap();
+            }
+        })
+    });
+    let mut nn = 0u32;
+    g.bench_function(BenchmarkId::from_parameter("naive"), |b| {
+        b.iter(|| {
+            let items: Vec<_> = (0..BATCH)
+                .map(|_| {
+                    nn += 1;
+                    (
+                        naive.key(BlockHash::chain(None, &[u32::MAX - nn])),
+                        data.as_slice(),
+                    )
+                })
+                .collect();
+            for r in naive.put_many(&items) {
+                r.unwrap();
+            }
+        })
+    });
+    let mut m = 0u64;
+    g.bench_function(BenchmarkId::from_parameter("cacache"), |b| {
+        b.iter(|| {
+            for _ in 0..BATCH {
+                m += 1;
+                cacache::write_sync(cdir.path(), format!("new-{m}"), data).unwrap();
+            }
+        })
+    });
+    let mut k = *blocks;
+    g.bench_function(BenchmarkId::from_parameter("foyer"), |b| {
+        b.iter(|| {
+            rt.block_on(foyer_put(foyer, k..k + BATCH as u64, data));
+            k += BATCH as u64;
+        })
+    });
+    g.finish();
+}
+
+fn peers(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for size in [64 * 1024usize, 256 * 1024, 2 << 20] {
+        let p = Peers::fill(&rt, size);
+        bench_gets(c, &rt, &p);
+        bench_puts(c, &rt, &p);
+        rt.block_on(p.foyer.close()).unwrap();
     }
 }
 
