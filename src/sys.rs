@@ -30,7 +30,8 @@ pub fn read_full(
                 done += n;
                 IoSliceMut::advance_slices(&mut rest, n);
             }
-            Err(Errno::INTR) => continue,
+            // Interrupted before a byte moved: again.
+            Err(Errno::INTR) => {}
             Err(e) => return Err(errno(e)),
         }
     }
@@ -92,7 +93,8 @@ pub fn write_full(fd: BorrowedFd<'_>, offset: u64, bufs: &mut [IoSlice<'_>]) -> 
                 done += n;
                 IoSlice::advance_slices(&mut rest, n);
             }
-            Err(Errno::INTR) => continue,
+            // Interrupted before a byte moved: again.
+            Err(Errno::INTR) => {}
             Err(e) => return Err(errno(e)),
         }
     }

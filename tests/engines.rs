@@ -273,7 +273,7 @@ fn direct_io_reaches_the_descriptor_and_sync_writes_sync_for_every_engine() {
         for (direct, sync, publish) in cases {
             let spy = Arc::new(FlagSpy {
                 inner: engine.clone(),
-                seen: Default::default(),
+                seen: std::sync::Mutex::default(),
             });
             // On the target directory's filesystem (tmpfs may refuse O_DIRECT).
             let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
@@ -338,7 +338,7 @@ fn direct_io_reaches_the_descriptor_and_sync_writes_sync_for_every_engine() {
                     let named = target.contains("/.tmp.");
                     match publish {
                         Publish::Tmpfile => assert!(anonymous || named, "{name}: {target}"),
-                        _ => assert!(named, "{name}: a rename put wrote {target}"),
+                        Publish::Rename => assert!(named, "{name}: a rename put wrote {target}"),
                     }
                 }
                 assert_eq!(
@@ -409,7 +409,7 @@ fn fresh_direct_reads_land_in_aligned_buffers() {
         };
         let store = store_with(dir.path(), engine.clone(), cfg());
         let mut bufs: Vec<AlignedBuf> = sizes.iter().map(|_| AlignedBuf::zeroed(max)).collect();
-        for b in bufs.iter_mut() {
+        for b in &mut bufs {
             b.fill(0xEE);
         }
         for (i, r) in store.get_many(&ks, &mut bufs).into_iter().enumerate() {
@@ -527,8 +527,8 @@ impl StreamSpy {
         Arc::new(StreamSpy {
             inner,
             dir,
-            threads: Default::default(),
-            open_at_pull: Default::default(),
+            threads: std::sync::Mutex::default(),
+            open_at_pull: std::sync::Mutex::default(),
         })
     }
 }
@@ -553,9 +553,9 @@ impl IoEngine for StreamSpy {
     fn submit(&self, batch: &mut [tierkv::engine::IoRequest<'_>]) -> Vec<std::io::Result<usize>> {
         self.inner.submit(batch)
     }
-    fn submit_stream<'a>(
+    fn submit_stream(
         &self,
-        stream: &mut dyn Iterator<Item = tierkv::engine::IoRequest<'a>>,
+        stream: &mut dyn Iterator<Item = tierkv::engine::IoRequest<'_>>,
     ) -> Vec<std::io::Result<usize>> {
         self.threads
             .lock()

@@ -36,7 +36,10 @@ fn a_write_failing_half_way_leaves_nothing_behind() {
     // failed again.
     assert_eq!(engine.writes_seen(), 6);
     // Every failing write really wrote half its bytes (header + half the payload).
-    assert_eq!(engine.partial_bytes_written(), 4 * ((4096 + 100_000) / 2));
+    assert_eq!(
+        engine.partial_bytes_written(),
+        4 * u64::midpoint(4096, 100_000)
+    );
     let s = store.stats();
     assert_eq!((s.nospace_retries, s.evictions), (1, 1));
     assert!(res[0].is_ok());

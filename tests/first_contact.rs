@@ -75,8 +75,7 @@ fn readme_shows_the_example_that_runs() {
         .expect("README begin/end markers in examples/readme.rs");
     let dedented: String = body
         .lines()
-        .map(|l| l.strip_prefix("    ").unwrap_or(l))
-        .map(|l| format!("{l}\n"))
+        .flat_map(|l| [l.strip_prefix("    ").unwrap_or(l), "\n"])
         .collect();
     let readme = read("README.md");
     let shown = readme

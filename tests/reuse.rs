@@ -540,9 +540,9 @@ impl IoEngine for OpenDuringWrite {
     fn submit(&self, batch: &mut [IoRequest<'_>]) -> Vec<std::io::Result<usize>> {
         self.inner.submit(batch)
     }
-    fn submit_stream<'a>(
+    fn submit_stream(
         &self,
-        stream: &mut dyn Iterator<Item = IoRequest<'a>>,
+        stream: &mut dyn Iterator<Item = IoRequest<'_>>,
     ) -> Vec<std::io::Result<usize>> {
         let mut out = Vec::new();
         for r in stream {

@@ -266,9 +266,9 @@ fn contract_broken(engine: &dyn IoEngine, got: usize, n: usize) -> Vec<io::Resul
 /// [`IoEngine::submit_stream`] held to the same rule as [`submit_checked`]: an engine that
 /// returns another number of results than the requests it pulled fails them all (and the
 /// requests it never pulled are pulled here, so that the caller sees every one of them made).
-pub(crate) fn submit_stream_checked<'a>(
+pub(crate) fn submit_stream_checked(
     engine: &dyn IoEngine,
-    stream: &mut dyn Iterator<Item = IoRequest<'a>>,
+    stream: &mut dyn Iterator<Item = IoRequest<'_>>,
 ) -> Vec<io::Result<usize>> {
     let mut n = 0usize;
     let results = engine.submit_stream(&mut (&mut *stream).inspect(|_| n += 1));

@@ -268,9 +268,9 @@ impl IoEngine for UringEngine {
         })
     }
 
-    fn submit_stream<'a>(
+    fn submit_stream(
         &self,
-        stream: &mut dyn Iterator<Item = IoRequest<'a>>,
+        stream: &mut dyn Iterator<Item = IoRequest<'_>>,
     ) -> Vec<io::Result<usize>> {
         RING.with(|r| match this_ring(&mut r.borrow_mut(), self.depth) {
             Ok(ring) => {

@@ -196,7 +196,7 @@ impl FdCache {
         let mut evicted = Vec::new();
         'outer: while self.len() > new_cap {
             let mut progressed = false;
-            for shard in self.shards.iter() {
+            for shard in &self.shards {
                 if self.len() <= new_cap {
                     break 'outer;
                 }

@@ -131,7 +131,7 @@ mod tests {
         crate::sys::write_full(f.as_fd(), 0, &mut [IoSlice::new(&data)]).unwrap();
         let engine = Seen {
             concurrent,
-            threads: Default::default(),
+            threads: std::sync::Mutex::default(),
         };
         let mut bufs: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; len]).collect();
         let mut reqs: Vec<IoRequest<'_>> = if write {

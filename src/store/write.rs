@@ -466,7 +466,7 @@ impl Inner {
         let guards: Vec<_> = stripes.iter().map(|&s| self.lock_stripe(s)).collect();
         let mut over_victims = Vec::new();
         let mut synced: Vec<&str> = Vec::new();
-        for (slot, offer, plan, bytes) in written.iter() {
+        for (slot, offer, plan, bytes) in &written {
             let (slot, offer, bytes) = (*slot, *offer, *bytes);
             match self.publish_file(plan) {
                 Ok(Published::Theirs) => {
@@ -1030,11 +1030,11 @@ impl Inner {
     /// suffix of the batch, so no block is kept whose chain parent was declined); a file taken
     /// for it is unlinked. `offers` are the batch's, `spares` one per reservation (or fewer:
     /// none past the end); `spares` loses what is declined.
-    fn shed_over_bound<'s>(
+    fn shed_over_bound(
         &self,
         offered: &[(BlockHash, u64)],
         offers: &mut [Offer],
-        spares: &mut Vec<Option<Spare<'s>>>,
+        spares: &mut Vec<Option<Spare<'_>>>,
     ) {
         let reserved: Vec<usize> = (0..offers.len())
             .filter(|&i| matches!(offers[i], Offer::Reserved | Offer::Replace { .. }))

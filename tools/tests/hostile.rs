@@ -696,7 +696,7 @@ mod prefix_property {
                         }
                     }
                     Op::Remove(c, i) => {
-                        store.remove_many(&chains[c][i..i + 1])[0].as_ref().unwrap();
+                        store.remove_many(&chains[c][i..=i])[0].as_ref().unwrap();
                     }
                 }
                 prop_assert!(prefix_closed(&store, &chains), "{policy}");

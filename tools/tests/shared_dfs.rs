@@ -44,9 +44,10 @@ fn dfs() -> Option<Dfs> {
         _ => {
             let why = "no distributed filesystem (TIERKV_DFS_N1/N2/SH unset: tools/test.sh \
                        sets them after tools/dfs.sh up)";
-            if std::env::var_os("TIERKV_REQUIRE_DFS").is_some() {
-                panic!("{why}, and TIERKV_REQUIRE_DFS is set");
-            }
+            assert!(
+                std::env::var_os("TIERKV_REQUIRE_DFS").is_none(),
+                "{why}, and TIERKV_REQUIRE_DFS is set"
+            );
             common::skip(why);
             None
         }
