@@ -63,7 +63,7 @@ fn readable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
 
 /// Waits for the one completion of `id`.
 fn one(q: &Completions, id: u64) -> Completion<Vec<u8>> {
-    let mut done = q.wait(Some(Duration::from_secs(30)));
+    let mut done = q.wait(Some(Duration::from_secs(5)));
     assert_eq!(done.len(), 1, "{done:?}");
     let c = done.pop().unwrap();
     assert_eq!(c.id, id);
@@ -161,10 +161,14 @@ fn closing_runs_every_batch_already_submitted() {
     let mut unique = ids.clone();
     unique.dedup();
     assert_eq!(unique.len(), 12, "ids are distinct");
-    let closer = std::thread::spawn(move || q.close());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(q.close()));
     std::thread::sleep(Duration::from_millis(50));
     open_gate();
-    let mut done: Vec<u64> = closer.join().unwrap().iter().map(|c| c.id).collect();
+    let closed = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("close hung");
+    let mut done: Vec<u64> = closed.iter().map(|c| c.id).collect();
     done.sort_unstable();
     assert_eq!(done, ids, "every batch completed");
     assert_eq!(store.contains_prefix(&keys).unwrap(), 12);
@@ -198,4 +202,9 @@ fn a_wait_with_nothing_pending_returns_at_once() {
     assert!(q.wait(None).is_empty());
     assert!(q.wait(Some(Duration::ZERO)).is_empty());
     let _ = q.event_fd().as_fd();
+    let shown = format!("{q:?}");
+    assert!(
+        shown.contains("threads: 1") && shown.contains("pending: 0"),
+        "{shown}"
+    );
 }

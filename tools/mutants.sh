@@ -48,7 +48,8 @@ tests_for() {
     # Splitting a get between threads: its unit tests read through it with every condition.
     src/store/split.rs) echo "--lib" ;;
     src/offload/*) echo "--lib --test offload" ;;
-    src/queue/*) echo "--lib --test queue" ;;
+    # The queue has no unit tests: its behaviour tests alone (the lib's take 30 s a mutant).
+    src/queue/*) echo "--test queue" ;;
     # The one walker: the sweep's suites and tierkv-stat's (its other visitor).
     src/ns/walk.rs) echo "--lib --test oracle --test semantics --test hostile --test shared --test stat_cli" ;;
     src/store/config.rs) echo "--lib --test oracle --test semantics --test faults --test engines --test capacity --test reuse --test shared" ;;
