@@ -594,6 +594,72 @@ fn layout_is_recorded_and_checked() {
 }
 
 #[test]
+fn a_small_store_has_its_leaves_from_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = || common::cfg().with_capacity_files(10_000);
+    let s = Store::open(dir.path(), worker("w"), small()).unwrap();
+    // A bounded store of up to 524,288 files gets 256 leaves, all made when it opens: no put of
+    // a fresh tree pays for a directory.
+    assert_eq!(s.layout(), Layout::new(1, 256).unwrap());
+    for leaf in s.layout().leaf_dirs() {
+        assert!(s.dir().join(&leaf).is_dir(), "{leaf} missing after open");
+    }
+    // A put whose leaf was removed behind the store's back still succeeds: it makes it.
+    let k = s.key(hash(1));
+    let leaf = s.layout().rel_path(&k.hash).dir().to_string();
+    std::fs::remove_dir(s.dir().join(&leaf)).unwrap();
+    s.put(&k, b"x").unwrap();
+    assert_eq!(s.get(&k, &mut [0u8; 1]).unwrap(), Lookup::Hit(1));
+    // A leaf removed while the store is closed is back after the next open.
+    let other = s.layout().rel_path(&hash(2)).dir().to_string();
+    let w = s.dir().to_path_buf();
+    drop(s);
+    if other != leaf {
+        std::fs::remove_dir(w.join(&other)).unwrap();
+    }
+    let s = Store::open(dir.path(), worker("w"), small()).unwrap();
+    assert!(w.join(&other).is_dir());
+    assert_eq!(s.get(&k, &mut [0u8; 1]).unwrap(), Lookup::Hit(1));
+    drop(s);
+
+    // A store of more files keeps the deep tree, whose leaves its puts make.
+    let big = || common::cfg().with_capacity_files(10_000_000);
+    let s = Store::open(dir.path(), worker("big"), big()).unwrap();
+    assert_eq!(s.layout(), Layout::default());
+    let entries = |p: &std::path::Path| std::fs::read_dir(p).unwrap().count();
+    let before = entries(s.dir());
+    s.put(&s.key(hash(1)), b"y").unwrap();
+    assert_eq!(
+        entries(s.dir()),
+        before + 1,
+        "one level-1 directory made by the put"
+    );
+    drop(s);
+    // A recorded layout is kept whatever the capacity says now: never re-laid.
+    let s = Store::open(dir.path(), worker("big"), small()).unwrap();
+    assert_eq!(s.layout(), Layout::default());
+    assert_eq!(
+        s.get(&s.key(hash(1)), &mut [0u8; 1]).unwrap(),
+        Lookup::Hit(1)
+    );
+    drop(s);
+    let s = Store::open(dir.path(), worker("w"), big()).unwrap();
+    assert_eq!(s.layout(), Layout::new(1, 256).unwrap());
+    drop(s);
+
+    // Unbounded: sized by the room the filesystem has for blocks of 256 KiB.
+    let s = Store::open(dir.path(), worker("u"), common::cfg()).unwrap();
+    let room = tierkv::ns::BlockDir::open(dir.path(), "u", false)
+        .unwrap()
+        .room_in_files(tierkv::layout::TYPICAL_BLOCK_BYTES + 4096);
+    assert_eq!(
+        s.layout(),
+        Layout::for_files(room),
+        "room for {room:?} files"
+    );
+}
+
+#[test]
 fn stale_temp_files_are_swept_on_open() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path(), "w");

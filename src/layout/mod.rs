@@ -113,7 +113,8 @@ pub struct Layout {
 
 impl Default for Layout {
     /// Depth 2, fan-out 256 (65,536 leaf directories): chosen from the measurements in
-    /// docs/layout.md.
+    /// docs/layout.md, for a store whose size is unknown or above [`SMALL_TREE_FILES`]
+    /// ([`Layout::for_files`]).
     fn default() -> Self {
         Layout {
             depth: 2,
@@ -121,6 +122,23 @@ impl Default for Layout {
         }
     }
 }
+
+/// The files a leaf directory is sized for when a new worker's layout is chosen from the
+/// store's size ([`Layout::for_files`]): a couple of thousand, where ext4 lookups, creates
+/// and scans stay fast (docs/layout.md: depth 1 beats depth 2 on every measure at 100k files,
+/// about 400 per leaf, and loses on creates and lookups at 1M, about 3,900 per leaf).
+pub const LEAF_FILES: u64 = 2048;
+/// The block size assumed when a store's size is known in bytes only (a byte capacity, or the
+/// filesystem's free space): 256 KiB. Real KV blocks are 0.5-8 MiB per block of 16 tokens for
+/// the models in docs/benchmarks.md; a store of smaller blocks fills its leaves with more
+/// files (64 KiB blocks: 4x [`LEAF_FILES`], about 8,000), which ext4 still handles well.
+pub const TYPICAL_BLOCK_BYTES: u64 = 256 << 10;
+/// The most files a new worker gets the small tree for: depth 1, fan-out 256, 256 leaves of
+/// up to [`LEAF_FILES`] files each (524,288).
+pub const SMALL_TREE_FILES: u64 = 256 * LEAF_FILES;
+/// A tree of at most this many leaf directories has them all created when a store opens
+/// (256 `mkdir`s take tens of milliseconds), so no put pays for a directory.
+pub const EAGER_LEAVES_MAX: u64 = 4096;
 
 /// What a directory entry of a worker tree is, judged by its name alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,6 +213,44 @@ impl Layout {
     pub fn level_names(&self) -> impl Iterator<Item = String> {
         let w = self.chars_per_level();
         (0..self.fanout).map(move |i| format!("{i:0w$x}"))
+    }
+
+    /// The layout of a new worker that will hold at most `files` block files (`None`:
+    /// unknown): depth 1, fan-out 256 up to [`SMALL_TREE_FILES`] (256 leaves, created when the
+    /// store opens), else [`Layout::default`] (depth 2, 65,536 leaves, created by the puts
+    /// that need them). A worker's recorded `LAYOUT` always wins over this.
+    pub fn for_files(files: Option<u64>) -> Layout {
+        match files {
+            Some(f) if f <= SMALL_TREE_FILES => Layout {
+                depth: 1,
+                fanout: 256,
+            },
+            _ => Layout::default(),
+        }
+    }
+
+    /// The number of leaf directories (1 at depth 0: the worker directory).
+    pub fn leaves(&self) -> u64 {
+        u64::from(self.fanout).saturating_pow(u32::from(self.depth))
+    }
+
+    /// Every leaf directory's relative path (`ab` at depth 1, `ab/cd` at depth 2), in order;
+    /// empty at depth 0. Only for trees of at most [`EAGER_LEAVES_MAX`] leaves.
+    pub fn leaf_dirs(&self) -> Vec<String> {
+        if self.depth == 0 || self.leaves() > EAGER_LEAVES_MAX {
+            return Vec::new();
+        }
+        let mut dirs = vec![String::new()];
+        for _ in 0..self.depth {
+            dirs = dirs
+                .iter()
+                .flat_map(|d| {
+                    self.level_names()
+                        .map(move |n| if d.is_empty() { n } else { format!("{d}/{n}") })
+                })
+                .collect();
+        }
+        dirs
     }
 
     /// True if `name` is a valid shard directory name at any level.
@@ -366,6 +422,30 @@ mod tests {
             let unique: std::collections::HashSet<_> = names.iter().collect();
             assert_eq!(unique.len(), names.len());
         }
+    }
+
+    #[test]
+    fn small_stores_get_one_level_of_256_leaves() {
+        let small = Layout::new(1, 256).unwrap();
+        assert_eq!(Layout::for_files(Some(1)), small);
+        assert_eq!(Layout::for_files(Some(SMALL_TREE_FILES)), small);
+        assert_eq!(
+            Layout::for_files(Some(SMALL_TREE_FILES + 1)),
+            Layout::default()
+        );
+        assert_eq!(Layout::for_files(None), Layout::default());
+        assert_eq!(small.leaves(), 256);
+        assert_eq!(Layout::default().leaves(), 65_536);
+        assert_eq!(Layout::new(0, 256).unwrap().leaves(), 1);
+        let dirs = small.leaf_dirs();
+        assert_eq!(
+            (dirs.len(), dirs[0].as_str(), dirs[255].as_str()),
+            (256, "00", "ff")
+        );
+        let two = Layout::new(2, 16).unwrap().leaf_dirs();
+        assert_eq!((two.len(), two[17].as_str()), (256, "1/1"));
+        assert!(Layout::default().leaf_dirs().is_empty());
+        assert!(Layout::new(0, 256).unwrap().leaf_dirs().is_empty());
     }
 
     #[test]

@@ -565,6 +565,26 @@ impl BlockDir {
         regular_only(fd, flags)
     }
 
+    /// How many files of `file_bytes` bytes the filesystem of the worker directory has room
+    /// for now: its free space for unprivileged users over `file_bytes`, or its free inodes
+    /// where those are fewer (`fstatvfs`; `None` if it fails or reports no size, as some
+    /// FUSE filesystems do).
+    pub fn room_in_files(&self, file_bytes: u64) -> Option<u64> {
+        let st = rustix::fs::fstatvfs(&self.fd).ok()?;
+        if st.f_blocks == 0 {
+            return None;
+        }
+        let bytes = st.f_bavail.saturating_mul(st.f_frsize);
+        let files = bytes / file_bytes.max(1);
+        // Filesystems without an inode table (btrfs, XFS's dynamic inodes) report 0 or a huge
+        // count: only a positive one bounds.
+        Some(if st.f_favail > 0 {
+            files.min(st.f_favail)
+        } else {
+            files
+        })
+    }
+
     /// Grows this process's descriptor table now to hold at least `slots` descriptors (capped
     /// below the soft `RLIMIT_NOFILE`), so that filling the open-file cache later never grows
     /// it. The kernel grows the table by doubling it when a new descriptor does not fit, and in

@@ -174,8 +174,10 @@ pub const MIN_BLOCK_FILE_BYTES: u64 = 8192;
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct StoreConfig {
-    /// The shard tree. `None` (default): the layout recorded in the tree, or
-    /// [`Layout::default`] for a new tree. `Some`: must match a recorded layout.
+    /// The shard tree. `None` (default): the layout recorded in the tree, or for a new tree
+    /// [`Layout::for_files`] of the store's size ([`StoreConfig::expected_files`]; unbounded:
+    /// the files the filesystem's free space and inodes hold at creation). `Some`: must match
+    /// a recorded layout.
     pub layout: Option<Layout>,
     /// Open-file cache capacity. `None` (default): a quarter of the soft `RLIMIT_NOFILE`, at
     /// most 4096. `Some(0)` opens and closes a file per access.
@@ -291,7 +293,8 @@ impl StoreConfig {
         Self::default()
     }
 
-    /// Sets the shard tree layout (default: recorded in the tree, else depth 2, fan-out 256).
+    /// Sets the shard tree layout (default: recorded in the tree, else chosen from the
+    /// store's size for a new tree: [`Layout::for_files`]).
     pub fn with_layout(mut self, layout: Layout) -> Self {
         self.layout = Some(layout);
         self
@@ -436,6 +439,20 @@ impl StoreConfig {
             max_files: self.capacity_files,
             high: self.high_watermark,
             low: self.low_watermark,
+        }
+    }
+
+    /// The most block files the configured capacity holds: the file capacity, or the byte
+    /// capacity over [`TYPICAL_BLOCK_BYTES`](crate::layout::TYPICAL_BLOCK_BYTES) (the smaller
+    /// when both are set); `None` when unbounded. What a new worker's layout is chosen from
+    /// ([`Layout::for_files`]).
+    pub fn expected_files(&self) -> Option<u64> {
+        let by_bytes = self
+            .capacity_bytes
+            .map(|b| b.div_ceil(crate::layout::TYPICAL_BLOCK_BYTES));
+        match (self.capacity_files, by_bytes) {
+            (Some(f), Some(b)) => Some(f.min(b)),
+            (f, b) => f.or(b),
         }
     }
 

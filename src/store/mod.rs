@@ -611,13 +611,16 @@ impl Store {
                 let _ = ns.unlock();
             }
         };
-        let layout = match resolve_layout(&ns, config.layout, read_only) {
+        let layout = match resolve_layout(&ns, config) {
             Ok(l) => l,
             Err(e) => {
                 unlock(&ns);
                 return Err(e);
             }
         };
+        if !read_only {
+            make_leaves(&ns, layout);
+        }
         let (report, counters, index) = rebuild_index(&ns, layout, config, policy, alone);
         let limits = config.limits();
         let shared = if shared_mode {
@@ -907,11 +910,13 @@ fn lock_shared_waiting(ns: &BlockDir) -> rustix::io::Result<bool> {
     }
 }
 
-/// Reads the layout recorded in the worker directory, or records `wanted` (or the default)
-/// there. A directory that holds anything but control files and has no `LAYOUT` is refused:
-/// its files were laid out by someone else, and adopting a default would make every block
-/// foreign.
-fn resolve_layout(ns: &BlockDir, wanted: Option<Layout>, read_only: bool) -> Result<Layout> {
+/// Reads the layout recorded in the worker directory, or records the configured one there
+/// (else one chosen from the store's size: [`Layout::for_files`] of the capacity, or of what
+/// the filesystem has room for when unbounded). A directory that holds anything but control
+/// files and has no `LAYOUT` is refused: its files were laid out by someone else, and
+/// adopting a default would make every block foreign.
+fn resolve_layout(ns: &BlockDir, config: &StoreConfig) -> Result<Layout> {
+    let (wanted, read_only) = (config.layout, config.read_only);
     let path = ns.full(LAYOUT_FILE);
     match ns.read_control(LAYOUT_FILE)? {
         Some(bytes) => {
@@ -934,7 +939,10 @@ fn resolve_layout(ns: &BlockDir, wanted: Option<Layout>, read_only: bool) -> Res
             }
         }
         None => {
-            let l = wanted.unwrap_or_default();
+            let l = wanted.unwrap_or_else(|| {
+                let file = layout::TYPICAL_BLOCK_BYTES + PAYLOAD_OFFSET;
+                Layout::for_files(config.expected_files().or_else(|| ns.room_in_files(file)))
+            });
             let others = ns
                 .read_dir("")
                 .map_err(|e| Error::from_io(ns.path(), io_err(e)))?
@@ -959,6 +967,44 @@ fn resolve_layout(ns: &BlockDir, wanted: Option<Layout>, read_only: bool) -> Res
             Ok(l)
         }
     }
+}
+
+/// Creates the leaf directories of a tree of at most [`layout::EAGER_LEAVES_MAX`] leaves that
+/// are missing, through the namespace layer (each level opened `O_NOFOLLOW`: an entry in a
+/// leaf's place that is not a directory, a symlink included, is left alone and logged, and
+/// the puts into it fail as before). Best effort: a put still creates a missing leaf itself,
+/// so a failure here (ENOSPC, EACCES, a leaf removed later) only costs that put a `mkdir`.
+fn make_leaves(ns: &BlockDir, layout: Layout) {
+    let leaves = layout.leaf_dirs();
+    if leaves.is_empty() {
+        return;
+    }
+    // One level: the worker directory's listing says which exist (one `getdents` on a
+    // reopen instead of 256 `mkdir`s).
+    let present: std::collections::HashSet<String> = if layout.depth == 1 {
+        ns.read_dir("")
+            .map(|es| es.iter().map(|e| e.name_str().to_string()).collect())
+            .unwrap_or_default()
+    } else {
+        Default::default()
+    };
+    let started = std::time::Instant::now();
+    let mut made = 0usize;
+    for dir in leaves.iter().filter(|d| !present.contains(d.as_str())) {
+        match ns.make_dirs(dir) {
+            Ok(()) => made += 1,
+            Err(Errno::LOOP | Errno::NOTDIR) => {
+                tracing::warn!(path = %ns.full(dir).display(),
+                    "not a directory (a symlink?) where a leaf directory belongs: left alone");
+            }
+            Err(e) => {
+                tracing::info!(path = %ns.full(dir).display(), error = %e,
+                    "could not create the leaf directories ahead: puts create them");
+                break;
+            }
+        }
+    }
+    tracing::debug!(made, elapsed = ?started.elapsed(), "leaf directories created at open");
 }
 
 impl Inner {

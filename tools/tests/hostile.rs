@@ -173,6 +173,7 @@ fn layout_temp_symlinks_never_truncate_outside() {
     }
     let store = Store::open(root.path(), worker("0"), quiet()).unwrap();
     fill(&store, 3, 100);
+    let laid = store.layout();
     drop(store);
     assert_eq!(std::fs::read(&target).unwrap(), b"keep");
     assert!(
@@ -181,7 +182,7 @@ fn layout_temp_symlinks_never_truncate_outside() {
     );
     assert_eq!(
         std::fs::read_to_string(w.join("LAYOUT")).unwrap(),
-        Layout::default().to_file_text()
+        laid.to_file_text()
     );
 }
 
@@ -229,6 +230,39 @@ fn shard_dir_symlinks_never_unlink_outside() {
     let moved = oracle::read_with_layout(out.path(), 1, 1);
     moved.assert_clean(out.path());
     assert_eq!(moved.blocks.len(), 30, "and are unchanged");
+}
+
+#[test]
+fn a_symlink_planted_as_a_leaf_is_never_followed() {
+    let root = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    // A small store: its 256 leaves are made when it opens.
+    let cfg = || quiet().with_capacity_files(1000);
+    let s = Store::open(root.path(), worker("0"), cfg()).unwrap();
+    assert_eq!(s.layout(), Layout::new(1, 256).unwrap());
+    let k = s.key(hash(7));
+    let leaf = s.layout().rel_path(&k.hash).dir().to_string();
+    let w = s.dir().to_path_buf();
+    drop(s);
+    // A leaf replaced by a symlink to a directory outside; another one removed.
+    std::fs::remove_dir(w.join(&leaf)).unwrap();
+    std::os::unix::fs::symlink(out.path(), w.join(&leaf)).unwrap();
+    let gone = if leaf == "00" { "01" } else { "00" };
+    std::fs::remove_dir(w.join(gone)).unwrap();
+    let s = Store::open(root.path(), worker("0"), cfg()).unwrap();
+    assert!(w.join(gone).is_dir(), "the missing leaf is made at open");
+    assert!(
+        std::fs::symlink_metadata(w.join(&leaf))
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the symlink is left alone"
+    );
+    // A put into the symlinked leaf is refused, never written through it.
+    assert!(s.put(&k, b"x").is_err());
+    assert_eq!(s.get(&k, &mut [0u8; 1]).unwrap(), Lookup::Miss);
+    drop(s);
+    assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0);
 }
 
 #[test]
@@ -870,20 +904,18 @@ fn first_open_failures_a_missing_layout_and_misplaced_blocks() {
 
     // A tree of blocks whose LAYOUT went missing is refused, not re-laid out.
     let (root, ks) = tree_of(20, 100);
+    let laid = std::fs::read_to_string(wdir(root.path(), "0").join("LAYOUT")).unwrap();
     std::fs::remove_file(wdir(root.path(), "0").join("LAYOUT")).unwrap();
     match Store::open(root.path(), worker("0"), quiet()) {
         Err(Error::LayoutMismatch { .. }) => {}
         other => panic!("{other:?}"),
     }
-    std::fs::write(
-        wdir(root.path(), "0").join("LAYOUT"),
-        Layout::default().to_file_text(),
-    )
-    .unwrap();
+    std::fs::write(wdir(root.path(), "0").join("LAYOUT"), laid).unwrap();
 
     // A valid block in the wrong shard directory: a miss, counted, removed by repair.
     let store = Store::open(root.path(), worker("0"), quiet()).unwrap();
     let p = store.path_of(&ks[0].hash);
+    let depth = store.layout().depth;
     drop(store);
     let wrong = wdir(root.path(), "0").join("zz-not-a-shard");
     let _ = wrong;
@@ -897,7 +929,7 @@ fn first_open_failures_a_missing_layout_and_misplaced_blocks() {
             .unwrap()
             .to_string();
         let d = if first == "00" { "01" } else { "00" };
-        wdir(root.path(), "0").join(d).join(d)
+        (0..depth).fold(wdir(root.path(), "0"), |w, _| w.join(d))
     };
     std::fs::create_dir_all(&other_shard).unwrap();
     let moved = other_shard.join(p.file_name().unwrap());

@@ -303,7 +303,9 @@ fn temp_name(i: u64, node: &str, pid: u32) -> String {
 }
 
 fn plant(root: &Path, i: u64, name: &str, age: Duration) -> std::path::PathBuf {
-    let store_layout = tierkv::Layout::default();
+    // The layout the store recorded (a new store's depends on its size).
+    let text = std::fs::read_to_string(root.join("v1/0/LAYOUT")).unwrap();
+    let store_layout = tierkv::Layout::from_file_text(&text).unwrap();
     let rel = store_layout.rel_path(&hash(i));
     let dir = root.join("v1/0").join(rel.dir());
     std::fs::create_dir_all(&dir).unwrap();

@@ -126,7 +126,9 @@ fn reports_exact_figures_and_changes_nothing() {
     assert_eq!(a["bytes"], t.good_bytes_a);
     assert_eq!(a["payload_bytes"], 10 * 1000 + 4 * 10_000);
     assert_eq!(a["bad_header"][0], t.truncated.to_str().unwrap());
-    assert_eq!(a["layout"], "depth 2 fan-out 256");
+    let laid = std::fs::read_to_string(t.root.join("v1/a/LAYOUT")).unwrap();
+    let laid = tierkv::Layout::from_file_text(&laid).unwrap();
+    assert_eq!(a["layout"], laid.to_string());
     let sizes: Vec<(String, u64)> = a["block_sizes"]
         .as_array()
         .unwrap()
@@ -150,7 +152,12 @@ fn reports_exact_figures_and_changes_nothing() {
     assert_eq!(a["ages"][0]["count"], 14);
     let sb = &a["shard_balance"];
     let leaves = sb["leaf_dirs"].as_u64().unwrap();
-    assert!((1..=15).contains(&leaves));
+    if laid.leaf_dirs().is_empty() {
+        assert!((1..=15).contains(&leaves));
+    } else {
+        // A small tree's leaves are all made when the store opens.
+        assert_eq!(leaves, laid.leaves());
+    }
     let hist_total: u64 = sb["histogram"]
         .as_array()
         .unwrap()
