@@ -215,7 +215,14 @@ fn bench_gets(c: &mut Criterion, rt: &tokio::runtime::Runtime, p: &Peers) {
     g.finish();
 }
 
-/// Puts of batches of [`BATCH`] new blocks into each peer.
+/// Writes back every dirty page before a put measurement, so a peer measured after the setup
+/// (gigabytes of puts) or after another peer does not pay for their writeback.
+fn settle() {
+    rustix::fs::sync();
+}
+
+/// Puts of batches of [`BATCH`] new blocks into each peer, each from a written-back page
+/// cache.
 fn bench_puts(c: &mut Criterion, rt: &tokio::runtime::Runtime, p: &Peers) {
     let Peers {
         size,
@@ -232,6 +239,7 @@ fn bench_puts(c: &mut Criterion, rt: &tokio::runtime::Runtime, p: &Peers) {
     g.throughput(Throughput::Bytes((size * BATCH) as u64));
     g.sample_size(20);
     let mut n = 0u32;
+    settle();
     g.bench_function(BenchmarkId::from_parameter("tierkv"), |b| {
         b.iter(|| {
             let items: Vec<_> = (0..BATCH)
@@ -249,6 +257,7 @@ fn bench_puts(c: &mut Criterion, rt: &tokio::runtime::Runtime, p: &Peers) {
         })
     });
     let mut nn = 0u32;
+    settle();
     g.bench_function(BenchmarkId::from_parameter("naive"), |b| {
         b.iter(|| {
             let items: Vec<_> = (0..BATCH)
@@ -266,6 +275,7 @@ fn bench_puts(c: &mut Criterion, rt: &tokio::runtime::Runtime, p: &Peers) {
         })
     });
     let mut m = 0u64;
+    settle();
     g.bench_function(BenchmarkId::from_parameter("cacache"), |b| {
         b.iter(|| {
             for _ in 0..BATCH {
@@ -275,6 +285,7 @@ fn bench_puts(c: &mut Criterion, rt: &tokio::runtime::Runtime, p: &Peers) {
         })
     });
     let mut k = *blocks;
+    settle();
     g.bench_function(BenchmarkId::from_parameter("foyer"), |b| {
         b.iter(|| {
             rt.block_on(foyer_put(foyer, k..k + BATCH as u64, data));
