@@ -986,7 +986,7 @@ fn make_leaves(ns: &BlockDir, layout: Layout) {
             .map(|es| es.iter().map(|e| e.name_str().to_string()).collect())
             .unwrap_or_default()
     } else {
-        Default::default()
+        std::collections::HashSet::new()
     };
     let started = std::time::Instant::now();
     let mut made = 0usize;
