@@ -425,6 +425,14 @@ pub fn block_path(wdir: &Path, hex: &str, depth: usize, width: usize) -> PathBuf
     p
 }
 
+/// Where block `hex` lives in the worker directory `wdir` by the layout its `LAYOUT` records
+/// (a new store chooses its depth from its size, docs/layout.md).
+pub fn block_path_by_layout(wdir: &Path, hex: &str) -> PathBuf {
+    let text = fs::read_to_string(wdir.join("LAYOUT")).expect("the worker's LAYOUT");
+    let (depth, width) = parse_layout(&text).expect("a layout file");
+    block_path(wdir, hex, depth, width)
+}
+
 /// The writer's boot id a version 2 file records (bytes 96..112), if it has one.
 pub fn writer_boot(b: &[u8]) -> Option<[u8; 16]> {
     (b.len() >= 128 && u16::from_le_bytes([b[8], b[9]]) == 2 && b[12] & 2 != 0)

@@ -931,7 +931,7 @@ fn verify_data_fails_a_run_that_reads_a_stale_or_swapped_block() {
     assert_eq!(w["verify_errors"], 0);
     let wdir = dir.path().join("v1/0");
     let hex7 = bench_block_hex("0", 7);
-    let p7 = common::oracle::block_path(&wdir, &hex7, 2, 2);
+    let p7 = common::oracle::block_path_by_layout(&wdir, &hex7);
     let stale = std::fs::read(&p7).unwrap();
     common::oracle::check_block_bytes(&stale, &hex7).unwrap();
     // Generation 2, read back whole.
@@ -965,7 +965,7 @@ fn verify_data_fails_a_run_that_reads_a_stale_or_swapped_block() {
 
     // Block 3's payload in a valid block file of block 7: another block's data.
     let hex3 = bench_block_hex("0", 3);
-    let b3 = std::fs::read(common::oracle::block_path(&wdir, &hex3, 2, 2)).unwrap();
+    let b3 = std::fs::read(common::oracle::block_path_by_layout(&wdir, &hex3)).unwrap();
     replace_behind_the_store(&p7, &common::oracle::encode_block(&hex7, &b3[4096..]));
     let out = bench().args(words(&read)).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -975,7 +975,7 @@ fn verify_data_fails_a_run_that_reads_a_stale_or_swapped_block() {
     // One byte of the payload changed, in a valid block file (correct checksum).
     let mut torn = b3[4096..].to_vec();
     torn[5000] ^= 1;
-    let hex3_path = common::oracle::block_path(&wdir, &hex3, 2, 2);
+    let hex3_path = common::oracle::block_path_by_layout(&wdir, &hex3);
     replace_behind_the_store(&hex3_path, &common::oracle::encode_block(&hex3, &torn));
     let out = bench().args(words(&read)).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
