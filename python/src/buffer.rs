@@ -216,6 +216,11 @@ impl Span {
 /// Refuses destination buffers that share memory (`ValueError`): two reads into one byte
 /// would alias two `&mut [u8]`.
 pub fn check_disjoint(spans: &[Span]) -> PyResult<()> {
+    check_disjoint_by(spans, &|i| format!("buffers[{i}]"))
+}
+
+/// As [`check_disjoint`], naming span `i` `name(i)` in the error.
+pub fn check_disjoint_by(spans: &[Span], name: &dyn Fn(usize) -> String) -> PyResult<()> {
     let mut order: Vec<usize> = (0..spans.len()).filter(|&i| spans[i].len > 0).collect();
     order.sort_unstable_by_key(|&i| spans[i].ptr as usize);
     for w in order.windows(2) {
@@ -223,7 +228,9 @@ pub fn check_disjoint(spans: &[Span]) -> PyResult<()> {
         if a.ptr as usize + a.len > b.ptr as usize {
             let (x, y) = (w[0].min(w[1]), w[0].max(w[1]));
             return Err(PyValueError::new_err(format!(
-                "buffers[{x}] and buffers[{y}] share memory; each key needs its own buffer"
+                "{} and {} share memory; each key needs its own buffer",
+                name(x),
+                name(y)
             )));
         }
     }

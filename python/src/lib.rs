@@ -17,7 +17,8 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use tierkv::engine::EngineKind;
 use tierkv::{
-    BlockHash, BlockKey, Layout, Lookup, PolicyKind, Publish, StoreConfig, VerifyMode, WorkerId,
+    BlockHash, BlockKey, Layout, Lookup, PolicyKind, Publish, Sharing, StoreConfig, VerifyMode,
+    WorkerId,
 };
 
 mod buffer;
@@ -97,6 +98,40 @@ fn views_of(buffers: &Bound<'_, PyAny>, n: usize, writable: bool) -> PyResult<Ve
     Ok(views)
 }
 
+/// Exports each key's parts of `parts` (one sequence of buffers per key): the views, and per
+/// key the range of its parts in the flat list of views.
+fn part_views_of(
+    parts: &Bound<'_, PyAny>,
+    n: usize,
+    writable: bool,
+) -> PyResult<(Vec<View>, Vec<std::ops::Range<usize>>)> {
+    let mut views = Vec::new();
+    let mut ranges = Vec::with_capacity(n);
+    for (i, seq) in parts.try_iter()?.enumerate() {
+        let seq = seq?;
+        // A list or tuple only: an array or a tensor is iterable too (by rows), which would
+        // silently split one buffer into parts.
+        if !(seq.is_instance_of::<PyList>() || seq.is_instance_of::<PyTuple>()) {
+            return Err(PyTypeError::new_err(format!(
+                "parts[{i}] is a {}; each item of parts is a list or tuple of buffers",
+                seq.get_type().name()?
+            )));
+        }
+        let start = views.len();
+        for (j, b) in seq.try_iter()?.enumerate() {
+            views.push(View::new(&b?, &format!("parts[{i}][{j}]"), writable)?);
+        }
+        ranges.push(start..views.len());
+    }
+    if ranges.len() != n {
+        return Err(PyValueError::new_err(format!(
+            "{n} keys but {} sequences of parts: one per key",
+            ranges.len()
+        )));
+    }
+    Ok((views, ranges))
+}
+
 fn parse<T: FromStr<Err = tierkv::Error>>(py: Python<'_>, s: &str) -> PyResult<T> {
     py_result(py, s.parse())
 }
@@ -129,7 +164,8 @@ impl PyStore {
         root, worker, *, capacity_bytes=None, capacity_files=None, policy="adaptive", engine="auto",
         read_only=false, verify="on-open", direct_io=false, sync_writes=false, fd_cache=None,
         max_block_size=None, layout=None, publish="rename", watermarks=None, queue_depth=None,
-        stats_interval=Some(1.0), keep_temp_files=false, reuse_evicted=true
+        stats_interval=Some(1.0), keep_temp_files=false, reuse_evicted=true, sharing="exclusive",
+        negative_ttl=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -153,6 +189,8 @@ impl PyStore {
         stats_interval: Option<f64>,
         keep_temp_files: bool,
         reuse_evicted: bool,
+        sharing: &str,
+        negative_ttl: Option<f64>,
     ) -> PyResult<Self> {
         // A worker is a name; a TP rank may be given as an int.
         let worker: String = if worker.is_instance_of::<pyo3::types::PyInt>() {
@@ -169,7 +207,15 @@ impl PyStore {
             .with_direct_io(direct_io)
             .with_sync_writes(sync_writes)
             .with_publish(parse::<Publish>(py, publish)?)
-            .with_reuse_evicted(reuse_evicted);
+            .with_reuse_evicted(reuse_evicted)
+            .with_sharing(parse::<Sharing>(py, sharing)?);
+        if let Some(t) = negative_ttl {
+            config = config.with_negative_ttl(Duration::try_from_secs_f64(t).map_err(|e| {
+                PyValueError::new_err(format!(
+                    "negative_ttl must be a number of seconds >= 0, got {t}: {e}"
+                ))
+            })?);
+        }
         config.keep_temp_files = keep_temp_files;
         if let Some(b) = capacity_bytes {
             config = config.with_capacity_bytes(b);
@@ -353,6 +399,81 @@ impl PyStore {
                 .map(|s| unsafe { s.as_mut_slice() })
                 .collect();
             store.get_many(&keys, &mut bufs)
+        });
+        drop(views);
+        Ok(batch(py, results)?
+            .into_iter()
+            .map(|l| match l {
+                Lookup::Hit(n) => Some(n),
+                Lookup::Miss => None,
+            })
+            .collect())
+    }
+
+    /// As `put_many`, for blocks held in several buffers: `parts[i]` is a sequence of
+    /// buffers (an MHA page's K and V regions), written in order as the payload of
+    /// `keys[i]`, each read in place (no copy into one buffer). The blocks read back with
+    /// `get_many_into` (one buffer) or `get_many_into_vectored` (parts). The GIL is
+    /// released during the I/O.
+    fn put_many_vectored(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        parts: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let store = self.store()?;
+        let keys = keys_of(py, &self.worker, keys)?;
+        let (views, ranges) = part_views_of(parts, keys.len(), false)?;
+        let spans: Vec<Span> = views.iter().map(View::span).collect();
+        let results = py.detach(move || {
+            // SAFETY: the views stay alive (held by this frame, with the GIL) until after
+            // `detach` returns; the store only reads them.
+            let slices: Vec<&[u8]> = spans.iter().map(|s| unsafe { s.as_slice() }).collect();
+            let items: Vec<(BlockKey, &[&[u8]])> = keys
+                .into_iter()
+                .zip(ranges)
+                .map(|(k, r)| (k, &slices[r]))
+                .collect();
+            store.put_many_vectored(&items)
+        });
+        drop(views);
+        batch(py, results).map(drop)
+    }
+
+    /// As `get_many_into`, into several writable buffers per block: `parts[i]` is a
+    /// sequence of buffers filled in order with the payload of `keys[i]` (an MHA page's K
+    /// and V regions). Returns per key the block's length or None (a miss). Parts that
+    /// together are smaller than the block raise `BufferTooSmallError`; no two buffers of
+    /// the whole call may share memory. The GIL is released during the I/O.
+    fn get_many_into_vectored(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        parts: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<Option<usize>>> {
+        let store = self.store()?;
+        let keys = keys_of(py, &self.worker, keys)?;
+        let (views, ranges) = part_views_of(parts, keys.len(), true)?;
+        let spans: Vec<Span> = views.iter().map(View::span).collect();
+        buffer::check_disjoint_by(&spans, &|flat| {
+            let i = ranges.partition_point(|r| r.end <= flat);
+            format!("parts[{i}][{}]", flat - ranges[i].start)
+        })?;
+        let results = py.detach(move || {
+            // SAFETY: the views stay alive (held by this frame, with the GIL) until after
+            // `detach` returns; the spans are writable and pairwise disjoint (checked above).
+            let mut slices: Vec<&mut [u8]> = spans
+                .into_iter()
+                .map(|s| unsafe { s.as_mut_slice() })
+                .collect();
+            let mut per_key: Vec<&mut [&mut [u8]]> = Vec::with_capacity(ranges.len());
+            let mut rest: &mut [&mut [u8]] = &mut slices;
+            for r in &ranges {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(r.len());
+                per_key.push(head);
+                rest = tail;
+            }
+            store.get_many_vectored(&keys, &mut per_key)
         });
         drop(views);
         Ok(batch(py, results)?

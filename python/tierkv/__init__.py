@@ -87,7 +87,8 @@ class Store(_tierkv.Store):
     ``Store(root, worker, *, capacity_bytes=None, capacity_files=None, policy="adaptive",
     engine="auto", read_only=False, verify="on-open", direct_io=False, sync_writes=False,
     fd_cache=None, max_block_size=None, layout=None, publish="rename", watermarks=None,
-    queue_depth=None, stats_interval=1.0, keep_temp_files=False, reuse_evicted=True)``
+    queue_depth=None, stats_interval=1.0, keep_temp_files=False, reuse_evicted=True,
+    sharing="exclusive", negative_ttl=None)``
 
     - ``root``: the cache directory (shared by all workers); ``worker``: this worker's id
       (``[A-Za-z0-9_.-]``, 1 to 64 characters; an int TP rank is accepted as its digits).
@@ -110,6 +111,10 @@ class Store(_tierkv.Store):
       by the puts, exactly at the bound). False: evicted files are unlinked and a background
       thread evicts from ``watermarks`` ``(high, low)``, fractions of the capacity (default
       ``(0.95, 0.90)``).
+    - ``sharing``: ``"exclusive"`` (one store per worker directory, the default) or
+      ``"shared"`` (many stores, in several processes or nodes, on one worker directory: a
+      key the index lacks is looked up in the tree, and a miss is remembered for
+      ``negative_ttl`` seconds, default 1; docs/shared.md).
     - ``stats_interval``: seconds between writes of the live counters (``tierkv-stat
       --live``), None: never. ``keep_temp_files``: leave a crashed store's temp files.
 

@@ -1,0 +1,81 @@
+"""Store.put_many_vectored / get_many_into_vectored: a block written from and read into
+several buffers in place (an MHA page's K and V regions, which are not contiguous; issue 26)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tierkv
+
+
+def keys(n: int, seed: int = 0) -> list:
+    return tierkv.chain_hashes(list(range(seed, seed + 16 * n)), 16)
+
+
+def test_parts_round_trip_through_parts_and_one_buffer(store):
+    k = keys(3)
+    rng = np.random.default_rng(1)
+    parts = [[rng.integers(0, 256, n, np.uint8) for n in sizes] for sizes in ([7, 4093], [1], [0, 5, 4096])]
+    store.put_many_vectored(k, parts)
+    whole = [np.concatenate(p) for p in parts]
+    # One buffer per block reads the concatenation.
+    bufs = [np.zeros(w.size + 3, np.uint8) for w in whole]
+    assert store.get_many_into(k, bufs) == [w.size for w in whole]
+    for b, w in zip(bufs, whole):
+        assert bytes(b[: w.size]) == w.tobytes()
+    # Parts of other sizes than written (a K/V split at odd sizes) fill in order.
+    outs = [[np.zeros(n, np.uint8) for n in sizes] for sizes in ([3, 4097], [1], [4000, 101])]
+    assert store.get_many_into_vectored(k, outs) == [4100, 1, 4101]
+    for o, w in zip(outs, whole):
+        assert np.concatenate(o)[: w.size].tobytes() == w.tobytes()
+
+
+def test_k_and_v_regions_of_one_pool_in_place(store):
+    """Pages whose K and V halves lie in two far-apart regions of one pool, as SGLang's
+    page_first host pool lays them out: written from and read into the pool itself."""
+    pool = tierkv.aligned_array((2, 4, 1000), np.float16)  # [K|V, page, bytes of a page]
+    pool[...] = np.random.default_rng(2).standard_normal(pool.shape)
+    k = keys(4, seed=7)
+    store.put_many_vectored(k, [[pool[0, i], pool[1, i]] for i in range(4)])
+    want = pool.copy()
+    pool[...] = 0
+    addr = pool.ctypes.data
+    assert store.get_many_into_vectored(k, [(pool[0, i], pool[1, i]) for i in range(4)]) == [4000] * 4
+    assert pool.ctypes.data == addr and np.array_equal(pool, want)
+
+
+def test_a_miss_is_none_and_the_others_are_read(store):
+    k = keys(3)
+    store.put_many_vectored(k[:1], [[b"ab", b"cd"]])
+    out = [[bytearray(2), bytearray(2)] for _ in range(3)]
+    assert store.get_many_into_vectored([k[0], k[2]], out[:2]) == [4, None]
+    assert bytes(out[0][0] + out[0][1]) == b"abcd"
+
+
+def test_parts_too_small_raise_buffer_too_small(store):
+    k = keys(2)
+    store.put_many_vectored(k, [[b"x" * 10, b"y" * 10], [b"z"]])
+    with pytest.raises(tierkv.BufferTooSmallError) as e:
+        store.get_many_into_vectored(k, [[bytearray(10), bytearray(9)], [bytearray(1)]])
+    assert e.value.index == 0
+
+
+def test_overlapping_and_read_only_parts_are_refused(store):
+    k = keys(2)
+    store.put_many_vectored(k, [[b"x" * 10], [b"y" * 10]])
+    m = memoryview(bytearray(64))
+    with pytest.raises(ValueError, match=r"parts\[0\]\[1\] and parts\[1\]\[0\] share memory"):
+        store.get_many_into_vectored(k, [[m[0:5], m[5:12]], [m[10:20]]])
+    with pytest.raises(TypeError, match="read-only"):
+        store.get_many_into_vectored(k, [[b"0" * 10], [bytearray(10)]])
+    # Adjacent parts of one pool are fine.
+    assert store.get_many_into_vectored(k, [[m[0:5], m[5:10]], [m[10:20]]]) == [10, 10]
+
+
+def test_parts_must_be_lists_of_buffers_one_per_key(store):
+    k = keys(2)
+    with pytest.raises(TypeError, match="list or tuple"):
+        store.put_many_vectored(k, [np.zeros(4, np.uint8), [b"x"]])
+    with pytest.raises(ValueError, match="one per key"):
+        store.put_many_vectored(k, [[b"x"]])
