@@ -1,0 +1,383 @@
+"""tierkv as an SGLang HiCache storage backend (the L3 tier under SGLang's host memory pool).
+
+Attach it with SGLang's ``dynamic`` backend::
+
+    --hicache-storage-backend dynamic --hicache-storage-backend-extra-config
+      '{"backend_name": "tierkv", "module_path": "tierkv.sglang",
+        "class_name": "TierkvHiCacheStorage", "interface_v1": 1,
+        "root": "/mnt/nvme/kvcache", "capacity_bytes": 1099511627776}'
+
+SGLang builds the class as ``cls(storage_config, kwargs)`` and then calls
+``register_mem_pool_host(pool)``; the store is opened there, once the pool's page size,
+layout and dtype are known (they are part of the tierkv worker id). With ``"interface_v1":
+1`` the controller uses the zero-copy ``batch_get_v1``/``batch_set_v1``: each page's regions
+(two for MHA, K and V, which are not contiguous; one for MLA) are read and written in place
+with ``Store.get_many_into_vectored``/``put_many_vectored``. Without it, the legacy flat-page
+calls (``batch_get``/``batch_set``) are used.
+
+SGLang's page keys (64 hex characters of a chained SHA-256) are the tierkv block hashes, used
+as they are. A backend must never raise into SGLang's controller threads: every failure here
+becomes False / None / 0, is counted (``tierkv_stats()["failures"]``) and is logged at most
+once per ``log_interval`` seconds per operation.
+
+Keys in the extra config (besides SGLang's own ``backend_name``, ``module_path``,
+``class_name``, ``interface_v1``): ``root`` (required), and any keyword argument of
+:class:`tierkv.Store` (``capacity_bytes``, ``capacity_files``, ``policy``, ``engine``,
+``verify``, ``direct_io``, ``sync_writes``, ``fd_cache``, ``layout``, ``publish``,
+``watermarks``, ``queue_depth``, ``stats_interval``, ``reuse_evicted``, ``sharing``,
+``negative_ttl``), and ``log_interval`` (seconds, default 10). An MLA model's ranks share one
+worker (``sharing="shared"``, ``negative_ttl=0`` unless given).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import re
+import shutil
+import threading
+import time
+from typing import Any, Dict, List, Optional
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+
+from . import Store
+
+logger = logging.getLogger(__name__)
+
+_STORE_OPTIONS = (
+    "capacity_bytes",
+    "capacity_files",
+    "policy",
+    "engine",
+    "verify",
+    "direct_io",
+    "sync_writes",
+    "fd_cache",
+    "max_block_size",
+    "layout",
+    "publish",
+    "watermarks",
+    "queue_depth",
+    "stats_interval",
+    "keep_temp_files",
+    "reuse_evicted",
+    "sharing",
+    "negative_ttl",
+)
+_SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size")
+
+
+def _slug(s: str, n: int) -> str:
+    """`s` in the worker id's alphabet ([A-Za-z0-9_.-]), its last `n` characters."""
+    s = re.sub(r"[^A-Za-z0-9_.-]+", "_", s.rstrip("/").split("/")[-1]).strip(".") or "model"
+    return s[-n:]
+
+
+def worker_id(config: HiCacheStorageConfig, pool: Any) -> str:
+    """The tierkv worker id of one SGLang rank's pages: everything that changes a page's bytes
+    or which part of the model it holds (model, page size, layout, dtype, per-token size, the
+    TP/PP/CP/DP ranks; for an MLA model, whose ranks hold the same pages, no TP rank) is hashed
+    into it, so two models or two shardings never share a block. At most 64 characters:
+    ``sgl.<model>.p<page>.<rank>.<16 hex>``."""
+    mla = bool(config.is_mla_model)
+    ident = {
+        "model": config.model_name or "",
+        "page_size": int(pool.page_size),
+        "layout": str(pool.layout),
+        "dtype": str(pool.dtype),
+        "size_per_token": int(pool.get_size_per_token()),
+        "pool": type(pool).__name__,
+        "mla": mla,
+        "pp": (config.pp_rank, config.pp_size),
+        "cp": (config.attn_cp_rank, config.attn_cp_size),
+        "dp": getattr(config, "dp_rank", 0),
+        "dcp": (getattr(config, "dcp_rank", 0), getattr(config, "dcp_size", 1)),
+        "tp": None if mla else (config.tp_rank, config.tp_size),
+    }
+    digest = hashlib.sha256(repr(sorted(ident.items())).encode()).hexdigest()[:16]
+    rank = "mla" if mla else f"tp{config.tp_rank}of{config.tp_size}"
+    if config.pp_size > 1:
+        rank += f"pp{config.pp_rank}"
+    return f"sgl.{_slug(config.model_name or 'model', 20)}.p{pool.page_size}.{rank}.{digest}"
+
+
+def _byte_view(t: Any) -> Any:
+    """A contiguous tensor's bytes as a uint8 numpy array sharing its memory (bf16 and fp8,
+    which numpy cannot hold, included)."""
+    if isinstance(t, torch.Tensor):
+        if not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError("pages must be contiguous CPU tensors")
+        return t.reshape(-1).view(torch.uint8).numpy()
+    return t
+
+
+def _regions(ptrs: List[int], sizes: List[int], n: int) -> List[List[Any]]:
+    """Per key, its page's regions as writable buffers over the host pool's memory (no copy):
+    `get_page_buffer_meta` gives the regions of `n` pages in page order."""
+    if n == 0 or len(ptrs) % n or len(ptrs) != len(sizes):
+        raise ValueError(f"{len(ptrs)} regions for {n} pages")
+    r = len(ptrs) // n
+    views = [(ctypes.c_ubyte * s).from_address(p) for p, s in zip(ptrs, sizes)]
+    return [views[i * r : (i + 1) * r] for i in range(n)]
+
+
+class TierkvHiCacheStorage(HiCacheStorage):
+    """SGLang HiCache storage over a tierkv store: one tierkv worker per TP/PP/CP rank (one
+    shared by all ranks of an MLA model, written by SGLang's storage writer rank, read by the
+    others), under the ``root`` of the extra config."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
+        self.config = storage_config
+        extra = dict(storage_config.extra_config or {})
+        if not extra.get("root"):
+            raise ValueError('tierkv HiCache backend: the extra config needs "root"')
+        self.root = str(extra["root"])
+        unknown = set(extra) - set(_STORE_OPTIONS) - set(_SGLANG_KEYS) - {"root", "log_interval"}
+        if unknown:
+            raise ValueError(f"tierkv HiCache backend: unknown extra config keys {sorted(unknown)}")
+        self.options = {k: extra[k] for k in _STORE_OPTIONS if k in extra}
+        if isinstance(self.options.get("layout"), list):
+            self.options["layout"] = tuple(self.options["layout"])
+        if isinstance(self.options.get("watermarks"), list):
+            self.options["watermarks"] = tuple(self.options["watermarks"])
+        self.log_interval = float(extra.get("log_interval", 10.0))
+        self.writer = bool(storage_config.is_storage_writer)
+        self.mem_pool_host: Any = None
+        self.worker: Optional[str] = None
+        self.store: Optional[Store] = None
+        self._lock = threading.Lock()
+        self._failures: Dict[str, int] = {}
+        self._last_log: Dict[str, float] = {}
+        self._metrics = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bw": [], "backup_bw": []}
+
+    # -- setup -------------------------------------------------------------------------
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """Opens the store: the worker id needs the pool's geometry. A store that cannot be
+        opened (root not writable, ...) is logged; every call then misses or fails."""
+        super().register_mem_pool_host(mem_pool_host)
+        try:
+            self.worker = worker_id(self.config, mem_pool_host)
+            self._open()
+        except Exception as e:  # noqa: BLE001: never raise into SGLang
+            self._fail("open", e)
+
+    def _open(self) -> None:
+        options = dict(self.options)
+        if self.config.is_mla_model:
+            # All ranks of an MLA model open its one worker: SGLang's storage writer rank
+            # writes, the others read, each a "shared" store (a key its index lacks is
+            # looked up in the tree; a miss is remembered for negative_ttl, 0 by default
+            # here, as ranks ask for pages the writer may have just stored).
+            options.setdefault("sharing", "shared")
+            options.setdefault("negative_ttl", 0.0)
+        self.store = Store(self.root, self.worker, **options)
+        logger.info("tierkv HiCache backend: %s (worker %s)", self.store.dir, self.worker)
+
+    def close(self) -> None:
+        store, self.store = self.store, None
+        if store is not None:
+            try:
+                store.close()
+            except Exception as e:  # noqa: BLE001
+                self._fail("close", e)
+
+    # -- failures ------------------------------------------------------------------------
+
+    def _fail(self, op: str, err: Any) -> None:
+        """Counts a failure of `op` and logs it, at most once per log_interval per op."""
+        with self._lock:
+            self._failures[op] = self._failures.get(op, 0) + 1
+            now = time.monotonic()
+            if now - self._last_log.get(op, -1e9) < self.log_interval:
+                return
+            self._last_log[op] = now
+            count = self._failures[op]
+        logger.warning("tierkv HiCache backend: %s failed (%d so far): %s", op, count, err)
+
+    def _store(self) -> Store:
+        store = self.store
+        if store is None:
+            raise RuntimeError("no store (not registered, or the open failed)")
+        return store
+
+    # -- zero-copy v1 ----------------------------------------------------------------------
+
+    def batch_get_v1(
+        self, keys: List[str], host_indices: torch.Tensor, extra_info: Any = None
+    ) -> List[bool]:
+        """Reads each page straight into its host pool regions; True per page read whole."""
+        if not keys:
+            return []
+        try:
+            t0 = time.perf_counter()
+            ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
+            parts = _regions(ptrs, sizes, len(keys))
+            want = sum(sizes) // len(keys)
+            got = self._store().get_many_into_vectored(keys, parts)
+            ok = [n == want for n in got]
+            self._record("prefetch", sum(ok), sum(ok) * want, t0)
+            return ok
+        except Exception as e:  # noqa: BLE001
+            self._fail("batch_get_v1", e)
+            return [False] * len(keys)
+
+    def batch_set_v1(
+        self, keys: List[str], host_indices: torch.Tensor, extra_info: Any = None
+    ) -> List[bool]:
+        """Writes each page from its host pool regions (no copy); pages already stored (the
+        leading run SGLang sends again) are not rewritten."""
+        if not keys:
+            return []
+        if not self.writer:
+            return [True] * len(keys)
+        try:
+            t0 = time.perf_counter()
+            store = self._store()
+            have = store.contains_prefix(keys)
+            if have == len(keys):
+                return [True] * len(keys)
+            ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
+            parts = _regions(ptrs, sizes, len(keys))
+            store.put_many_vectored(keys[have:], parts[have:])
+            self._record("backup", len(keys) - have, sum(sizes[have * len(ptrs) // len(keys):]), t0)
+            return [True] * len(keys)
+        except Exception as e:  # noqa: BLE001
+            self._fail("batch_set_v1", e)
+            return [False] * len(keys)
+
+    # -- legacy flat pages ---------------------------------------------------------------
+
+    def get(
+        self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None
+    ) -> Optional[torch.Tensor]:
+        return self.batch_get([key], [target_location] if target_location is not None else None)[0]
+
+    def batch_get(
+        self,
+        keys: List[str],
+        target_locations: Optional[Any] = None,
+        target_sizes: Optional[Any] = None,
+    ) -> List[Optional[torch.Tensor]]:
+        """Reads each page into its flat target tensor (a fresh flat page of the host pool when
+        none is given); None per page missed."""
+        if not keys:
+            return []
+        try:
+            if target_locations is None:
+                target_locations = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
+            bufs = [_byte_view(t) for t in target_locations]
+            got = self._store().get_many_into(keys, bufs)
+            return [t if n == b.nbytes else None for t, b, n in zip(target_locations, bufs, got)]
+        except Exception as e:  # noqa: BLE001
+            self._fail("batch_get", e)
+            return [None] * len(keys)
+
+    def set(
+        self,
+        key: str,
+        value: Optional[Any] = None,
+        target_location: Optional[Any] = None,
+        target_sizes: Optional[Any] = None,
+    ) -> bool:
+        return self.batch_set([key], [value])
+
+    def batch_set(
+        self,
+        keys: List[str],
+        values: Optional[Any] = None,
+        target_locations: Optional[Any] = None,
+        target_sizes: Optional[Any] = None,
+    ) -> bool:
+        """Writes flat pages (tensors from the host pool's `get_data_page`); True if all were."""
+        if not keys:
+            return True
+        if not self.writer:
+            return True
+        try:
+            if values is None or len(values) != len(keys):
+                raise ValueError("one value per key")
+            store = self._store()
+            have = store.contains_prefix(keys)
+            if have < len(keys):
+                store.put_many(keys[have:], [_byte_view(v) for v in values[have:]])
+            return True
+        except Exception as e:  # noqa: BLE001
+            self._fail("batch_set", e)
+            return False
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def exists(self, key: str) -> bool:
+        try:
+            return bool(self._store().contains_many([key])[0])
+        except Exception as e:  # noqa: BLE001
+            self._fail("exists", e)
+            return False
+
+    def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
+        """How many leading keys are stored (SGLang's prefetch hit query)."""
+        if not keys:
+            return 0
+        try:
+            return int(self._store().contains_prefix(keys))
+        except Exception as e:  # noqa: BLE001
+            self._fail("batch_exists", e)
+            return 0
+
+    def clear(self) -> None:
+        """Drops every page of this worker (SGLang's flush of the storage tier): the store is
+        closed, its directory removed and the store reopened empty."""
+        if not self.writer:
+            return
+        try:
+            store = self._store()
+            path = store.dir
+            self.store = None
+            store.close()
+            shutil.rmtree(path, ignore_errors=True)
+            self._open()
+        except Exception as e:  # noqa: BLE001
+            self._fail("clear", e)
+
+    # -- statistics ------------------------------------------------------------------------
+
+    def _record(self, kind: str, pages: int, nbytes: int, t0: float) -> None:
+        dt = time.perf_counter() - t0
+        with self._lock:
+            self._metrics[f"{kind}_pgs"].append(pages)
+            if dt > 0 and pages:
+                self._metrics[f"{kind}_bw"].append(nbytes / dt / 1e9)
+
+    def get_stats(self) -> Any:
+        """SGLang's `StorageMetrics` (pages and GB/s per prefetch and backup since the last
+        call), with the store's counters and this backend's failures as its `tierkv`
+        attribute."""
+        try:
+            from sglang.srt.observability.metrics_collector import StorageMetrics
+
+            with self._lock:
+                m, self._metrics = self._metrics, {k: [] for k in self._metrics}
+            out = StorageMetrics(
+                prefetch_pgs=m["prefetch_pgs"],
+                backup_pgs=m["backup_pgs"],
+                prefetch_bandwidth=m["prefetch_bw"],
+                backup_bandwidth=m["backup_bw"],
+            )
+            out.tierkv = self.tierkv_stats()
+            return out
+        except Exception as e:  # noqa: BLE001
+            self._fail("get_stats", e)
+            return None
+
+    def tierkv_stats(self) -> Dict[str, Any]:
+        """The store's counters (`Store.stats()`), the worker id and the failures per call."""
+        out: Dict[str, Any] = {"worker": self.worker, "failures": dict(self._failures)}
+        try:
+            out["store"] = self._store().stats()
+        except Exception:  # noqa: BLE001
+            out["store"] = None
+        return out
