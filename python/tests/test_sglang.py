@@ -1,0 +1,231 @@
+"""tierkv.sglang against the real SGLang on CPU (issue 26): SGLang's host pools, its
+HiCacheController with its threads and its backend factory (`dynamic`) around the backend
+(python/tests/sglang_harness.py builds them). tools/test.sh runs this file in .venv-sglang/
+(tools/engines-venv.sh sglang installs sglang 0.5.23 and its torch there)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip(
+    "sglang.srt.managers.cache_controller",
+    reason="sglang is not importable here: run `tools/engines-venv.sh sglang` and use "
+    ".venv-sglang/bin/python -m pytest python/tests/test_sglang.py",
+)
+
+import torch  # noqa: E402
+
+import sglang_harness as h  # noqa: E402
+from conftest import skip_or_fail  # noqa: E402
+from tierkv.sglang import worker_id  # noqa: E402
+
+HARNESS = Path(__file__).with_name("sglang_harness.py")
+
+
+def tokens(n_pages: int, base: int = 1000) -> list:
+    return list(range(base, base + n_pages * h.PAGE))
+
+
+@pytest.fixture
+def controllers():
+    """Makes controllers (h.controller's arguments); stops their threads and closes their
+    stores after the test."""
+    made = []
+
+    def make(root, **kw):
+        c = h.controller(str(root), **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        h.stop(c)
+
+
+def threads_alive(ctrl) -> bool:
+    return ctrl.backup_thread.is_alive() and ctrl.prefetch_thread.is_alive() and (
+        ctrl.prefetch_io_aux_thread.is_alive()
+    )
+
+
+def run_harness(*args: str) -> str:
+    out = subprocess.run(
+        [sys.executable, str(HARNESS), *args], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_pages_written_by_one_controller_are_restored_by_another_process(tmp_path):
+    """SGLang's backup thread writes 6 pages (zero-copy v1, K and V regions); a second
+    controller in a fresh process finds them (batch_exists on its prefetch thread) and its
+    io thread restores them byte-exact into its own host pool."""
+    root = tmp_path / "kv"
+    run_harness("write", str(root), "6", str(tmp_path / "pages.json"))
+    written = json.loads((tmp_path / "pages.json").read_text())
+    restored = json.loads(run_harness("read", str(root), "6"))
+    assert len(written) == 6 and restored == written
+    # Keys are SGLang's own get_hash_str chain, the file names of the blocks.
+    workers = list((root / "v1").iterdir())
+    assert len(workers) == 1 and workers[0].name.startswith("sgl.tiny-llama.p4.tp0of1.")
+    names = {p.name for p in workers[0].rglob("*") if p.is_file() and len(p.name) == 64}
+    assert names == set(h.hashes(tokens(6)))
+
+
+def test_zero_copy_and_legacy_interfaces_round_trip(tmp_path, controllers):
+    for v1 in (True, False):
+        ctrl = controllers(tmp_path / f"kv{v1}", v1=v1)
+        assert ctrl.page_set_func.__name__ == ("_page_set_zero_copy" if v1 else "_generic_page_set")
+        pages = h.backup(ctrl, tokens(5))
+        assert h.prefetch(ctrl, tokens(5)) == pages
+        # A longer request: its first 5 pages hit, the rest miss.
+        assert h.prefetch(ctrl, tokens(8)) == pages
+        b = ctrl.storage_backend
+        assert b.batch_exists(h.hashes(tokens(8))) == 5
+        assert b.exists(h.hashes(tokens(5))[4]) and not b.exists(h.hashes(tokens(8))[5])
+        stats = b.get_stats()
+        assert sum(stats.backup_pgs) == (5 if v1 else 0) and stats.tierkv["failures"] == {}
+        b.clear()
+        assert b.batch_exists(h.hashes(tokens(5))) == 0 and h.prefetch(ctrl, tokens(5)) == []
+        assert threads_alive(ctrl)
+
+
+def test_two_tp_ranks_keep_their_own_pages(tmp_path):
+    """The same keys on two TP ranks (each holding half the heads) are two blocks, in two
+    workers under one root."""
+    keys = h.hashes(tokens(3))
+    ranks = []
+    for r in range(2):
+        _, host = h.host_pool()
+        b = h.backend(h.storage_config(str(tmp_path), tp_rank=r, tp_size=2), host)
+        idx = host.alloc(len(keys) * h.PAGE)
+        ranks.append((b, host, idx, h.fill(host, idx, seed=10 + r)))
+        assert b.batch_set_v1(keys, idx) == [True] * 3
+    assert ranks[0][0].worker != ranks[1][0].worker
+    for b, host, idx, pages in ranks:
+        host.kv_buffer.zero_()
+        assert b.batch_get_v1(keys, idx) == [True] * 3
+        assert h.page_bytes(host, idx) == pages
+        b.close()
+    assert ranks[0][3] != ranks[1][3]
+
+
+def test_an_mla_model_has_one_worker_written_by_rank_0_read_by_all(tmp_path):
+    keys = h.hashes(tokens(4))
+    _, host0 = h.host_pool(mla=True, dtype=torch.bfloat16)
+    _, host1 = h.host_pool(mla=True, dtype=torch.bfloat16)
+    b0 = h.backend(h.storage_config(str(tmp_path), 0, 2, mla=True), host0)
+    b1 = h.backend(h.storage_config(str(tmp_path), 1, 2, mla=True), host1)
+    assert b0.worker == b1.worker and b0.worker.startswith("sgl.tiny-llama.p4.mla.")
+    idx0 = host0.alloc(16)
+    ptrs, _ = host0.get_page_buffer_meta(idx0)
+    assert len(ptrs) == 4  # one region per MLA page
+    pages = h.fill(host0, idx0, seed=3)
+    h.fill(host1, host1.alloc(16), seed=4)  # rank 1's own pages are never written
+    assert b1.batch_set_v1(keys, idx0) == [True] * 4 and b1.batch_exists(keys) == 0
+    assert b0.batch_set_v1(keys, idx0) == [True] * 4
+    assert b1.batch_exists(keys) == 4
+    idx1 = host1.alloc(16)
+    host1.kv_buffer.zero_()
+    assert b1.batch_get_v1(keys, idx1) == [True] * 4
+    assert h.page_bytes(host1, idx1) == pages
+    b0.close()
+    b1.close()
+
+
+def test_models_layouts_and_dtypes_never_share_a_worker():
+    def wid(model="m", layout="page_first", dtype=torch.float16, mla=False, **cfg):
+        _, host = h.host_pool(mla=mla, layout=layout, dtype=dtype)
+        return worker_id(h.storage_config("/x", mla=mla, model=model, **cfg), host)
+
+    base = wid()
+    others = [
+        wid(model="other"),
+        wid(layout="layer_first"),
+        wid(dtype=torch.bfloat16),
+        wid(tp_rank=1, tp_size=2),
+        wid(mla=True),
+    ]
+    assert len({base, *others}) == 6
+    long = wid(model="org/" + "a very long model name!" * 5)
+    assert len(long) <= 64 and all(c.isalnum() or c in "_.-" for c in long)
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        skip_or_fail("a full disk needs a tmpfs mount (root)")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)])
+    if r.returncode != 0:
+        skip_or_fail("mount -t tmpfs failed")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_a_full_disk_fails_the_backup_without_an_exception(tiny_tmpfs, controllers):
+    ctrl = controllers(tiny_tmpfs / "kv")
+    h.backup(ctrl, tokens(2))
+    # Fill the filesystem: nothing left to evict that would make room.
+    fd = os.open(tiny_tmpfs / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    with pytest.raises(AssertionError):
+        h.backup(ctrl, tokens(6, base=5000))  # its completed_tokens fall short
+    b = ctrl.storage_backend
+    assert b.tierkv_stats()["failures"].get("batch_set_v1", 0) >= 1
+    assert threads_alive(ctrl)
+    # ENOSPC evicts older blocks and retries once: a leading run may have been stored.
+    assert b.batch_exists(h.hashes(tokens(6, base=5000))) < 6
+    assert len(h.prefetch(ctrl, tokens(6, base=5000))) < 6 and threads_alive(ctrl)
+
+
+def test_a_corrupt_block_is_a_miss(tmp_path, controllers):
+    root = tmp_path / "kv"
+    ctrl = controllers(root)
+    pages = h.backup(ctrl, tokens(4))
+    path = ctrl.storage_backend.store.path_of(h.hashes(tokens(4))[2])
+    h.stop(ctrl)
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    ctrl2 = controllers(root)  # a fresh store verifies each file on its first read
+    assert h.prefetch(ctrl2, tokens(4)) == pages[:2]
+    assert threads_alive(ctrl2)
+
+
+def test_a_missing_root_is_a_miss_never_an_exception(tmp_path, controllers):
+    # A root that cannot be made (under a regular file): the attach succeeds, all misses.
+    (tmp_path / "file").write_bytes(b"")
+    ctrl = controllers(tmp_path / "file" / "kv")
+    b = ctrl.storage_backend
+    assert b.store is None and b.tierkv_stats()["failures"] == {"open": 1}
+    with pytest.raises(AssertionError):
+        h.backup(ctrl, tokens(2))
+    assert h.prefetch(ctrl, tokens(2)) == []
+    assert b.batch_get(h.hashes(tokens(2))) == [None, None]
+    assert threads_alive(ctrl)
+    # A root removed under a running store: writes fail or miss, reads miss.
+    root = tmp_path / "gone"
+    ctrl2 = controllers(root)
+    h.backup(ctrl2, tokens(2))
+    shutil.rmtree(root)
+    assert h.prefetch(ctrl2, tokens(2)) == []
+    try:
+        h.backup(ctrl2, tokens(3, base=7000))
+    except AssertionError:
+        pass
+    assert threads_alive(ctrl2)
