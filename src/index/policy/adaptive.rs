@@ -242,6 +242,11 @@ pub struct Adaptive {
     cap_hint: usize,
     /// References seen by the shadows since the last halving.
     refs: usize,
+    /// With sampled shadows: every reference, and those of the sampled chains, halved every
+    /// half-life of the real cache's references. Their ratio (the share of the traffic the
+    /// shadows see, which chains sharing a root make far from 1 in `sample`) sizes the shadows.
+    seen: f64,
+    seen_sampled: f64,
     /// For each pair of shadows (in [`MODES`] order), the references on which exactly one of
     /// the two hit, halved with the hits: what the difference of their hits varies by.
     discordant: [[f64; MODES.len()]; MODES.len()],
@@ -289,6 +294,8 @@ impl Adaptive {
             door_window: door_window_capacities.max(1),
             cap_hint: 0,
             refs: 0,
+            seen: 0.0,
+            seen_sampled: 0.0,
             discordant: [[0.0; MODES.len()]; MODES.len()],
             last_ref: None,
             chain_sampled: false,
@@ -380,7 +387,13 @@ impl Adaptive {
             self.chain_sampled = self.sampled(&h);
         }
         self.last_ref = Some(h);
-        if self.shadows.is_empty() || !self.chain_sampled {
+        if self.shadows.is_empty() {
+            return;
+        }
+        if self.sample > 1 {
+            self.count_share();
+        }
+        if !self.chain_sampled {
             return;
         }
         let mut hit = [false; MODES.len()];
@@ -414,6 +427,48 @@ impl Adaptive {
         }
     }
 
+    /// Counts a reference toward the share of the traffic the sampled shadows see, and sizes
+    /// the shadows to that share of the capacity (at most [`SHADOW_BLOCKS`]): a sampled
+    /// shadow estimates the full cache when it holds the share of the capacity that its chains
+    /// take of the traffic. Sampling by root gives 1 in `sample` of the chains, but not of the
+    /// traffic when a few roots (shared system prompts) carry most of it.
+    fn count_share(&mut self) {
+        self.seen += 1.0;
+        if self.chain_sampled {
+            self.seen_sampled += 1.0;
+        }
+        let cap = self.cap_hint.max(1) as f64;
+        if self.seen >= self.half_life as f64 * cap {
+            self.seen *= 0.5;
+            self.seen_sampled *= 0.5;
+        }
+        let target = self.shadow_cap();
+        let now = self.shadows[0].cap;
+        if target.abs_diff(now) > now / 16 {
+            self.resize_shadows(target);
+        }
+    }
+
+    /// The size of each shadow: the capacity, or with sampling its share of the capacity as
+    /// [`Self::count_share`] measures it.
+    fn shadow_cap(&self) -> usize {
+        let cap = self.cap_hint.max(1) as f64;
+        if self.sample == 1 {
+            return self.cap_hint.max(1);
+        }
+        // One capacity of references at 1 in `sample` as the prior, until the trace says.
+        let share = (self.seen_sampled + cap / self.sample as f64) / (self.seen + cap);
+        ((cap * share).round() as usize).clamp(1, self.shadow_blocks)
+    }
+
+    fn resize_shadows(&mut self, shadow_cap: usize) {
+        for s in &mut self.shadows {
+            s.cap = shadow_cap;
+            s.evict.set_capacity_hint(shadow_cap);
+            s.door.set_window(self.door_window * shadow_cap);
+        }
+    }
+
     /// Switches to the shadow with the most recent hits if it leads the current leader by
     /// more than chance explains; on a tie keeps the current one.
     fn follow_the_leader(&mut self) {
@@ -443,18 +498,16 @@ impl Adaptive {
         while cap as u64 / sample > self.shadow_blocks as u64 {
             sample *= 2;
         }
-        let shadow_cap = (cap as u64 / sample).max(1) as usize;
         let same_sample = sample == self.sample;
         self.sample = sample;
         if !self.shadows.is_empty() && same_sample {
             // Same sampling, another size: keep what the shadows learned.
-            for s in &mut self.shadows {
-                s.cap = shadow_cap;
-                s.evict.set_capacity_hint(shadow_cap);
-                s.door.set_window(self.door_window * shadow_cap);
-            }
+            self.resize_shadows(self.shadow_cap());
             return;
         }
+        self.seen = 0.0;
+        self.seen_sampled = 0.0;
+        let shadow_cap = self.shadow_cap();
         let w = self.door_window;
         self.shadows = MODES
             .iter()
@@ -960,6 +1013,47 @@ mod tests {
             "1 was still in the order and aged out"
         );
         assert_eq!(s.present.len(), 2);
+    }
+
+    /// Offers a chain of `n` blocks from `root` (fresh blocks after it, from `next`).
+    fn offer_chain(a: &mut Adaptive, root: u64, next: &mut u64, n: u64) {
+        a.on_chain(None);
+        a.admit(&h(root));
+        for _ in 1..n {
+            a.admit(&h(*next));
+            *next += 1;
+        }
+    }
+
+    #[test]
+    fn sampled_shadows_are_sized_to_their_share_of_the_traffic() {
+        let mut a = Adaptive::with_constants(256, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
+        a.set_capacity_hint(1024);
+        assert_eq!((a.sample, a.shadows[0].cap), (4, 256), "1 in 4 at first");
+        let sampled_root = (0..).find(|&i| a.sampled(&h(i))).expect("a sampled root");
+        let other_root = (0..).find(|&i| !a.sampled(&h(i))).expect("another root");
+        // One chain in eight hangs off a sampled root, the rest off one that is not (a
+        // shared system prompt): the shadows see 1/8 of the traffic, not 1/4.
+        let mut next = 1_000_000;
+        for r in 0..4000 {
+            let root = if r % 8 == 0 { sampled_root } else { other_root };
+            offer_chain(&mut a, root, &mut next, 8);
+        }
+        let cap = a.shadows[0].cap;
+        assert!(
+            (110..=160).contains(&cap),
+            "shadows of {cap} blocks for 1/8 of a 1,024-block cache"
+        );
+        assert!(a.shadows.iter().all(|s| s.cap == cap));
+        // All the traffic sampled: the shadows grow to their bound, not to the capacity.
+        for _ in 0..4000 {
+            offer_chain(&mut a, sampled_root, &mut next, 8);
+        }
+        let cap = a.shadows[0].cap;
+        assert!(
+            (240..=256).contains(&cap),
+            "{cap}: up to the shadow size (within the 1/16 that resizes), not the capacity"
+        );
     }
 
     #[test]
