@@ -31,6 +31,17 @@ pub const HALF_LIFE_CAPACITIES: usize = 4;
 /// not).
 pub const SWITCH_SIGMAS: f64 = 3.0;
 
+/// With sampled shadows (above [`SHADOW_BLOCKS`]), the leader changes when another shadow leads
+/// it by this many standard deviations of the difference of their hits counted chain by chain
+/// (the sum, over the chains ended, of the square of the difference in each; the lead is
+/// checked at every reference, as with exact shadows). The shadows sample whole chains, whose
+/// references hit or miss together, so a chain is one observation: per reference, documents at
+/// 52,509 blocks switched from ARC to LRU on a lead of 36 hits in 14,000 (two chains) and lost
+/// 0.0065. That deviation is larger than the per-reference one of [`SWITCH_SIGMAS`], hence
+/// fewer of them: at 3, chat at 25,920 blocks follows LRU too late (-0.0100); 1.5 to 2.5 give
+/// the same figures on every sampled cell of docs/eviction.md.
+pub const SAMPLED_SWITCH_SIGMAS: f64 = 2.0;
+
 /// What a candidate (and the real cache, following the leader) does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
@@ -247,6 +258,12 @@ pub struct Adaptive {
     /// shadows see, which chains sharing a root make far from 1 in `sample`) sizes the shadows.
     seen: f64,
     seen_sampled: f64,
+    /// With sampled shadows: each shadow's hits in the current chain so far, and for each
+    /// pair of shadows the sum over chains of the square of the difference of their hits in
+    /// the chain, halved with the hits: what the difference of their hits varies by when
+    /// whole chains are the sampled units.
+    chain_hits: [f64; MODES.len()],
+    discordant_chains: [[f64; MODES.len()]; MODES.len()],
     /// For each pair of shadows (in [`MODES`] order), the references on which exactly one of
     /// the two hit, halved with the hits: what the difference of their hits varies by.
     discordant: [[f64; MODES.len()]; MODES.len()],
@@ -296,6 +313,8 @@ impl Adaptive {
             refs: 0,
             seen: 0.0,
             seen_sampled: 0.0,
+            chain_hits: [0.0; MODES.len()],
+            discordant_chains: [[0.0; MODES.len()]; MODES.len()],
             discordant: [[0.0; MODES.len()]; MODES.len()],
             last_ref: None,
             chain_sampled: false,
@@ -408,6 +427,11 @@ impl Adaptive {
                 }
             }
         }
+        if self.sample > 1 {
+            for (c, hit) in self.chain_hits.iter_mut().zip(hit) {
+                *c += f64::from(u8::from(hit));
+            }
+        }
         if self.mirrors() {
             self.track_leader(&h);
         }
@@ -421,9 +445,28 @@ impl Adaptive {
             for d in self.discordant.iter_mut().flatten() {
                 *d *= 0.5;
             }
+            for d in self.discordant_chains.iter_mut().flatten() {
+                *d *= 0.5;
+            }
         }
         if !self.fixed {
             self.follow_the_leader();
+        }
+    }
+
+    /// With sampled shadows, a chain ends: its hits join the duel's variance as one
+    /// observation (the square of each pair's difference).
+    fn end_sampled_chain(&mut self) {
+        let c = std::mem::take(&mut self.chain_hits);
+        if c.iter().all(|&x| x == 0.0) {
+            return;
+        }
+        for i in 0..MODES.len() {
+            for j in 0..i {
+                let d = (c[i] - c[j]) * (c[i] - c[j]);
+                self.discordant_chains[i][j] += d;
+                self.discordant_chains[j][i] += d;
+            }
         }
     }
 
@@ -482,6 +525,9 @@ impl Adaptive {
         let best = (0..self.shadows.len())
             .filter(|&i| {
                 let lead = self.shadows[i].hits - cur_hits;
+                if self.sample > 1 {
+                    return lead > SAMPLED_SWITCH_SIGMAS * self.discordant_chains[i][cur].sqrt();
+                }
                 lead > SWITCH_SIGMAS * self.discordant[i][cur].sqrt()
             })
             .max_by(|&a, &b| self.shadows[a].hits.total_cmp(&self.shadows[b].hits));
@@ -514,6 +560,8 @@ impl Adaptive {
             .map(|&m| Shadow::new(m, shadow_cap, w))
             .collect();
         self.refs = 0;
+        self.chain_hits = [0.0; MODES.len()];
+        self.discordant_chains = [[0.0; MODES.len()]; MODES.len()];
         self.discordant = [[0.0; MODES.len()]; MODES.len()];
         self.remark_extra();
     }
@@ -525,6 +573,9 @@ impl Policy for Adaptive {
     }
 
     fn on_chain(&mut self, parent: Option<&BlockHash>) {
+        if self.sample > 1 && (parent.is_none() || self.last_ref.as_ref() != parent) {
+            self.end_sampled_chain();
+        }
         match parent {
             None => {
                 self.at_root = true;
@@ -1054,6 +1105,55 @@ mod tests {
             (240..=256).contains(&cap),
             "{cap}: up to the shadow size (within the 1/16 that resizes), not the capacity"
         );
+    }
+
+    #[test]
+    fn a_sampled_duel_counts_a_chain_as_one_observation() {
+        let mut a = Adaptive::with_constants(64, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
+        a.set_capacity_hint(1024);
+        assert_eq!(a.sample, 16);
+        let root = (0..).find(|&i| a.sampled(&h(i))).expect("a sampled root");
+        // Only the first shadow (ARC, the leader) holds a chain of 5 blocks.
+        let chain: Vec<BlockHash> = std::iter::once(h(root))
+            .chain((1..5).map(|i| h(1_000_000 + i)))
+            .collect();
+        let mut parent = None;
+        for &b in &chain {
+            assert!(a.shadows[0].insert(b, parent));
+            parent = Some(b);
+        }
+        a.on_chain(None);
+        for &b in &chain {
+            a.on_access(&[Access {
+                hash: b,
+                inserted: false,
+            }]);
+        }
+        a.on_chain(None); // the chain ends
+        assert_eq!(a.shadows[0].hits, 5.0);
+        assert_eq!(a.discordant[0][1], 5.0, "five discordant references");
+        assert_eq!(
+            (a.discordant_chains[0][1], a.discordant_chains[1][0]),
+            (25.0, 25.0),
+            "one chain, 5 hits apart"
+        );
+        assert_eq!(a.discordant_chains[1][2], 0.0);
+        // A lead of 30 that per reference would be 3.2 standard deviations (90 discordant
+        // references) but is 1.5 of the chains' (400): no switch.
+        let (arc, lru) = (0, 2);
+        a.shadows[arc].hits = 100.0;
+        a.shadows[lru].hits = 130.0;
+        a.discordant[arc][lru] = 90.0;
+        a.discordant[lru][arc] = 90.0;
+        a.discordant_chains[arc][lru] = 400.0;
+        a.discordant_chains[lru][arc] = 400.0;
+        a.follow_the_leader();
+        assert_eq!((a.leader, a.switches), (Mode::Arc, 0));
+        // Over 2 of the chains' standard deviations (200: 28.3): a switch.
+        a.discordant_chains[arc][lru] = 200.0;
+        a.discordant_chains[lru][arc] = 200.0;
+        a.follow_the_leader();
+        assert_eq!((a.leader, a.switches), (Mode::Lru, 1));
     }
 
     #[test]

@@ -18,7 +18,8 @@ mod door;
 mod lru;
 
 pub use adaptive::{
-    Adaptive, DOOR_WINDOW_CAPACITIES, HALF_LIFE_CAPACITIES, SHADOW_BLOCKS, SWITCH_SIGMAS,
+    Adaptive, DOOR_WINDOW_CAPACITIES, HALF_LIFE_CAPACITIES, SAMPLED_SWITCH_SIGMAS, SHADOW_BLOCKS,
+    SWITCH_SIGMAS,
 };
 pub use admit2::Admit2;
 pub use arc::Arc as ArcPolicy;
