@@ -178,11 +178,18 @@ fn scripts_honour_cargo_target_dir() {
     );
     for e in std::fs::read_dir(format!("{ROOT}/tools")).unwrap() {
         let p = e.unwrap().path();
-        if p.extension().is_some_and(|x| x == "sh") {
+        if p.extension().is_some_and(|x| x == "sh" || x == "py") {
             let text = std::fs::read_to_string(&p).unwrap();
             assert!(
                 !text.contains("target/release"),
                 "{} hard-codes target/",
+                p.display()
+            );
+            // The scripts' statistics live in tools/benchstats.py (unit-tested), not in
+            // inline snippets that each script writes its own way.
+            assert!(
+                !text.contains("python3 -c") && !text.contains("python3 - <<"),
+                "{} has an inline Python snippet: use tools/benchstats.py",
                 p.display()
             );
         }

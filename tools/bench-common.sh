@@ -4,7 +4,10 @@
 # builds BIN in release with the tools feature (and FEATURE) and sets B to its path there.
 # build_bench: builds tierkv-bench, with the nixl engine when the NIXL library is present
 # (tools/fetch-nixl.sh); sets B (the binary) and NIXL (1 when the nixl engine is available,
-# else 0).
+# else 0). The statistics (medians, ratios, reports, tables) are tools/benchstats.py's:
+# "$BENCHSTATS" is its path, for scripts to call `python3 "$BENCHSTATS" ...` too.
+
+BENCHSTATS="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/benchstats.py"
 
 need_fio() {
   command -v fio >/dev/null || { apt-get update -qq && apt-get install -y -qq fio >/dev/null; }
@@ -12,7 +15,7 @@ need_fio() {
 
 target_dir() {
   cargo metadata --format-version 1 --no-deps |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])'
+    python3 "$BENCHSTATS" field target_directory
 }
 
 build_bin() {
@@ -32,19 +35,13 @@ build_bench() {
 
 # ops_per_sec: the ops/s of a tierkv-bench JSON report on stdin.
 ops_per_sec() {
-  python3 -c 'import json,sys; print(json.load(sys.stdin)["ops_per_sec"])'
+  python3 "$BENCHSTATS" ops-per-sec
 }
 
 # median_row A B "X1 X2 ..." "Y1 Y2 ...": a markdown row `| A | B | median X | median Y |
 # ratio |` of two sets of rounds measured side by side.
 median_row() {
-  python3 - "$@" <<'PY'
-import statistics, sys
-a, b = sys.argv[1], sys.argv[2]
-xs, ys = ([float(v) for v in arg.split()] for arg in sys.argv[3:5])
-mx, my = statistics.median(xs), statistics.median(ys)
-print(f"| {a} | {b} | {mx:,.0f} | {my:,.0f} | {mx/my:.2f}x |")
-PY
+  python3 "$BENCHSTATS" median-row "$@"
 }
 
 # rounds_and_sizes DEFAULT_ROUNDS "DEFAULT SIZES" ARGS...: sets ROUNDS (the first of ARGS, else
@@ -68,12 +65,12 @@ machine_line() {
 # fio_json read|write: from fio's JSON report on stdin, the first job's bandwidth (bytes/s) and
 # its completion latency p50, p99 and p99.9 (ns), comma-separated.
 fio_json() {
-  python3 -c 'import json,sys; t=sys.stdin.read(); r=json.loads(t[t.index("{"):])["jobs"][0][sys.argv[1]]; p=r["clat_ns"]["percentile"]; print("%s,%s,%s,%s" % (r["bw_bytes"], p["50.000000"], p["99.000000"], p["99.900000"]))' "$1"
+  python3 "$BENCHSTATS" fio-json "$1"
 }
 
 # size_bytes SIZE: a size with a k, m or g suffix (4k, 2m, 1g) in bytes.
 size_bytes() {
-  python3 -c "import sys; s=sys.argv[1]; m={'k':1<<10,'m':1<<20,'g':1<<30}; print(int(s[:-1])*m[s[-1]])" "$1"
+  python3 "$BENCHSTATS" size "$1"
 }
 
 # link_block_files TREE DEST BYTES N: hard-links the N block files of BYTES-byte blocks a store

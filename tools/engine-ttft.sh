@@ -16,15 +16,6 @@ for p in ${lengths[@]}; do
     extra=()
     [ "$mode" = cold ] && extra=(--direct --invalidate)
     "$bin" --model small --prompt-tokens "$p" --shared-tokens "$s" --output-format json "${extra[@]}" |
-      MODE=$mode python3 -c '
-import json, os, sys
-d = json.load(sys.stdin)
-r = d["request2"]
-row = [d["prompt_tokens"], d["shared_tokens"], os.environ["MODE"], d["cached_blocks"],
-       "%.0f" % d["ttft_cold_ms"], "%.0f" % d["ttft_cached_ms"], "%.2f" % r["load_ms"],
-       "%.2f" % r["rebuild_ms"], "%.0f" % r["prefill_rest_ms"],
-       "%.2fx" % (d["ttft_cold_ms"] / d["ttft_cached_ms"]), "%g" % d["logits_max_abs_diff"],
-       d["continuation_identical"]]
-print("| " + " | ".join(str(x) for x in row) + " |")'
+      python3 "$BENCHSTATS" ttft-row "$mode"
   done
 done

@@ -19,9 +19,12 @@ N=${1:-1000}; SECS=${2:-4}
 need_fio
 build_bench
 W=$(mktemp -d /tmp/tierkv-engines.XXXXXX); trap 'rm -rf "$W"' EXIT
-mibs() { python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["errors"] == 0 and d["misses"] == 0, d; print("%.0f" % (d["bw_bytes_per_sec"] / 1048576))'; }
-fio_mibs() { python3 -c "import json,sys; t=sys.stdin.read(); print('%.0f' % (json.loads(t[t.index('{'):])['jobs'][0]['$1']['bw_bytes'] / 1048576))"; }
-ratio() { python3 -c "print('%.2fx' % ($1 / max($2, 1)))"; }
+# A run's MiB/s (a run with an error or a miss fails); fio's (read or write); A / max(B, 1).
+mibs() {
+  python3 "$BENCHSTATS" field bw_bytes_per_sec --scale 1048576 --format .0f --check errors --check misses
+}
+fio_mibs() { python3 "$BENCHSTATS" fio-mibs "$1"; }
+ratio() { python3 "$BENCHSTATS" ratio "$1" "$2"; }
 echo "machine: $(nproc) cores, kernel $(uname -r), $(df -T "$W" | awk 'NR==2 {print $2}'), fio $(fio --version)"
 echo
 echo "Random reads (MiB/s):"
@@ -43,19 +46,25 @@ for bs in 64k 256k; do
       fi
       # fio reads the block files' first bs bytes at random, files chosen at random.
       # Only block files under the directory fio walks: the store's own small files go (the
-      # next tierkv run recreates them). fio runs before and after the tierkv runs (the host
-      # under this VM caches the disk too, so later runs can be faster); ratios use the
-      # better fio figure.
+      # next tierkv run recreates them) and LAYOUT waits aside (the store refuses a tree of
+      # block files without it). fio runs before and after the tierkv runs (the host under
+      # this VM caches the disk too, so later runs can be faster); ratios use the better fio
+      # figure.
       fio_read() {
-        rm -f "$d/v1/0/LAYOUT" "$d/v1/0/STATS.json" "$d/v1/0/.lock"
-        fio --name=blocks --opendir="$d/v1/0" --rw=randread --bs=$bs --ioengine=io_uring \
+        local rc=0 mibs
+        rm -f "$d/v1/0/STATS.json" "$d/v1/0/.lock"
+        mv "$d/v1/0/LAYOUT" "$d/LAYOUT.aside"
+        mibs=$(fio --name=blocks --opendir="$d/v1/0" --rw=randread --bs=$bs --ioengine=io_uring \
             --iodepth=$qd --direct=$direct --invalidate=$direct --time_based --runtime="$SECS" --file_service_type=random \
-            --openfiles=4096 --output-format=json 2>/dev/null | fio_mibs read
+            --openfiles=4096 --output-format=json 2>/dev/null | fio_mibs read) || rc=$?
+        mv "$d/LAYOUT.aside" "$d/v1/0/LAYOUT"
+        echo "$mibs"
+        return $rc
       }
       f1=$(fio_read)
       f=$f1
       # Enough passes over the blocks to run for about SECS seconds at fio's rate.
-      loops=$(python3 -c "import math; print(max(1, math.ceil($f * 1048576 * $SECS / ($N * $(numfmt --from=iec ${bs^^})))))")
+      loops=$(python3 "$BENCHSTATS" passes "$f" "$SECS" "$N" "$bs")
       t() { $B --dir "$d" --rw randread --bs $bs --nblocks "$N" --loops "$loops" $dflag --verify never --no-layout --output-format json "$@" | mibs; }
       ps=$(t --ioengine psync --batch $qd)
       ur=$(t --ioengine io_uring --batch $qd)

@@ -26,7 +26,7 @@ run() {
   local bw
   bw=$("$bin" --dir "$W/t" --rw write --bs "$bs" --nblocks "$n" --batch 16 "$@" \
          --output-format json |
-       python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["errors"]==0, d; print(d["bw_bytes_per_sec"] / 1048576)')
+       python3 "$BENCHSTATS" field bw_bytes_per_sec --scale 1048576 --check errors)
   local layout
   layout=$(tr '\n' ' ' < "$W/t/v1/0/LAYOUT" | sed 's/depth=\([0-9]*\) fanout=\([0-9]*\) /\1x\2/')
   rm -rf "$W/t"; sync
@@ -50,25 +50,5 @@ for bs in "${SIZES[@]}"; do
     echo "$line" >> "$out"
     echo "$bs round $r:$line"
   done
-  python3 - "$bs" "$n" "$out" <<'PY'
-import statistics, sys
-bs, n, path = sys.argv[1:4]
-rounds = []
-for l in open(path):
-    runs = [x.split() for x in l.split(";") if x.strip()]
-    rounds.append({name: (float(bw), lay) for name, bw, lay in runs})
-names = [k for k in ("default", "baseline") if k in rounds[0]]
-print(f"| bs | blocks | run | layout | median MiB/s | ratio to naive (median) | spread |")
-print("|---:|---:|---|---|---:|---:|---|")
-med = statistics.median(r["naive"][0] for r in rounds)
-print(f"| {bs} | {n} | naive (flat) | 0x256 | {med:,.0f} | 1.00x | |")
-for k in names:
-    ratios = [r[k][0] / r["naive"][0] for r in rounds]
-    lay = ",".join(sorted({r[k][1] for r in rounds}))
-    m = statistics.median(r[k][0] for r in rounds)
-    print(f"| {bs} | {n} | {k} | {lay} | {m:,.0f} | {statistics.median(ratios):.2f}x | {min(ratios):.2f}-{max(ratios):.2f}x |")
-if "baseline" in names:
-    ratios = [r["default"][0] / r["baseline"][0] for r in rounds]
-    print(f"\n{bs}: default / baseline {statistics.median(ratios):.2f}x (spread {min(ratios):.2f}-{max(ratios):.2f}x)")
-PY
+  python3 "$BENCHSTATS" fresh-put-table "$bs" "$n" "$out"
 done

@@ -43,8 +43,9 @@ cleanup() {
 trap cleanup EXIT
 echo "machine: $(nproc) cores, kernel $(uname -r), loop devices on $(df -T "$W" | awk 'NR==2 {print $2}') on $(df "$W" | awk 'NR==2 {print $1}') (dir:PATH: that filesystem itself), $(date -u +%F)"
 echo "bs=$BS nblocks=$N (capacity $N blocks), put_many of 32 through io_uring at depth 32"
+# A run's figures (bw, p50, p99, p99.9, evictions, reused files); a run with an error fails.
 t_json() {
-  python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["errors"]==0, d; p=d["write"]["clat_ns"]["percentile"]; print("%s,%s,%s,%s,%s,%s" % (d["bw_bytes_per_sec"], p["50.000000"], p["99.000000"], p["99.900000"], d["evictions"], d["store"].get("reused_files", 0)))'
+  python3 "$BENCHSTATS" bench-json write --check errors --extra evictions --extra store.reused_files=0
 }
 MODES=${MODES:-buffered direct sync}
 MODES=$(for m in $MODES; do
@@ -84,17 +85,7 @@ for fs in "${FSS[@]}"; do
       f=$($B --dir "$M/f" --rw write --bs "$BS" --nblocks "$N" --key-offset "$N" "${flags[@]}" --output-format json | t_json)
       echo "$e $f" >> "$out"
     done
-    python3 - "$fs" "$mode" "$BS" "$out" <<'PY'
-import statistics, sys
-fs, mode, bs, path = sys.argv[1:5]
-rows = [[[float(x) for x in c.split(",")] for c in l.split()] for l in open(path) if l.strip()]
-med = lambda i, k: statistics.median(r[i][k] for r in rows)
-ratio = statistics.median(r[1][0] / r[0][0] for r in rows)
-per = "  ".join(f"{r[1][0] / r[0][0]:.2f}x" for r in rows)
-print(f"| {fs} | {bs} | {mode} | {med(0, 0) / 1048576:.0f} | {med(1, 0) / 1048576:.0f} | {ratio:.2f}x ({per}) | "
-      f"{med(0, 1) / 1e6:.1f} / {med(0, 2) / 1e6:.1f} / {med(0, 3) / 1e6:.1f} | {med(1, 1) / 1e6:.1f} / {med(1, 2) / 1e6:.1f} / {med(1, 3) / 1e6:.1f} | {med(1, 4):.0f}"
-      + f" ({med(1, 5):.0f} reused)" + " |")
-PY
+    python3 "$BENCHSTATS" full-store-row "$fs" "$mode" "$BS" "$out"
   done
   if [ -n "$LOOP" ]; then
     umount "$W/mnt"; losetup -d "$LOOP"; LOOP=""; rm -f "$W/img"

@@ -47,6 +47,7 @@ tests_for() {
     src/sys.rs) echo "--lib" ;;
     # Splitting a get between threads: its unit tests read through it with every condition.
     src/store/split.rs) echo "--lib" ;;
+    src/store/scatter.rs) echo "--lib --test engines" ;;
     src/offload/*) echo "--lib --test offload" ;;
     # The queue has no unit tests: its behaviour tests alone (the lib's take 30 s a mutant).
     src/queue/*) echo "--test queue" ;;
@@ -64,6 +65,8 @@ filters_for() {
     src/index/policy/*) echo "index::" ;;
     src/sys.rs) echo "sys::" ;;
     src/store/split.rs) echo "store::split::" ;;
+    # Its unit tests and the vectored round trip over every engine.
+    src/store/scatter.rs) echo "store::scatter:: vectored_puts_and_gets" ;;
     src/index/*) echo "" ;;
     *) echo "--skip trace_hit_ratios" ;;
   esac

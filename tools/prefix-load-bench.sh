@@ -45,23 +45,13 @@ for bs in "${SIZES[@]}"; do
       else
         args=(--dir "$W/s" --verify "$m")
       fi
-      j=$($bin "${args[@]}" --rw read --bs "$bs" --nblocks "$n" --loops 1 --batch "$batch" --no-layout --output-format json)
-      line+=" $(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["errors"]==0 and d["misses"]==0, d; p=d["read"]["clat_ns"]["percentile"]; print("%s,%s,%s,%s" % (d["bw_bytes_per_sec"], p["50.000000"], p["99.000000"], p["99.900000"]))' "$j")"
+      line+=" $($bin "${args[@]}" --rw read --bs "$bs" --nblocks "$n" --loops 1 --batch "$batch" --no-layout --output-format json |
+        python3 "$BENCHSTATS" bench-json read --check errors --check misses)"
     done
     echo "$line" >> "$out"
   done
-  python3 - "$bs" "$n" "$batch" "$out" $MODES <<'PY'
-import statistics, sys
-bs, n, batch, path, modes = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
-rows = [[[float(x) for x in c.split(",")] for c in l.split()] for l in open(path) if l.strip()]
-print(f"\n{bs}: {n} blocks, get_many of {batch}; GB/s per round ({', '.join(modes)})")
-for r in rows:
-    print("  " + "  ".join(f"{c[0] / 1e9:6.2f}" for c in r) + "   ratios to naive " + "  ".join(f"{c[0] / r[0][0]:.2f}x" for c in r[1:]))
-print("| bs | mode | GB/s | ratio to naive (median of rounds) | p50 ms | p99 ms | p99.9 ms |")
-print("|---:|---|---:|---:|---:|---:|---:|")
-for i, m in enumerate(modes):
-    med = lambda k: statistics.median(r[i][k] for r in rows)
-    ratio = statistics.median(r[i][0] / r[0][0] for r in rows)
-    print(f"| {bs} | {m} | {med(0) / 1e9:.2f} | {ratio:.2f}x | {med(1) / 1e6:.2f} | {med(2) / 1e6:.2f} | {med(3) / 1e6:.2f} |")
-PY
+  # shellcheck disable=SC2086 # $MODES: one column name each
+  python3 "$BENCHSTATS" rounds-table "$out" $MODES --keys "bs=$bs" --name mode \
+    --title "$bs: $n blocks, get_many of $batch; GB/s per round" --round-label "ratios to naive" \
+    --ratio-header "ratio to naive (median of rounds)" --bw GB/s --lat ms --lat-digits 2
 done

@@ -13,8 +13,8 @@ trap 'rm -rf "$WORK"' EXIT
 echo "| round | publish | files/s |"
 echo "|---:|---|---:|"
 for r in $(seq "$ROUNDS"); do
-  for p in auto rename; do
-    ops=$($BENCH --dir "$WORK/$p$r" --rw write --bs "$BS" --nblocks "$N" --batch 1 --publish $p --output-format json | python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["ops_per_sec"])')
+  for p in tmpfile rename; do
+    ops=$($BENCH --dir "$WORK/$p$r" --rw write --bs "$BS" --nblocks "$N" --batch 1 --publish $p --output-format json | python3 "$BENCHSTATS" ops-per-sec --format .0f)
     echo "| $r | $p | $ops |"
   done
 done

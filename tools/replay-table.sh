@@ -36,15 +36,9 @@ for name in $(printf '%s\n' "${!TRACES[@]}" | sort); do
     for p in lru admit2 arc adaptive belady; do
       d="$BASE/$p-$cap"
       hr[$p]=$($BENCH --dir "$d" --rw replay --trace "${TRACES[$name]}" --capacity-blocks "$cap" --policy $p --bs "$BS" --output-format json \
-        | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["errors"]==0 and d["read_misses"]==0, d; print("%.4f" % d["hit_ratio"])')
+        | python3 "$BENCHSTATS" field hit_ratio --format .4f --check errors --check read_misses)
       rm -rf "$d"
     done
-    python3 - "$name" "$cap" "${hr[lru]}" "${hr[admit2]}" "${hr[arc]}" "${hr[adaptive]}" "${hr[belady]}" <<'PY'
-import sys
-name, cap = sys.argv[1], sys.argv[2]
-lru, adm, arc, ad, bel = map(float, sys.argv[3:])
-best = max(lru, adm, arc)
-print(f"| {name} | {int(cap):,} | {lru:.4f} | {adm:.4f} | {arc:.4f} | {ad:.4f} | {bel:.4f} | {ad - best:+.4f} | {bel - ad:.4f} |")
-PY
+    python3 "$BENCHSTATS" replay-row "$name" "$cap" "${hr[lru]}" "${hr[admit2]}" "${hr[arc]}" "${hr[adaptive]}" "${hr[belady]}"
   done
 done

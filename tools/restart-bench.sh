@@ -21,14 +21,14 @@ machine_line "$W"
 t0=$(date +%s.%N)
 $B --dir "$W/t" --rw write --bs 1 --nblocks "$N" --batch 1024 --output-format json >/dev/null
 t1=$(date +%s.%N)
-echo "created $N files in $(python3 -c "print(f'{$t1 - $t0:.1f}')") s"
+echo "created $N files in $(python3 "$BENCHSTATS" elapsed "$t0" "$t1" --format .1f) s"
 sync
 open_once() {
   local bin=$1 s e log
   s=$(date +%s.%N)
   log=$(RUST_LOG=tierkv=debug $bin --dir "$W/t" --rw read --bs 1 --nblocks 1 --no-layout --output-format json 2>&1 >/dev/null | grep "index rebuilt" | grep -o 'elapsed_ms=[0-9]*' | cut -d= -f2)
   e=$(date +%s.%N)
-  echo "$(python3 -c "print(f'{$e - $s:.2f}')") ${log:-0}"
+  echo "$(python3 "$BENCHSTATS" elapsed "$s" "$e") ${log:-0}"
 }
 round() {
   local what=$1 new old
@@ -38,7 +38,7 @@ round() {
   if [ -n "${BASELINE:-}" ]; then
     [ "$what" = cold ] && { sync; echo 3 > /proc/sys/vm/drop_caches; }
     read -r op or <<<"$(open_once "$BASELINE")"
-    line="$line; baseline ${op} s, ${or} ms; rebuild ratio baseline/this $(python3 -c "print(f'{$or / max($nr, 1):.2f}x')")"
+    line="$line; baseline ${op} s, ${or} ms; rebuild ratio baseline/this $(python3 "$BENCHSTATS" ratio "$or" "$nr")"
   fi
   echo "$line"
 }

@@ -26,7 +26,7 @@ fio_puts() {
     --filesize="$BS" --nrfiles=$((BLOCKS / jobs)) --create_on_open=1 \
     --file_service_type=sequential --numjobs="$jobs" --group_reporting \
     --output-format=json 2>/dev/null |
-    python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]["write"]; print("%.1f" % (j["bw_bytes"] / 1048576))'
+    python3 "$BENCHSTATS" fio-mibs write --format .1f
   rm -rf "$d"
 }
 

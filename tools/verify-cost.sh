@@ -16,7 +16,8 @@ for bs in 4k 64k 256k; do
     for _ in 1 2 3; do
       vals="$vals $($B --dir "$W/$bs" --rw randread --bs $bs --nblocks 2000 --loops 10 --batch 1 --verify $v --no-layout --output-format json | ops_per_sec)"
     done
-    row="$row $(python3 -c "import statistics; print(format(round(statistics.median([float(x) for x in '$vals'.split()])), ','))") |"
+    # shellcheck disable=SC2086 # $vals: one figure per run
+    row="$row $(python3 "$BENCHSTATS" median $vals) |"
   done
   echo "$row"
 done

@@ -7,8 +7,8 @@ cd "$(dirname "$0")/.."
 . tools/bench-common.sh
 build_bin tierkv-bench
 W=$(mktemp -d /tmp/tierkv-verify-data.XXXXXX); trap 'rm -rf "$W"' EXIT
-ops() { python3 -c 'import json,sys; print(json.load(sys.stdin)["ops_per_sec"])'; }
-median() { python3 -c "import statistics,sys; print(format(round(statistics.median([float(x) for x in sys.argv[1:]])), ','))" "$@"; }
+ops() { ops_per_sec; }
+median() { python3 "$BENCHSTATS" median "$@"; }
 echo "| bs | blocks | randread ops/s | with --verify-data | write ops/s | with --verify-data |"
 echo "|---:|---:|---:|---:|---:|---:|"
 for spec in 4k:4000 64k:2000 2MiB:256; do
