@@ -618,9 +618,6 @@ impl Store {
                 return Err(e);
             }
         };
-        if !read_only {
-            make_leaves(&ns, layout);
-        }
         let (report, counters, index) = rebuild_index(&ns, layout, config, policy, alone);
         let limits = config.limits();
         let shared = if shared_mode {
@@ -634,6 +631,11 @@ impl Store {
         } else {
             None
         };
+        // After the control files and the ledger: the leaves are an optimisation, never what
+        // takes a small filesystem's last inodes from them.
+        if !read_only {
+            make_leaves(&ns, layout);
+        }
         let fd_cap = config.fd_cache_capacity();
         if fd_cap > 0 {
             // Room for the cache's descriptors beside what the process holds already.
@@ -976,7 +978,7 @@ fn resolve_layout(ns: &BlockDir, config: &StoreConfig) -> Result<Layout> {
 /// so a failure here (ENOSPC, EACCES, a leaf removed later) only costs that put a `mkdir`.
 fn make_leaves(ns: &BlockDir, layout: Layout) {
     let leaves = layout.leaf_dirs();
-    if leaves.is_empty() {
+    if leaves.is_empty() || !room_for_leaves(ns, leaves.len()) {
         return;
     }
     // One level: the worker directory's listing says which exist (one `getdents` on a
@@ -1005,6 +1007,17 @@ fn make_leaves(ns: &BlockDir, layout: Layout) {
         }
     }
     tracing::debug!(made, elapsed = ?started.elapsed(), "leaf directories created at open");
+}
+
+/// True if the worker's filesystem has inodes to spare for `leaves` directories made ahead:
+/// at least four times as many free as the leaves take, and 1,024 more (a filesystem that
+/// reports no inode count, such as some FUSE ones, has room). Else puts make their leaves.
+fn room_for_leaves(ns: &BlockDir, leaves: usize) -> bool {
+    match rustix::fs::fstatvfs(ns.fd()) {
+        Ok(st) if st.f_files > 0 => st.f_favail >= leaves as u64 * 4 + 1024,
+        Ok(_) => true,
+        Err(_) => false,
+    }
 }
 
 impl Inner {
