@@ -238,42 +238,26 @@ fn bench_puts(c: &mut Criterion, rt: &tokio::runtime::Runtime, p: &Peers) {
     let mut g = c.benchmark_group(format!("peer_put_{}KiB_x{BATCH}", size / 1024));
     g.throughput(Throughput::Bytes((size * BATCH) as u64));
     g.sample_size(20);
-    let mut n = 0u32;
-    settle();
-    g.bench_function(BenchmarkId::from_parameter("tierkv"), |b| {
-        b.iter(|| {
-            let items: Vec<_> = (0..BATCH)
-                .map(|_| {
-                    n += 1;
-                    (
-                        store.key(BlockHash::chain(None, &[u32::MAX - n])),
-                        data.as_slice(),
-                    )
-                })
-                .collect();
-            for r in store.put_many(&items) {
-                r.unwrap();
-            }
-        })
-    });
-    let mut nn = 0u32;
-    settle();
-    g.bench_function(BenchmarkId::from_parameter("naive"), |b| {
-        b.iter(|| {
-            let items: Vec<_> = (0..BATCH)
-                .map(|_| {
-                    nn += 1;
-                    (
-                        naive.key(BlockHash::chain(None, &[u32::MAX - nn])),
-                        data.as_slice(),
-                    )
-                })
-                .collect();
-            for r in naive.put_many(&items) {
-                r.unwrap();
-            }
-        })
-    });
+    for (name, st) in [("tierkv", store), ("naive", naive)] {
+        let mut n = 0u32;
+        settle();
+        g.bench_function(BenchmarkId::from_parameter(name), |b| {
+            b.iter(|| {
+                let items: Vec<_> = (0..BATCH)
+                    .map(|_| {
+                        n += 1;
+                        (
+                            st.key(BlockHash::chain(None, &[u32::MAX - n])),
+                            data.as_slice(),
+                        )
+                    })
+                    .collect();
+                for r in st.put_many(&items) {
+                    r.unwrap();
+                }
+            })
+        });
+    }
     let mut m = 0u64;
     settle();
     g.bench_function(BenchmarkId::from_parameter("cacache"), |b| {

@@ -42,6 +42,18 @@ fn batch<T>(py: Python<'_>, results: Vec<tierkv::Result<T>>) -> PyResult<Vec<T>>
 
 /// A key as Python gives it: 64 lower-case hex characters (the block's file name, and the
 /// spelling of SGLang HiCache's hash strings) or 32 bytes.
+/// A get batch's answers for Python: per key the block's length, or None for a miss; the
+/// first error raised.
+fn lengths(py: Python<'_>, results: Vec<tierkv::Result<Lookup>>) -> PyResult<Vec<Option<usize>>> {
+    Ok(batch(py, results)?
+        .into_iter()
+        .map(|l| match l {
+            Lookup::Hit(n) => Some(n),
+            Lookup::Miss => None,
+        })
+        .collect())
+}
+
 fn hash_of(py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
     if let Ok(s) = key.cast::<PyString>() {
         return py_result(py, BlockHash::from_hex(&s.to_cow()?));
@@ -401,13 +413,7 @@ impl PyStore {
             store.get_many(&keys, &mut bufs)
         });
         drop(views);
-        Ok(batch(py, results)?
-            .into_iter()
-            .map(|l| match l {
-                Lookup::Hit(n) => Some(n),
-                Lookup::Miss => None,
-            })
-            .collect())
+        lengths(py, results)
     }
 
     /// As `put_many`, for blocks held in several buffers: `parts[i]` is a sequence of
@@ -476,13 +482,7 @@ impl PyStore {
             store.get_many_vectored(&keys, &mut per_key)
         });
         drop(views);
-        Ok(batch(py, results)?
-            .into_iter()
-            .map(|l| match l {
-                Lookup::Hit(n) => Some(n),
-                Lookup::Miss => None,
-            })
-            .collect())
+        lengths(py, results)
     }
 
     /// How many leading keys of a chain are stored (stops at the first absent one): the
