@@ -94,7 +94,7 @@ def test_read_only_worker_busy_layout_mismatch_config(open_store, tmp_path):
     worker_dir = s.dir
     s.close()
     with pytest.raises(tierkv.LayoutMismatchError) as e:
-        tierkv.Store(tmp_path, "rank0", layout=(1, 256))
+        tierkv.Store(tmp_path, "rank0", layout=(3, 16))
     assert e.value.path == worker_dir / "LAYOUT"
     for kw in [dict(policy="fifo"), dict(engine="dma"), dict(capacity_bytes=100),
                dict(verify="sometimes"), dict(publish="mail"), dict(queue_depth=0)]:
