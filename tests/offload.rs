@@ -420,16 +420,6 @@ fn crash_child() {
 const CRASH_CHAIN: usize = 6;
 const CRASH_LEN: usize = 64 << 10;
 
-/// Kills the child if the test fails while it runs.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The offloader's counters in the last `STATS.json`, if process `pid` wrote it.
 fn live_offload(root: &std::path::Path, pid: u32) -> Option<OffloadStats> {
     let text = std::fs::read(root.join("v1/0/STATS.json")).ok()?;

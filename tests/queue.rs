@@ -58,25 +58,6 @@ fn gated_store(root: &std::path::Path) -> (Store, impl Fn()) {
     (store, opener)
 }
 
-/// Runs `test` on a thread of its own and fails if it has not finished within 20 s: a queue
-/// that never completes a batch (or a close that never returns) fails the test, never hangs
-/// it (the stuck thread is left behind).
-fn bounded(test: impl FnOnce() + Send + 'static) {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let t = std::thread::spawn(move || {
-        test();
-        let _ = tx.send(());
-    });
-    match rx.recv_timeout(Duration::from_secs(20)) {
-        Ok(()) => t.join().unwrap(),
-        // The test panicked: its panic, with its message.
-        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-            std::panic::resume_unwind(t.join().unwrap_err())
-        }
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("the test hung (20 s)"),
-    }
-}
-
 /// True if `fd` is readable now.
 fn readable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
     let mut fds = [rustix::event::PollFd::new(
@@ -101,7 +82,7 @@ fn one(q: &Completions, id: u64) -> Completion<Vec<u8>> {
 
 #[test]
 fn blocks_set_then_got_come_back_byte_for_byte_with_their_buffers() {
-    bounded(|| {
+    within(20, "the test", || {
         let root = tempfile::tempdir().unwrap();
         let store = Store::open(root.path(), worker("0"), quiet()).unwrap();
         let keys = keys(&store, 8);
@@ -132,7 +113,7 @@ fn blocks_set_then_got_come_back_byte_for_byte_with_their_buffers() {
 
 #[test]
 fn exists_and_prefix_answer_per_key() {
-    bounded(|| {
+    within(20, "the test", || {
         let root = tempfile::tempdir().unwrap();
         let store = Store::open(root.path(), worker("0"), quiet()).unwrap();
         let keys = keys(&store, 4);
@@ -156,7 +137,7 @@ fn exists_and_prefix_answer_per_key() {
 
 #[test]
 fn a_submission_returns_while_the_disk_is_busy_and_the_eventfd_says_when_it_is_done() {
-    bounded(|| {
+    within(20, "the test", || {
         let root = tempfile::tempdir().unwrap();
         let (store, open_gate) = gated_store(root.path());
         let key = store.key(hash(1));
@@ -187,7 +168,7 @@ fn a_submission_returns_while_the_disk_is_busy_and_the_eventfd_says_when_it_is_d
 
 #[test]
 fn closing_runs_every_batch_already_submitted() {
-    bounded(|| {
+    within(20, "the test", || {
         let root = tempfile::tempdir().unwrap();
         let (store, open_gate) = gated_store(root.path());
         let keys = keys(&store, 12);
@@ -215,7 +196,7 @@ fn closing_runs_every_batch_already_submitted() {
 
 #[test]
 fn store_errors_are_results_and_the_buffers_still_come_back() {
-    bounded(|| {
+    within(20, "the test", || {
         let root = tempfile::tempdir().unwrap();
         let store = Store::open(root.path(), worker("0"), quiet()).unwrap();
         let keys = keys(&store, 2);
@@ -237,7 +218,7 @@ fn store_errors_are_results_and_the_buffers_still_come_back() {
 
 #[test]
 fn a_wait_with_nothing_pending_returns_at_once() {
-    bounded(|| {
+    within(20, "the test", || {
         let root = tempfile::tempdir().unwrap();
         let store = Store::open(root.path(), worker("0"), quiet()).unwrap();
         let q: Completions = Completions::new(store, 1).unwrap();
@@ -254,7 +235,7 @@ fn a_wait_with_nothing_pending_returns_at_once() {
 
 #[test]
 fn dropping_the_queue_runs_every_batch_already_submitted_first() {
-    bounded(|| {
+    within(20, "the test", || {
         let root = tempfile::tempdir().unwrap();
         let (store, open_gate) = gated_store(root.path());
         let keys = keys(&store, 6);

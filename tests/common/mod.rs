@@ -103,6 +103,38 @@ pub fn check_all_blocks(dir: &Path) -> usize {
     oracle::check_tree(dir)
 }
 
+/// Kills (and reaps) a child process when dropped: a test that fails while its child runs
+/// leaves no orphan behind.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `f` on a thread of its own and returns what it returns; fails the test if `f` has not
+/// returned after `secs` (it hung: the stuck thread is left behind), and with `f`'s own panic
+/// if it panicked.
+pub fn within<T: Send + 'static>(
+    secs: u64,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(v) => v,
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(t.join().expect_err("no value and no panic"))
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what}: hung for {secs} s"),
+    }
+}
+
 /// Records that the running test skips (all or part of itself): prints `SKIPPED <test>
 /// (<binary>): <reason>` and appends that line to `target/test-skips.txt`, which
 /// tools/test.sh prints (and clears) so that no skip goes unseen.

@@ -37,16 +37,6 @@ fn sigkill_mid_put_never_exposes_a_torn_block_reusing_evicted_files() {
     sigkill_loop("rename", &["--capacity-blocks", "20", "--reuse-evicted"]);
 }
 
-/// Kills the writer if the test fails while it runs (no orphan writer keeps the CPU busy).
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Files named like blocks under `wdir`, valid or not (0 while it does not exist yet).
 fn count_blocks(wdir: &std::path::Path) -> usize {
     if !wdir.exists() {

@@ -28,16 +28,6 @@ fn wdir(root: &Path, w: &str) -> PathBuf {
     root.join("v1").join(w)
 }
 
-/// Runs `f` on a thread; fails the test if it has not returned after `secs` (it hung).
-fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(secs))
-        .unwrap_or_else(|_| panic!("{what}: hung for {secs} s"))
-}
-
 /// Runs a command, killing it (and failing) if it runs over `secs`.
 fn run_within(mut cmd: Command, secs: u64) -> Output {
     let child = cmd

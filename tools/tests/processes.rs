@@ -123,14 +123,7 @@ fn a_second_process_opening_the_same_worker_is_refused() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut child = Kill(child);
+    let mut child = KillOnDrop(child);
     let pid = child.0.id();
     // Until its .lock names it.
     let lock = dir.path().join("v1/w/.lock");

@@ -255,14 +255,7 @@ fn live_counters_of_a_running_store() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _child = Kill(child_take(&mut child));
+    let _child = KillOnDrop(child_take(&mut child));
     // Wait for the first snapshot with hits.
     let mut hits = 0;
     for _ in 0..100 {
