@@ -258,7 +258,9 @@ where
         self.stop();
         self.drain()
     }
+}
 
+impl<B: Send + 'static> Completions<B> {
     /// Lets the threads finish what is queued, and waits for them.
     fn stop(&mut self) {
         lock(&self.shared.jobs).closing = true;
@@ -272,12 +274,9 @@ where
 impl<B: Send + 'static> Drop for Completions<B> {
     fn drop(&mut self) {
         // Batches still queued run first (the threads stop once the queue is empty), so no
-        // submitted batch is lost; their completions go with the queue.
-        lock(&self.shared.jobs).closing = true;
-        self.shared.queued.notify_all();
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
+        // submitted batch is lost; their completions go with the queue. After `close`, the
+        // threads are gone already and this does nothing.
+        self.stop();
     }
 }
 
