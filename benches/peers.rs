@@ -169,29 +169,19 @@ fn bench_gets(c: &mut Criterion, rt: &tokio::runtime::Runtime, p: &Peers) {
     g.throughput(Throughput::Bytes(size as u64));
     g.sample_size(30);
     let mut buf = AlignedBuf::zeroed(size);
-    let mut i = 0u64;
-    g.bench_function(BenchmarkId::from_parameter("tierkv"), |b| {
-        b.iter(|| {
-            i = (i * 7919 + 13) % blocks;
-            assert_eq!(
-                store.get(&keys[i as usize], &mut buf).unwrap(),
-                Lookup::Hit(size)
-            );
-            black_box(&buf);
-        })
-    });
-
-    let mut ni = 0u64;
-    g.bench_function(BenchmarkId::from_parameter("naive"), |b| {
-        b.iter(|| {
-            ni = (ni * 7919 + 13) % blocks;
-            assert_eq!(
-                naive.get(&nkeys[ni as usize], &mut buf).unwrap(),
-                Lookup::Hit(size)
-            );
-            black_box(&buf);
-        })
-    });
+    for (name, st, ks) in [("tierkv", store, keys), ("naive", naive, nkeys)] {
+        let mut i = 0u64;
+        g.bench_function(BenchmarkId::from_parameter(name), |b| {
+            b.iter(|| {
+                i = (i * 7919 + 13) % blocks;
+                assert_eq!(
+                    st.get(&ks[i as usize], &mut buf).unwrap(),
+                    Lookup::Hit(size)
+                );
+                black_box(&buf);
+            })
+        });
+    }
 
     let mut j = 0u64;
     g.bench_function(BenchmarkId::from_parameter("cacache"), |b| {
