@@ -31,11 +31,8 @@ if ! ldconfig -p | tools/has-libclang.sh; then
     exit 1
   fi
 fi
-# The NIXL libraries (POSIX backend), loaded at run time by the nixl engine. By absolute
-# path: the tools crate's tests run in tools/, where `.nixl/lib` (the engine's default, relative
-# to the working directory) is not.
+# The NIXL libraries (POSIX backend), loaded at run time by the nixl engine.
 tools/fetch-nixl.sh
-export TIERKV_NIXL_DIR="${TIERKV_NIXL_DIR:-$PWD/.nixl/lib}"
 
 # Quiet cargo output (-q): a passing run reads as passing; the `test result:` lines stay.
 echo "== layers, fmt, clippy, docs"

@@ -7,10 +7,25 @@ use std::process::{Command, Stdio};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_tierkv-bench");
 
+/// The NIXL library's directory: `TIERKV_NIXL_DIR`, else the workspace's `.nixl/lib`
+/// (tools/fetch-nixl.sh) when it holds the library. These tests run in tools/, where the
+/// engine's default (`.nixl/lib` of the working directory) is not.
+fn nixl_dir() -> Option<std::path::PathBuf> {
+    std::env::var_os("TIERKV_NIXL_DIR")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            let d = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.nixl/lib");
+            d.join("libnixl_capi.so").exists().then_some(d)
+        })
+}
+
 /// The bench, checking every byte it reads back (`--verify-data`): every test runs it so.
 fn bench() -> std::process::Command {
     let mut c = std::process::Command::new(BENCH);
     c.arg("--verify-data");
+    if let Some(d) = nixl_dir() {
+        c.env("TIERKV_NIXL_DIR", d);
+    }
     c
 }
 
@@ -181,9 +196,7 @@ fn every_engine_runs() {
         ("auto", vec![]),
     ];
     if cfg!(feature = "nixl") {
-        let have = std::path::Path::new(".nixl/lib/libnixl_capi.so").exists()
-            || std::env::var_os("TIERKV_NIXL_DIR").is_some();
-        if have || std::env::var_os("TIERKV_REQUIRE_NIXL").is_some() {
+        if nixl_dir().is_some() || std::env::var_os("TIERKV_REQUIRE_NIXL").is_some() {
             variants.push(("nixl", vec![]));
             for q in ["libaio", "uring", "posix-aio"] {
                 variants.push(("nixl", vec!["--nixl-posix-queue", q]));
