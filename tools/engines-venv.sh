@@ -28,7 +28,7 @@ case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac
 PY="$VENV/bin/python"
 
 # What the tests import (python/tests/test_sglang.py and sglang_harness.py): SGLang's
-# device and host pools, allocator, controller and backend factory, and tierkv.sglang.
+# device and host pools, allocator, controller and backend factory, and tierkv_g3.sglang.
 CHECK='
 import maturin, numpy, pytest, torch
 from sglang.srt.managers.cache_controller import HiCacheController
@@ -38,12 +38,12 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 from sglang.srt.observability.metrics_collector import StorageMetrics
-import tierkv.sglang
+import tierkv_g3.sglang
 assert torch.__version__.startswith("2.14.1"), torch.__version__
 '
 
 if [ -x "$PY" ] && "$PY" -W ignore -c "$CHECK" >/dev/null 2>&1; then
-  echo "engines-venv: $VENV imports sglang and tierkv.sglang: nothing to do"
+  echo "engines-venv: $VENV imports sglang and tierkv_g3.sglang: nothing to do"
   exit 0
 fi
 

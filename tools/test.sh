@@ -89,7 +89,7 @@ TIERKV_INTEROP_BIN="$INTEROP" "$VENV/bin/python" -m pytest -q python/tests \
   --ignore=python/tests/test_sglang.py
 echo "== the benchmark scripts' statistics (tools/benchstats.py)"
 "$VENV/bin/python" -m pytest -q tools/test_benchstats.py
-echo "== the SGLang HiCache backend (python/tierkv/sglang.py) against the real SGLang, on CPU"
+echo "== the SGLang HiCache backend (python/tierkv_g3/sglang.py) against the real SGLang, on CPU"
 # .venv-sglang/ (git-ignored): sglang 0.5.23 and its torch, made once (about 6 GB, a few
 # minutes; a rerun that finds it complete does nothing: docs/testing.md). The tierkv package
 # in it is the editable build above (same python/ directory, abi3 .so).

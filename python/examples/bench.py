@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-import tierkv
+import tierkv_g3
 
 MiB = 1 << 20
 BLOCK = 2 * MiB
@@ -34,7 +34,7 @@ BLOCK = 2 * MiB
 
 def python_get_ns(store, keys, iters, batch, misalign=0):
     # Page-aligned, as the Rust side's; `misalign` bytes off for the alignment row.
-    bufs = [tierkv.aligned_array(BLOCK + 64)[misalign : misalign + BLOCK]
+    bufs = [tierkv_g3.aligned_array(BLOCK + 64)[misalign : misalign + BLOCK]
             for _ in range(batch)]
     n = len(keys)
     times = []
@@ -63,7 +63,7 @@ def threads_gib_s(store, keys, threads, seconds):
     stop = threading.Event()
 
     def work(t):
-        bufs = [tierkv.aligned_array(BLOCK) for _ in range(8)]
+        bufs = [tierkv_g3.aligned_array(BLOCK) for _ in range(8)]
         i = t
         while not stop.is_set():
             at = (i * 8) % (len(keys) - 7)
@@ -97,9 +97,9 @@ def main():
           f"Linux {platform.release()}, Python {platform.python_version()}, numpy "
           f"{np.__version__}; {args.blocks} blocks of 2 MiB, hot")
     with tempfile.TemporaryDirectory(dir=args.dir) as root:
-        keys = tierkv.chain_hashes(list(range(16 * args.blocks)), 16)
+        keys = tierkv_g3.chain_hashes(list(range(16 * args.blocks)), 16)
         for engine in ["psync", "io_uring"]:
-            with tierkv.Store(root, "rank0", engine=engine, stats_interval=None) as store:
+            with tierkv_g3.Store(root, "rank0", engine=engine, stats_interval=None) as store:
                 if not store.contains_prefix(keys) == len(keys):
                     store.put_many(keys, [np.full(BLOCK, i % 251, np.uint8)
                                           for i in range(len(keys))])
@@ -116,7 +116,7 @@ def main():
                           f"python {[round(x / 1000, 1) for x in py]})")
                 if engine == "psync":
                     # The binding's own cost, where the copy is small: 4 KiB blocks.
-                    with tierkv.Store(root, "rank1", engine=engine, stats_interval=None) as s1:
+                    with tierkv_g3.Store(root, "rank1", engine=engine, stats_interval=None) as s1:
                         s1.put_many(keys, [np.full(4096, 7, np.uint8)] * len(keys))
                         py, rs = [], []
                         for _ in range(args.rounds):

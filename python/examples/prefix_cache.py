@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-import tierkv
+import tierkv_g3
 
 REPO = Path(__file__).resolve().parents[2]
 TRACES = [
@@ -55,7 +55,7 @@ def main() -> None:
     requests = [json.loads(line) for line in open(args.trace)][: args.requests]
     max_blocks = max(len(r["hash_ids"]) for r in requests)
     # The engine's page pool: preallocated once, one row per block of a request.
-    pages = tierkv.aligned_array((max_blocks, args.block_bytes))
+    pages = tierkv_g3.aligned_array((max_blocks, args.block_bytes))
     headers = pages[:, :8].view(np.int64)  # each page's block id, (max_blocks, 1)
 
     tmp = None if args.root else tempfile.TemporaryDirectory()
@@ -63,7 +63,7 @@ def main() -> None:
     blocks = hits = loaded = 0
     load_s = store_s = 0.0
     started = time.perf_counter()
-    with tierkv.Store(
+    with tierkv_g3.Store(
         root, "rank0", capacity_files=args.capacity_blocks, policy=args.policy,
         engine=args.engine, watermarks=(1.0, 1.0), stats_interval=None,
     ) as store:
@@ -72,7 +72,7 @@ def main() -> None:
             ids = r["hash_ids"]
             tokens = (np.asarray(ids, np.int64)[:, None] * BLOCK_TOKENS
                       + np.arange(BLOCK_TOKENS)).ravel()
-            keys = tierkv.chain_hashes(tokens, BLOCK_TOKENS)
+            keys = tierkv_g3.chain_hashes(tokens, BLOCK_TOKENS)
             n = store.contains_prefix(keys)
             if n:
                 t = time.perf_counter()

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyModule;
 
 create_exception!(
-    tierkv,
+    tierkv_g3,
     Error,
     PyException,
     "Base of every tierkv error. A miss is never an error. Attributes: `path` (the file or \
@@ -15,83 +15,83 @@ create_exception!(
      in the batch of the item that failed, or None)."
 );
 create_exception!(
-    tierkv,
+    tierkv_g3,
     InvalidKeyError,
     Error,
     "A worker id or key that cannot name a block (not 64 lower-case hex characters or 32 \
      bytes; a worker id outside [A-Za-z0-9_.-]). Nothing was read or written."
 );
 create_exception!(
-    tierkv,
+    tierkv_g3,
     TooLargeError,
     Error,
     "A block over the store's max_block_size. Nothing was written."
 );
 create_exception!(
-    tierkv,
+    tierkv_g3,
     BufferTooSmallError,
     Error,
     "The buffer given to get_many_into cannot hold the stored block. Nothing was copied."
 );
 create_exception!(
-    tierkv,
+    tierkv_g3,
     NoSpaceError,
     Error,
     "The filesystem is full (ENOSPC or EDQUOT), after evicting and retrying once. Nothing \
      partial was left behind. `path` names what could not be written, `errno` the error."
 );
 create_exception!(
-    tierkv,
+    tierkv_g3,
     TooManyOpenFilesError,
     Error,
     "The open-file limit (EMFILE/ENFILE) was hit even after the open-file cache was emptied."
 );
 create_exception!(
-    tierkv,
+    tierkv_g3,
     CorruptError,
     Error,
     "A file of the tree failed its checks (raised when opening a store, e.g. a bad LAYOUT \
      file; a corrupt block is a miss, never this)."
 );
 create_exception!(
-    tierkv,
+    tierkv_g3,
     ReadOnlyError,
     Error,
     "The store was opened with read_only=True: writes are refused."
 );
 create_exception!(
-    tierkv,
+    tierkv_g3,
     LayoutMismatchError,
     Error,
     "The tree was written with another layout than the one asked for."
 );
 create_exception!(
-    tierkv,
+    tierkv_g3,
     WorkerBusyError,
     Error,
     "Another store (in this or another process) holds the worker's directory; the message \
      names its pid and host."
 );
 create_exception!(
-    tierkv,
+    tierkv_g3,
     UnsupportedError,
     Error,
     "The operation needs something this store was not built with."
 );
 create_exception!(
-    tierkv,
+    tierkv_g3,
     ConfigError,
     Error,
     "An invalid option (unknown policy or engine, a capacity below one block file, ...)."
 );
 create_exception!(
-    tierkv,
+    tierkv_g3,
     IoError,
     Error,
     "Any other I/O error; `path` names the file or directory, `errno` the error number."
 );
 create_exception!(
-    tierkv,
+    tierkv_g3,
     ClosedError,
     Error,
     "The store was closed (close(), or the end of its `with` block)."

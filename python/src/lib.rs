@@ -1,4 +1,4 @@
-//! `tierkv._tierkv`: the native part of the `tierkv` Python package (python/tierkv/ is the
+//! `tierkv_g3._tierkv`: the native part of the `tierkv_g3` Python package (distribution `tierkv-g3`) (python/tierkv_g3/ is the
 //! rest: the asyncio methods, the re-exports, the type stubs).
 //!
 //! Every call that touches the disk releases the GIL (`Python::detach`) for the whole batch.
@@ -148,9 +148,9 @@ fn parse<T: FromStr<Err = tierkv::Error>>(py: Python<'_>, s: &str) -> PyResult<T
     py_result(py, s.parse())
 }
 
-/// One worker's block store under a root directory (see the `tierkv.Store` docstring in
-/// python/tierkv/__init__.py, which subclasses this).
-#[pyclass(module = "tierkv._tierkv", name = "Store", subclass, frozen)]
+/// One worker's block store under a root directory (see the `tierkv_g3.Store` docstring in
+/// python/tierkv_g3/__init__.py, which subclasses this).
+#[pyclass(module = "tierkv_g3._tierkv", name = "Store", subclass, frozen)]
 struct PyStore {
     /// `None` once closed. Calls clone the handle (an `Arc`) and release the lock before any
     /// I/O, so close() never waits on I/O under this lock; a batch in flight keeps the store
@@ -277,7 +277,7 @@ impl PyStore {
     /// Closes the store: stops its background threads, writes its last counters and
     /// releases the worker lock, so the worker can be opened again at once. A batch still
     /// running in another thread finishes first (the store closes when it ends). Closing
-    /// twice is fine; any other call on a closed store raises `tierkv.ClosedError`.
+    /// twice is fine; any other call on a closed store raises `tierkv_g3.ClosedError`.
     fn close(&self, py: Python<'_>) {
         let store = self.store.write().unwrap_or_else(|e| e.into_inner()).take();
         // Dropping the last handle joins the store's threads: without the GIL.
@@ -341,13 +341,13 @@ impl PyStore {
     fn __repr__(&self) -> String {
         match self.store() {
             Ok(s) => format!(
-                "<tierkv.Store worker={:?} dir={:?} engine={} policy={}>",
+                "<tierkv_g3.Store worker={:?} dir={:?} engine={} policy={}>",
                 self.worker.as_str(),
                 s.dir().display().to_string(),
                 s.engine_name(),
                 s.policy_name()
             ),
-            Err(_) => format!("<tierkv.Store worker={:?} closed>", self.worker.as_str()),
+            Err(_) => format!("<tierkv_g3.Store worker={:?} closed>", self.worker.as_str()),
         }
     }
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tierkv
+import tierkv_g3
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,7 +45,7 @@ def open_store(tmp_path):
 
     def open_(worker="rank0", root=None, **kw):
         kw.setdefault("stats_interval", None)
-        s = tierkv.Store(root or tmp_path, worker, **kw)
+        s = tierkv_g3.Store(root or tmp_path, worker, **kw)
         opened.append(s)
         return s
 

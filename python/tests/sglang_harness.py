@@ -4,7 +4,7 @@ runs this file as a script in a fresh process: `python sglang_harness.py write|r
 What is real: SGLang's device KV pool (`MHATokenToKVPool`/`MLATokenToKVPool` on "cpu"), its
 host pool (`MHATokenToKVPoolHost`/`MLATokenToKVPoolHost`, pin_memory=False), its token
 allocator, its `HiCacheController` with its prefetch, io and backup threads, and its backend
-factory (`dynamic`), which imports `tierkv.sglang`. What is stood in: the scheduler (this file
+factory (`dynamic`), which imports `tierkv_g3.sglang`. What is stood in: the scheduler (this file
 drives the controller's queues as the radix cache does) and SGLang's process-wide parallel
 context (one rank, no DP attention: two names patched in the controller's module), and a
 one-process gloo group for `tp_group`.
@@ -87,7 +87,7 @@ def host_pool(mla: bool = False, layout: str = "page_first", dtype: Any = torch.
 def extra_config(root: str, **more: Any) -> Dict[str, Any]:
     return {
         "backend_name": "tierkv",
-        "module_path": "tierkv.sglang",
+        "module_path": "tierkv_g3.sglang",
         "class_name": "TierkvHiCacheStorage",
         "interface_v1": 1,
         "root": root,

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-import tierkv
+import tierkv_g3
 
 MiB = 1 << 20
 N = 16  # blocks of 2 MiB per batch: tens of milliseconds of copying
@@ -35,7 +35,7 @@ def gil_held_until_blocking():
 
 @pytest.fixture
 def filled(store):
-    k = tierkv.chain_hashes(list(range(16 * N)), 16)
+    k = tierkv_g3.chain_hashes(list(range(16 * N)), 16)
     store.put_many(k, [np.full(2 * MiB, i, np.uint8) for i in range(N)])
     return store, k, [np.empty(2 * MiB, np.uint8) for _ in range(N)]
 

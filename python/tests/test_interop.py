@@ -8,7 +8,7 @@ import subprocess
 
 import numpy as np
 
-import tierkv
+import tierkv_g3
 from conftest import interop_len, interop_payload
 
 N = 6
@@ -26,8 +26,8 @@ def test_rust_writes_python_reads(interop, tmp_path):
     r = run(interop, "write", tmp_path, "rank0", N)
     assert r.returncode == 0, r.stderr
     rust_hashes = r.stdout.split()
-    assert rust_hashes == tierkv.chain_hashes(tokens(N), 16)
-    with tierkv.Store(tmp_path, "rank0", stats_interval=None) as s:
+    assert rust_hashes == tierkv_g3.chain_hashes(tokens(N), 16)
+    with tierkv_g3.Store(tmp_path, "rank0", stats_interval=None) as s:
         assert s.stats()["blocks_at_open"] == N
         assert s.contains_prefix(rust_hashes) == N
         bufs = [np.zeros(interop_len(N), np.uint8) for _ in range(N)]
@@ -37,14 +37,14 @@ def test_rust_writes_python_reads(interop, tmp_path):
 
 
 def test_python_writes_rust_reads(interop, tmp_path):
-    with tierkv.Store(tmp_path, "rank0", stats_interval=None) as s:
-        keys = tierkv.chain_hashes(tokens(N), 16)
+    with tierkv_g3.Store(tmp_path, "rank0", stats_interval=None) as s:
+        keys = tierkv_g3.chain_hashes(tokens(N), 16)
         s.put_many(keys, [interop_payload(i) for i in range(N)])
     r = run(interop, "read", tmp_path, "rank0", N)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == keys
     # And the check can fail: a block with other bytes is refused by the Rust reader.
-    with tierkv.Store(tmp_path, "rank0", stats_interval=None) as s:
+    with tierkv_g3.Store(tmp_path, "rank0", stats_interval=None) as s:
         s.put_many(keys[:1], [interop_payload(1)[: interop_len(0)]])
     r = run(interop, "read", tmp_path, "rank0", N)
     assert r.returncode == 1 and "block 0" in r.stderr
@@ -65,4 +65,4 @@ def test_chain_hashes_equal_the_rust_helper(interop):
     rust = [line.split() for line in r.stdout.splitlines()]
     assert len(rust) == len(cases)
     for (n, p, t), want in zip(cases, rust):
-        assert tierkv.chain_hashes(t, n, parent=p) == want, (n, p, t[:8])
+        assert tierkv_g3.chain_hashes(t, n, parent=p) == want, (n, p, t[:8])

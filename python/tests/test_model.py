@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-import tierkv
+import tierkv_g3
 
-KEYS = tierkv.chain_hashes(list(range(16 * 12)), 1)[:12]
+KEYS = tierkv_g3.chain_hashes(list(range(16 * 12)), 1)[:12]
 key = st.sampled_from(KEYS)
 
 
@@ -21,7 +21,7 @@ class StoreModel(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.root = tempfile.mkdtemp()
-        self.store = tierkv.Store(self.root, "rank0", stats_interval=None)
+        self.store = tierkv_g3.Store(self.root, "rank0", stats_interval=None)
         self.model: dict[str, bytes] = {}
 
     def teardown(self):
@@ -54,7 +54,7 @@ class StoreModel(RuleBasedStateMachine):
     @rule()
     def reopen(self):
         self.store.close()
-        self.store = tierkv.Store(self.root, "rank0", stats_interval=None)
+        self.store = tierkv_g3.Store(self.root, "rank0", stats_interval=None)
         assert self.store.stats()["blocks_at_open"] == len(self.model)
 
     @invariant()

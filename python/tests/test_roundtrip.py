@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import tierkv
+import tierkv_g3
 
 SIZES = [0, 1, 7, 4095, 4096, 4097, 65536 + 3, 2 << 20, (3 << 20) + 1]
 DTYPES = [np.uint8, np.int8, np.int16, np.uint16, np.int32, np.float16, np.float32,
@@ -14,7 +14,7 @@ DTYPES = [np.uint8, np.int8, np.int16, np.uint16, np.int32, np.float16, np.float
 
 
 def keys(n, seed=0):
-    return tierkv.chain_hashes([seed * 1009 + t for t in range(16 * n)], 16)
+    return tierkv_g3.chain_hashes([seed * 1009 + t for t in range(16 * n)], 16)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -102,17 +102,17 @@ def test_chain_hashes():
     a = list(range(64))
     b = a.copy()
     b[40] = 9999
-    ha, hb = tierkv.chain_hashes(a, 16), tierkv.chain_hashes(b, 16)
+    ha, hb = tierkv_g3.chain_hashes(a, 16), tierkv_g3.chain_hashes(b, 16)
     assert len(ha) == 4 and all(len(h) == 64 and h == h.lower() for h in ha)
     assert ha[:2] == hb[:2] and ha[2] != hb[2] and ha[3] != hb[3]
-    assert tierkv.chain_hashes(a[:47], 16) == ha[:2]  # a partial block has no hash
-    assert tierkv.chain_hashes(a[32:], 16, parent=ha[1]) == ha[2:]
-    assert tierkv.chain_hashes(a[32:], 16, parent=bytes.fromhex(ha[1])) == ha[2:]
-    assert tierkv.chain_hashes(np.array(a, np.int64), 16) == ha
+    assert tierkv_g3.chain_hashes(a[:47], 16) == ha[:2]  # a partial block has no hash
+    assert tierkv_g3.chain_hashes(a[32:], 16, parent=ha[1]) == ha[2:]
+    assert tierkv_g3.chain_hashes(a[32:], 16, parent=bytes.fromhex(ha[1])) == ha[2:]
+    assert tierkv_g3.chain_hashes(np.array(a, np.int64), 16) == ha
     with pytest.raises(ValueError):
-        tierkv.chain_hashes(a, 0)
+        tierkv_g3.chain_hashes(a, 0)
     with pytest.raises(OverflowError):
-        tierkv.chain_hashes([-1], 1)
+        tierkv_g3.chain_hashes([-1], 1)
 
 
 def test_prefix_contains_remove_touch(store):
@@ -153,18 +153,18 @@ def test_stats_is_a_dict_of_the_rust_counters(store):
 
 def test_close_reopen_and_context_manager(tmp_path):
     k = keys(3)
-    with tierkv.Store(tmp_path, "rank0", stats_interval=None) as s:
+    with tierkv_g3.Store(tmp_path, "rank0", stats_interval=None) as s:
         s.put_many(k, [b"a", b"b", b"c"])
         assert not s.closed and s.worker == "rank0" and s.policy == "adaptive"
         assert s.engine in ("io_uring", "psync")
     assert s.closed and "closed" in repr(s)
     s.close()  # twice is fine
-    with pytest.raises(tierkv.ClosedError):
+    with pytest.raises(tierkv_g3.ClosedError):
         s.get_many_into(k, [bytearray(1)] * 3)
     # The lock was released: the worker reopens at once, and its blocks survived.
-    with tierkv.Store(tmp_path, 0, engine="psync", capacity_bytes=1 << 30) as s2:
+    with tierkv_g3.Store(tmp_path, 0, engine="psync", capacity_bytes=1 << 30) as s2:
         assert s2.worker == "0" and s2.engine == "psync"
-    with tierkv.Store(tmp_path, "rank0", stats_interval=None) as s3:
+    with tierkv_g3.Store(tmp_path, "rank0", stats_interval=None) as s3:
         assert s3.contains_prefix(k) == 3
         assert s3.stats()["blocks_at_open"] == 3
 

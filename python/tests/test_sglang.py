@@ -1,4 +1,4 @@
-"""tierkv.sglang against the real SGLang on CPU (issue 26): SGLang's host pools, its
+"""tierkv_g3.sglang against the real SGLang on CPU (issue 26): SGLang's host pools, its
 HiCacheController with its threads and its backend factory (`dynamic`) around the backend
 (python/tests/sglang_harness.py builds them). tools/test.sh runs this file in .venv-sglang/
 (tools/engines-venv.sh sglang installs sglang 0.5.23 and its torch there)."""
@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 import sglang_harness as h  # noqa: E402
 from conftest import skip_or_fail  # noqa: E402
-from tierkv.sglang import worker_id  # noqa: E402
+from tierkv_g3.sglang import worker_id  # noqa: E402
 
 HARNESS = Path(__file__).with_name("sglang_harness.py")
 

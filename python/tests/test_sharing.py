@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-import tierkv
+import tierkv_g3
 
 
 def test_a_shared_store_sees_blocks_another_store_wrote(tmp_path):
-    k = tierkv.chain_hashes(list(range(32)), 16)
-    with tierkv.Store(tmp_path, "w", sharing="shared", negative_ttl=0.0) as writer, tierkv.Store(
+    k = tierkv_g3.chain_hashes(list(range(32)), 16)
+    with tierkv_g3.Store(tmp_path, "w", sharing="shared", negative_ttl=0.0) as writer, tierkv_g3.Store(
         tmp_path, "w", sharing="shared", negative_ttl=0.0
     ) as reader:
         assert reader.contains_prefix(k) == 0
@@ -21,10 +21,10 @@ def test_a_shared_store_sees_blocks_another_store_wrote(tmp_path):
 
 
 def test_an_exclusive_worker_refuses_a_second_store_and_bad_options(tmp_path):
-    with tierkv.Store(tmp_path, "w"):
-        with pytest.raises(tierkv.WorkerBusyError):
-            tierkv.Store(tmp_path, "w")
-    with pytest.raises(tierkv.ConfigError):
-        tierkv.Store(tmp_path, "x", sharing="both")
+    with tierkv_g3.Store(tmp_path, "w"):
+        with pytest.raises(tierkv_g3.WorkerBusyError):
+            tierkv_g3.Store(tmp_path, "w")
+    with pytest.raises(tierkv_g3.ConfigError):
+        tierkv_g3.Store(tmp_path, "x", sharing="both")
     with pytest.raises(ValueError, match="negative_ttl"):
-        tierkv.Store(tmp_path, "y", sharing="shared", negative_ttl=-1.0)
+        tierkv_g3.Store(tmp_path, "y", sharing="shared", negative_ttl=-1.0)

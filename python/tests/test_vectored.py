@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import tierkv
+import tierkv_g3
 
 
 def keys(n: int, seed: int = 0) -> list:
-    return tierkv.chain_hashes(list(range(seed, seed + 16 * n)), 16)
+    return tierkv_g3.chain_hashes(list(range(seed, seed + 16 * n)), 16)
 
 
 def test_parts_round_trip_through_parts_and_one_buffer(store):
@@ -34,7 +34,7 @@ def test_parts_round_trip_through_parts_and_one_buffer(store):
 def test_k_and_v_regions_of_one_pool_in_place(store):
     """Pages whose K and V halves lie in two far-apart regions of one pool, as SGLang's
     page_first host pool lays them out: written from and read into the pool itself."""
-    pool = tierkv.aligned_array((2, 4, 1000), np.float16)  # [K|V, page, bytes of a page]
+    pool = tierkv_g3.aligned_array((2, 4, 1000), np.float16)  # [K|V, page, bytes of a page]
     pool[...] = np.random.default_rng(2).standard_normal(pool.shape)
     k = keys(4, seed=7)
     store.put_many_vectored(k, [[pool[0, i], pool[1, i]] for i in range(4)])
@@ -56,7 +56,7 @@ def test_a_miss_is_none_and_the_others_are_read(store):
 def test_parts_too_small_raise_buffer_too_small(store):
     k = keys(2)
     store.put_many_vectored(k, [[b"x" * 10, b"y" * 10], [b"z"]])
-    with pytest.raises(tierkv.BufferTooSmallError) as e:
+    with pytest.raises(tierkv_g3.BufferTooSmallError) as e:
         store.get_many_into_vectored(k, [[bytearray(10), bytearray(9)], [bytearray(1)]])
     assert e.value.index == 0
 

@@ -7,13 +7,13 @@ import tracemalloc
 import numpy as np
 import pytest
 
-import tierkv
+import tierkv_g3
 
 MiB = 1 << 20
 
 
 def test_get_many_into_fills_the_callers_arrays_in_place(store):
-    k = tierkv.chain_hashes(list(range(16 * 8)), 16)
+    k = tierkv_g3.chain_hashes(list(range(16 * 8)), 16)
     store.put_many(k, [np.full(2 * MiB, i + 1, np.uint8) for i in range(8)])
     # Preallocated pages, as an engine's KV pool: one array, each block a row of it.
     pool = np.zeros((8, 2 * MiB), np.uint8)
@@ -32,7 +32,7 @@ def test_get_many_into_fills_the_callers_arrays_in_place(store):
 
 
 def test_batches_allocate_no_python_copy_of_the_data(store):
-    k = tierkv.chain_hashes(list(range(16 * 16)), 16)
+    k = tierkv_g3.chain_hashes(list(range(16 * 16)), 16)
     blocks = [np.full(2 * MiB, i, np.uint8) for i in range(16)]  # 32 MiB
     out = [np.empty(2 * MiB, np.uint8) for _ in range(16)]
     tracemalloc.start()
@@ -48,7 +48,7 @@ def test_batches_allocate_no_python_copy_of_the_data(store):
 
 
 def test_read_only_buffers_are_refused_for_gets(store):
-    k = tierkv.chain_hashes(list(range(16)), 16)
+    k = tierkv_g3.chain_hashes(list(range(16)), 16)
     store.put_many(k, [b"abcd"])
     ro = np.zeros(4, np.uint8)
     ro.flags.writeable = False
@@ -59,7 +59,7 @@ def test_read_only_buffers_are_refused_for_gets(store):
 
 
 def test_non_contiguous_buffers_are_refused(store):
-    k = tierkv.chain_hashes(list(range(32)), 16)
+    k = tierkv_g3.chain_hashes(list(range(32)), 16)
     a = np.zeros((4, 4096), np.uint8)
     for bad in [a[:, ::2], a.T[::2], a[::-1]]:
         with pytest.raises(ValueError, match=r"buffers\[1\]: ndarray is not contiguous"):
@@ -70,7 +70,7 @@ def test_non_contiguous_buffers_are_refused(store):
 
 
 def test_destinations_sharing_memory_are_refused(store):
-    k = tierkv.chain_hashes(list(range(48)), 16)
+    k = tierkv_g3.chain_hashes(list(range(48)), 16)
     store.put_many(k, [b"x" * 10] * 3)
     pool = bytearray(100)
     m = memoryview(pool)
@@ -81,11 +81,11 @@ def test_destinations_sharing_memory_are_refused(store):
 
 
 def test_aligned_array_starts_on_a_page_and_is_filled_in_place(store):
-    k = tierkv.chain_hashes(list(range(32)), 16)
+    k = tierkv_g3.chain_hashes(list(range(32)), 16)
     store.put_many(k, [np.arange(1024, dtype=np.float32), np.ones(1024, np.float32)])
-    pool = tierkv.aligned_array((2, 1024), np.float32)
+    pool = tierkv_g3.aligned_array((2, 1024), np.float32)
     assert pool.ctypes.data % 4096 == 0 and pool.flags.c_contiguous and pool.flags.writeable
     assert pool.shape == (2, 1024) and pool.dtype == np.float32 and not pool.any()
-    assert tierkv.aligned_array(10, align=64).ctypes.data % 64 == 0
+    assert tierkv_g3.aligned_array(10, align=64).ctypes.data % 64 == 0
     assert store.get_many_into(k, list(pool)) == [4096, 4096]
     assert (pool[0] == np.arange(1024)).all() and (pool[1] == 1).all()

@@ -7,15 +7,15 @@ Keys are chain hashes: a ``str`` of 64 lower-case hex characters (what :func:`ch
 returns, the block's file name, and the spelling of SGLang HiCache's hash strings) or 32
 ``bytes``. One :class:`Store` serves one worker (a tensor-parallel rank); workers share a root.
 
->>> import numpy as np, tierkv
->>> with tierkv.Store("/tmp/kv", "rank0") as store:                    # doctest: +SKIP
-...     keys = tierkv.chain_hashes(list(range(64)), 16)                 # 4 blocks
+>>> import numpy as np, tierkv_g3
+>>> with tierkv_g3.Store("/tmp/kv", "rank0") as store:                    # doctest: +SKIP
+...     keys = tierkv_g3.chain_hashes(list(range(64)), 16)                 # 4 blocks
 ...     store.put_many(keys, [np.full(4096, i, np.uint8) for i in range(4)])
 ...     pages = np.empty((4, 4096), np.uint8)                           # preallocated
 ...     store.get_many_into(keys, list(pages))                          # filled in place
 [4096, 4096, 4096, 4096]
 
-Errors are exceptions under :class:`tierkv.Error` (``NoSpaceError``, ``InvalidKeyError``,
+Errors are exceptions under :class:`tierkv_g3.Error` (``NoSpaceError``, ``InvalidKeyError``,
 ``CorruptError``, ...) with the ``path`` they concern; a miss is never an exception.
 docs/python.md in the repository has the whole API, its guarantees and their tests.
 """

@@ -3,7 +3,7 @@
 Attach it with SGLang's ``dynamic`` backend::
 
     --hicache-storage-backend dynamic --hicache-storage-backend-extra-config
-      '{"backend_name": "tierkv", "module_path": "tierkv.sglang",
+      '{"backend_name": "tierkv", "module_path": "tierkv_g3.sglang",
         "class_name": "TierkvHiCacheStorage", "interface_v1": 1,
         "root": "/mnt/nvme/kvcache", "capacity_bytes": 1099511627776}'
 
@@ -22,7 +22,7 @@ once per ``log_interval`` seconds per operation.
 
 Keys in the extra config (besides SGLang's own ``backend_name``, ``module_path``,
 ``class_name``, ``interface_v1``): ``root`` (required), and any keyword argument of
-:class:`tierkv.Store` (``capacity_bytes``, ``capacity_files``, ``policy``, ``engine``,
+:class:`tierkv_g3.Store` (``capacity_bytes``, ``capacity_files``, ``policy``, ``engine``,
 ``verify``, ``direct_io``, ``sync_writes``, ``fd_cache``, ``layout``, ``publish``,
 ``watermarks``, ``queue_depth``, ``stats_interval``, ``reuse_evicted``, ``sharing``,
 ``negative_ttl``), and ``log_interval`` (seconds, default 10). An MLA model's ranks share one
