@@ -500,6 +500,12 @@ impl Index {
         self.lock().not_admitted += 1;
     }
 
+    /// Counts `n` blocks as not admitted: a put removed them again because the block before
+    /// them in their chain could not be stored.
+    pub fn count_not_admitted(&self, n: u64) {
+        self.lock().not_admitted += n;
+    }
+
     /// Adds a block found on disk (the rebuild on open; call oldest first).
     pub fn load(&self, hash: BlockHash, bytes: u64) {
         self.load_many(std::iter::once((hash, bytes)));

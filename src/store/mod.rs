@@ -1087,6 +1087,96 @@ impl Inner {
         OFlags::RDONLY | self.direct_flag()
     }
 
+    /// A put that failed part way: keeps the chain's present blocks a prefix of it, and if
+    /// the first block it could not store met ENOSPC below the capacity, makes room and
+    /// writes the chain from that block on once more, block by block in chain order (so
+    /// that the retry's own failures are the chain's tail), until one is not stored. The
+    /// blocks it removed and did not write again are counted as not admitted (their results
+    /// stay `Ok`).
+    fn recover_partial_put<D: write::Source>(
+        &self,
+        items: &[(BlockKey, D)],
+        replace: bool,
+        after: Option<BlockHash>,
+        results: &mut [Result<()>],
+    ) {
+        let (gap, cut) = self.cut_after_gap(items, results);
+        let Some(g) = gap else { return };
+        let mut end = g;
+        if matches!(results[g], Err(Error::NoSpace { .. }))
+            && (self.room_for_retry(items, g, after) || !cut.is_empty())
+        {
+            Counters::add(&self.counters.nospace_retries, 1);
+            for i in g..items.len() {
+                let anchor = i.checked_sub(1).map(|p| items[p].0.hash).or(after);
+                let r = self.put_batch(items, &[i], replace, anchor).pop();
+                results[i] = r.unwrap_or(Ok(()));
+                if !(results[i].is_ok() && self.contains(&items[i].0).unwrap_or(false)) {
+                    break;
+                }
+                end = i + 1;
+            }
+        }
+        // A block at `end` that the retry did not store is its error, or counted by the index.
+        let lost = cut
+            .iter()
+            .filter(|&&i| i > end && results[i].is_ok())
+            .count();
+        if lost > 0 {
+            self.index.count_not_admitted(lost as u64);
+        }
+    }
+
+    /// Evicts other blocks (never this batch's, as the index never does for it, nor the
+    /// prefix it hangs from) to make room for the chain from item `g` on; whether any went.
+    fn room_for_retry<D: write::Source>(
+        &self,
+        items: &[(BlockKey, D)],
+        g: usize,
+        after: Option<BlockHash>,
+    ) -> bool {
+        let need: u64 = items[g..]
+            .iter()
+            .map(|(_, d)| write::disk_estimate(write::Source::len(d)))
+            .sum();
+        let floor = self.index.counts().bytes / 100;
+        let keep: Vec<BlockHash> = items.iter().map(|(k, _)| k.hash).chain(after).collect();
+        let victims = self.index.evict_bytes(need.max(floor), &keep);
+        if victims.is_empty() {
+            return false;
+        }
+        self.unlink_victims(victims);
+        true
+    }
+
+    /// The first item that is not stored (failed, declined, or not present), and the blocks
+    /// after it that were stored and are now removed: no prefix lookup could reach them
+    /// (removing a block removes its descendants with it, so they are found first).
+    fn cut_after_gap<D: write::Source>(
+        &self,
+        items: &[(BlockKey, D)],
+        results: &[Result<()>],
+    ) -> (Option<usize>, Vec<usize>) {
+        let stored = |i: usize| results[i].is_ok() && self.contains(&items[i].0).unwrap_or(false);
+        let Some(gap) = (0..items.len()).find(|&i| !stored(i)) else {
+            return (None, Vec::new());
+        };
+        let cut: Vec<usize> = (gap + 1..items.len()).filter(|&i| stored(i)).collect();
+        for &i in &cut {
+            if let Err(e) = self.remove(&items[i].0) {
+                tracing::warn!(error = %e, "put: a block after a gap in its chain could not be removed");
+            }
+        }
+        if !cut.is_empty() {
+            tracing::debug!(
+                cut = cut.len(),
+                gap,
+                "put: blocks after a gap in their chain removed"
+            );
+        }
+        (Some(gap), cut)
+    }
+
     /// A put batch, then (for items that met ENOSPC below the capacity) eviction and one
     /// retry.
     fn put_with_retry<D: write::Source>(
@@ -1124,39 +1214,8 @@ impl Inner {
         let started = std::time::Instant::now();
         let all: Vec<usize> = (0..items.len()).collect();
         let mut results = self.put_batch(items, &all, replace, after);
-        let retry: Vec<usize> = results
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| matches!(r, Err(Error::NoSpace { .. })))
-            .map(|(i, _)| i)
-            .collect();
-        if !retry.is_empty() {
-            // The filesystem is full before our capacity is: make room and try once more.
-            let need: u64 = retry
-                .iter()
-                .map(|&i| write::disk_estimate(write::Source::len(&items[i].1)))
-                .sum();
-            let floor = self.index.counts().bytes / 100;
-            // The retried blocks continue the chain of the item before the first one.
-            let anchor = retry[0].checked_sub(1).map(|i| items[i].0.hash).or(after);
-            // Never the blocks the room is for, nor the chain prefix they hang from.
-            let keep: Vec<BlockHash> = retry
-                .iter()
-                .map(|&i| items[i].0.hash)
-                .chain(anchor)
-                .chain(after)
-                .collect();
-            let victims = self.index.evict_bytes(need.max(floor), &keep);
-            if !victims.is_empty() {
-                Counters::add(&self.counters.nospace_retries, 1);
-                self.unlink_victims(victims);
-                for (i, r) in retry
-                    .iter()
-                    .zip(self.put_batch(items, &retry, replace, anchor))
-                {
-                    results[*i] = r;
-                }
-            }
+        if results.iter().any(Result::is_err) {
+            self.recover_partial_put(items, replace, after, &mut results);
         }
         let errors = results.iter().filter(|r| r.is_err()).count();
         Counters::add(&self.counters.put_errors, errors as u64);
