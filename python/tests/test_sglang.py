@@ -222,7 +222,10 @@ def test_a_missing_root_is_a_miss_never_an_exception(tmp_path, controllers):
     root = tmp_path / "gone"
     ctrl2 = controllers(root)
     h.backup(ctrl2, tokens(2))
-    shutil.rmtree(root)
+    # Moved away at once (the store's threads may be writing its counters file: an rmtree
+    # can race them), then removed.
+    root.rename(tmp_path / "moved")
+    shutil.rmtree(tmp_path / "moved", ignore_errors=True)
     assert h.prefetch(ctrl2, tokens(2)) == []
     try:
         h.backup(ctrl2, tokens(3, base=7000))

@@ -247,7 +247,16 @@ class TierkvHiCacheStorage(HiCacheStorage):
             return [True] * len(keys)
         except Exception as e:  # noqa: BLE001
             self._fail("batch_set_v1", e)
-            return [False] * len(keys)
+            return self._stored_prefix(keys)
+
+    def _stored_prefix(self, keys: List[str]) -> List[bool]:
+        """After a failed put: True for the leading pages that are stored (a put that fails
+        part way keeps its chain's stored blocks a prefix), False for the rest."""
+        try:
+            have = int(self._store().contains_prefix(keys))
+        except Exception:  # noqa: BLE001
+            have = 0
+        return [True] * have + [False] * (len(keys) - have)
 
     # -- legacy flat pages ---------------------------------------------------------------
 
