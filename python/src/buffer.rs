@@ -184,6 +184,11 @@ impl Drop for View {
 }
 
 impl Span {
+    /// The length in bytes.
+    pub fn len(self) -> usize {
+        self.len
+    }
+
     /// The bytes.
     ///
     /// # Safety
