@@ -35,6 +35,7 @@ from ._tierkv import (
     InvalidKeyError,
     IoError,
     LayoutMismatchError,
+    LMCacheConnector,
     NoSpaceError,
     ReadOnlyError,
     TooLargeError,
@@ -46,6 +47,7 @@ from ._tierkv import (
 
 __all__ = [
     "Store",
+    "LMCacheConnector",
     "chain_hashes",
     "aligned_array",
     "Error",
