@@ -84,9 +84,9 @@ fi
 (cd python && VIRTUAL_ENV="$PWD/../$VENV" "../$VENV/bin/maturin" develop -q --release)
 cargo build -q --example interop
 INTEROP="$(source tools/bench-common.sh && target_dir)/debug/examples/interop"
-# test_sglang.py needs SGLang: it runs below, in its own virtualenv.
+# test_sglang.py needs SGLang, test_lmcache_mp.py LMCache: they run in the engines' virtualenv.
 TIERKV_INTEROP_BIN="$INTEROP" "$VENV/bin/python" -m pytest -q python/tests \
-  --ignore=python/tests/test_sglang.py
+  --ignore=python/tests/test_sglang.py --ignore=python/tests/test_lmcache_mp.py
 echo "== the benchmark scripts' statistics (tools/benchstats.py)"
 "$VENV/bin/python" -m pytest -q tools/test_benchstats.py
 echo "== the SGLang HiCache backend (python/tierkv_g3/sglang.py) against the real SGLang, on CPU"
