@@ -136,6 +136,26 @@ fn exists_and_prefix_answer_per_key() {
 }
 
 #[test]
+fn remove_answers_per_key_and_the_blocks_are_gone() {
+    within(20, "the test", || {
+        let root = tempfile::tempdir().unwrap();
+        let store = Store::open(root.path(), worker("0"), quiet()).unwrap();
+        let keys = keys(&store, 3);
+        store.put(&keys[0], &[1u8; 100]).unwrap();
+        store.put(&keys[2], &[3u8; 100]).unwrap();
+        let q: Completions = Completions::new(store, 1).unwrap();
+        let id = q.submit_remove(keys.clone());
+        let Outcome::Remove { results } = one(&q, id).outcome else {
+            panic!("not remove")
+        };
+        let got: Vec<bool> = results.into_iter().map(Result::unwrap).collect();
+        assert_eq!(got, [true, false, true]);
+        let exists = q.store().contains_many(&keys);
+        assert!(exists.iter().all(|r| !r.as_ref().unwrap()), "{exists:?}");
+    });
+}
+
+#[test]
 fn a_submission_returns_while_the_disk_is_busy_and_the_eventfd_says_when_it_is_done() {
     within(20, "the test", || {
         let root = tempfile::tempdir().unwrap();

@@ -37,6 +37,7 @@ enum Job<B> {
     Set(Vec<(BlockKey, B)>),
     Exists(Vec<BlockKey>),
     Prefix(Vec<BlockKey>),
+    Remove(Vec<BlockKey>),
 }
 
 /// What a finished batch gives back: its results, one per key in order, and the buffers it
@@ -69,6 +70,11 @@ pub enum Outcome<B> {
     Prefix {
         /// The length of the stored prefix.
         result: Result<usize>,
+    },
+    /// A [`Completions::submit_remove`]: whether each block was removed (`false`: absent).
+    Remove {
+        /// One per key.
+        results: Vec<Result<bool>>,
     },
 }
 
@@ -193,6 +199,12 @@ where
     /// [`Store::contains_prefix`]).
     pub fn submit_prefix(&self, keys: Vec<BlockKey>) -> u64 {
         self.submit(Job::Prefix(keys))
+    }
+
+    /// Queues a removal of `keys` (as [`Store::remove_many`]: within their chains, the blocks
+    /// after them go too); returns its id.
+    pub fn submit_remove(&self, keys: Vec<BlockKey>) -> u64 {
+        self.submit(Job::Remove(keys))
     }
 
     fn submit(&self, job: Job<B>) -> u64 {
@@ -333,6 +345,9 @@ where
             }
             Job::Exists(keys) => Outcome::Exists {
                 results: guarded(store, keys.len(), || store.contains_many(&keys)),
+            },
+            Job::Remove(keys) => Outcome::Remove {
+                results: guarded(store, keys.len(), || store.remove_many(&keys)),
             },
             Job::Prefix(keys) => Outcome::Prefix {
                 result: guarded(store, 1, || vec![store.contains_prefix(&keys)])
