@@ -74,8 +74,8 @@ unsafe impl Send for Held {}
 enum Pending {
     /// A get or set: the exported buffers.
     Buffers(#[expect(dead_code, reason = "held to be released when dropped")] Held),
-    /// An exists: nothing to keep.
-    Exists,
+    /// An exists or a delete: nothing to keep.
+    Keys,
     /// A submission that was refused: the message its completion carries.
     Refused(String),
 }
@@ -137,7 +137,8 @@ impl LMCacheConnector {
         let (id, pending) = match prepared {
             Ok(Batch::Get(keys, bufs, held)) => (q.submit_get(keys, bufs), Pending::Buffers(held)),
             Ok(Batch::Set(items, held)) => (q.submit_set(items), Pending::Buffers(held)),
-            Ok(Batch::Exists(keys)) => (q.submit_exists(keys), Pending::Exists),
+            Ok(Batch::Exists(keys)) => (q.submit_exists(keys), Pending::Keys),
+            Ok(Batch::Delete(keys)) => (q.submit_remove(keys), Pending::Keys),
             // An empty batch: its completion comes back through the eventfd in order.
             Err(msg) => (q.submit_exists(Vec::new()), Pending::Refused(msg)),
         };
@@ -179,6 +180,7 @@ enum Batch {
     Get(Vec<BlockKey>, Vec<SpanBuf>, Held),
     Set(Vec<(BlockKey, SpanBuf)>, Held),
     Exists(Vec<BlockKey>),
+    Delete(Vec<BlockKey>),
 }
 
 /// Exports one buffer per key (writable ones for a get, pairwise disjoint).
@@ -221,7 +223,8 @@ fn first_error<T>(results: &[tierkv::Result<T>]) -> Option<String> {
 /// LMCache's tuple for a finished batch. A get says per key whether its buffer was filled
 /// (a miss, an error or a block of another length than the buffer is `False`: LMCache loads
 /// the keys marked `True` whatever `ok` says); `ok` is whether every key was. An exists gives
-/// per key whether it is stored, or `None` with the error. A set gives `None`.
+/// per key whether it is stored, or `None` with the error; a delete per key whether a block
+/// was removed. A set gives `None`.
 fn tuple_of(c: Completion<SpanBuf>, pending: Option<Pending>) -> Done {
     let id = c.id;
     if let Some(Pending::Refused(msg)) = pending {
@@ -257,7 +260,7 @@ fn tuple_of(c: Completion<SpanBuf>, pending: Option<Pending>) -> Done {
             None => (id, true, String::new(), None),
             Some(msg) => (id, false, msg, None),
         },
-        Outcome::Exists { results } => match first_error(&results) {
+        Outcome::Exists { results } | Outcome::Remove { results } => match first_error(&results) {
             None => {
                 let found = results.into_iter().map(|r| r.unwrap_or(false)).collect();
                 (id, true, String::new(), Some(found))
@@ -344,6 +347,13 @@ impl LMCacheConnector {
     /// Queues a lookup of which keys are stored; returns the id.
     fn submit_batch_exists(&self, keys: &Bound<'_, PyAny>) -> u64 {
         self.submit(self.keys(keys).map(Batch::Exists))
+    }
+
+    /// Queues a removal of the keys' blocks; returns the id. Its completion says per key
+    /// whether a block was removed. A batch stored by `submit_batch_set` is one chain, so
+    /// removing a block removes the blocks stored after it in its batch too.
+    fn submit_batch_delete(&self, keys: &Bound<'_, PyAny>) -> u64 {
+        self.submit(self.keys(keys).map(Batch::Delete))
     }
 
     /// The finished batches, without waiting: `[(id, ok, error, bools | None)]` (see

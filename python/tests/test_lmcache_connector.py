@@ -88,6 +88,15 @@ def test_a_block_of_another_length_than_its_buffer_is_not_loaded(conn):
     assert loaded == [False] and not ok and "keys[0]" in err
 
 
+def test_delete_answers_per_key_and_the_blocks_are_gone(conn):
+    put(conn, [key(0)], [b"a" * 10])
+    put(conn, [key(1)], [b"b" * 10])
+    (ok, err, gone), = collect(conn, [conn.submit_batch_delete([key(0), key(2)])]).values()
+    assert (ok, err, gone) == (True, "", [True, False])
+    (ok, _, found), = collect(conn, [conn.submit_batch_exists([key(0), key(1)])]).values()
+    assert ok and found == [False, True]
+
+
 def test_many_batches_in_flight(conn):
     n, batches, per = 4096, 64, 4
     sets = [conn.submit_batch_set([key(b * per + j) for j in range(per)],

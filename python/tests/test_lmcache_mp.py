@@ -164,6 +164,16 @@ def test_many_tasks_in_flight(lmc, adapter):
             assert lmc.torch.equal(outs[t][j].raw_data, obj(lmc, n, t * per + j).raw_data)
 
 
+def test_lmcache_eviction_deletes_the_blocks(lmc, adapter):
+    keys = [okey(lmc, i) for i in range(3)]
+    for i, k in enumerate(keys):  # one task each: a task's keys are one chain
+        assert store(adapter, [k], [obj(lmc, 4096, i)]).is_successful()
+    assert adapter.get_usage().total_bytes_used == 3 * 4096
+    adapter.delete(keys[:2])  # synchronous: waits for the completion
+    assert lookup(adapter, keys) == [False, False, True]
+    assert adapter.get_usage().total_bytes_used == 4096
+
+
 def test_a_corrupt_block_is_not_loaded_and_nothing_raises(lmc, tmp_path):
     a = adapter_of(lmc, tmp_path, verify="on-open")
     try:
