@@ -123,15 +123,19 @@ impl LMCacheConnector {
 
     /// Queues what `prepare` made of a submission, or its refusal; returns the id.
     fn submit(&self, prepared: Result<Batch, String>) -> u64 {
-        let mut st = self.state();
-        let st = &mut *st;
+        let mut guard = self.state();
+        let st = &mut *guard;
         let Some(q) = st.queue.as_ref() else {
             let id = st.next_closed_id;
             st.next_closed_id += 1;
-            let msg = prepared
-                .err()
-                .unwrap_or_else(|| "the connector is closed".into());
+            let msg = match &prepared {
+                Err(m) => m.clone(),
+                Ok(_) => "the connector is closed".into(),
+            };
             st.closed.push((id, false, msg, None));
+            drop(guard);
+            // Its views are released outside the lock (a release may run Python code).
+            drop(prepared);
             return id;
         };
         let (id, pending) = match prepared {

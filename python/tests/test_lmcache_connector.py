@@ -217,7 +217,9 @@ def test_close_with_work_in_flight_finishes_it(tmp_path):
     assert done == {fid: (True, "", None) for fid in sets}
     # After close: no exception, a failed completion; the worker can be opened again.
     fid = c.submit_batch_exists([key(0)])
-    assert c.drain_completions() == [(fid, False, "the connector is closed", None)]
+    fid2 = c.submit_batch_set([key(0)], [bytearray(8)])
+    assert c.drain_completions() == [(fid, False, "the connector is closed", None),
+                                     (fid2, False, "the connector is closed", None)]
     with pytest.raises(tierkv_g3.ClosedError):
         c.event_fd()
     c.close()
