@@ -428,23 +428,26 @@ impl PyStore {
         keys: &Bound<'_, PyAny>,
         parts: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let store = self.store()?;
-        let keys = keys_of(py, &self.worker, keys)?;
-        let (views, ranges) = part_views_of(parts, keys.len(), false)?;
-        let spans: Vec<Span> = views.iter().map(View::span).collect();
-        let results = py.detach(move || {
-            // SAFETY: the views stay alive (held by this frame, with the GIL) until after
-            // `detach` returns; the store only reads them.
-            let slices: Vec<&[u8]> = spans.iter().map(|s| unsafe { s.as_slice() }).collect();
-            let items: Vec<(BlockKey, &[&[u8]])> = keys
-                .into_iter()
-                .zip(ranges)
-                .map(|(k, r)| (k, &slices[r]))
-                .collect();
-            store.put_many_vectored(&items)
-        });
-        drop(views);
-        batch(py, results).map(drop)
+        self.put_vectored(py, keys, parts, None)
+    }
+
+    /// As `offer_many`, for blocks held in several buffers (as `put_many_vectored`): blocks
+    /// already stored are only marked as used, absent ones are written from their parts in
+    /// place. `parent`: the last key of the request's cached prefix (the chain parent of
+    /// `keys[0]`), or None if `keys` starts at the root; if `parent` is no longer stored,
+    /// nothing is. The GIL is released during the I/O.
+    #[pyo3(signature = (keys, parts, parent=None))]
+    fn offer_many_vectored(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        parts: &Bound<'_, PyAny>,
+        parent: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let parent = parent
+            .map(|p| hash_of(py, p).map(|h| BlockKey::new(self.worker.clone(), h)))
+            .transpose()?;
+        self.put_vectored(py, keys, parts, Some(parent))
     }
 
     /// As `get_many_into`, into several writable buffers per block: `parts[i]` is a
@@ -533,6 +536,36 @@ impl PyStore {
 }
 
 impl PyStore {
+    /// `put_many_vectored` (`offer` None) or `offer_many_vectored` (`offer`: the parent).
+    fn put_vectored(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        parts: &Bound<'_, PyAny>,
+        offer: Option<Option<BlockKey>>,
+    ) -> PyResult<()> {
+        let store = self.store()?;
+        let keys = keys_of(py, &self.worker, keys)?;
+        let (views, ranges) = part_views_of(parts, keys.len(), false)?;
+        let spans: Vec<Span> = views.iter().map(View::span).collect();
+        let results = py.detach(move || {
+            // SAFETY: the views stay alive (held by this frame, with the GIL) until after
+            // `detach` returns; the store only reads them.
+            let slices: Vec<&[u8]> = spans.iter().map(|s| unsafe { s.as_slice() }).collect();
+            let items: Vec<(BlockKey, &[&[u8]])> = keys
+                .into_iter()
+                .zip(ranges)
+                .map(|(k, r)| (k, &slices[r]))
+                .collect();
+            match offer {
+                None => store.put_many_vectored(&items),
+                Some(parent) => store.offer_many_vectored_after(parent.as_ref(), &items),
+            }
+        });
+        drop(views);
+        batch(py, results).map(drop)
+    }
+
     /// put_many (`offer: None`) or offer_many (`offer: Some(parent)`).
     fn put(
         &self,

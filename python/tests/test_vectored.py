@@ -79,3 +79,25 @@ def test_parts_must_be_lists_of_buffers_one_per_key(store):
         store.put_many_vectored(k, [np.zeros(4, np.uint8), [b"x"]])
     with pytest.raises(ValueError, match="one per key"):
         store.put_many_vectored(k, [[b"x"]])
+
+
+def test_offer_many_vectored_hangs_a_chain_from_its_parent(store):
+    k = keys(4)
+    part = lambda i: [np.full(100, i, np.uint8), np.full(50, 100 + i, np.uint8)]  # noqa: E731
+    store.offer_many_vectored(k[:2], [part(0), part(1)])
+    # The rest of the chain after its cached prefix: stored, linked to k[1].
+    store.offer_many_vectored(k[2:], [part(2), part(3)], parent=k[1])
+    assert store.contains_prefix(k) == 4
+    # Removing the parent removes what hangs from it: the chain relation was recorded.
+    assert store.remove_many([k[1]]) == [True]
+    assert store.contains_many(k) == [True, False, False, False]
+    # A parent no longer stored: nothing is, no error, counted as not admitted.
+    before = store.stats()["not_admitted"]
+    store.offer_many_vectored(k[2:], [part(2), part(3)], parent=k[1])
+    assert store.contains_many(k[2:]) == [False, False]
+    assert store.stats()["not_admitted"] == before + 2
+    # An offer does not rewrite a stored block: its bytes stay the first ones.
+    store.offer_many_vectored(k[:1], [part(9)])
+    out = [np.zeros(100, np.uint8), np.zeros(50, np.uint8)]
+    assert store.get_many_into_vectored(k[:1], [out]) == [150]
+    assert out[0][0] == 0 and out[1][0] == 100

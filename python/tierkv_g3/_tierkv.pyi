@@ -81,6 +81,9 @@ class Store:
     def put_many_vectored(
         self, keys: Iterable[Key], parts: Iterable[Iterable[Any]]
     ) -> None: ...
+    def offer_many_vectored(
+        self, keys: Iterable[Key], parts: Iterable[Iterable[Any]], parent: Optional[Key] = None
+    ) -> None: ...
     def get_many_into_vectored(
         self, keys: Iterable[Key], parts: Iterable[Iterable[Any]]
     ) -> List[Optional[int]]: ...

@@ -780,6 +780,34 @@ impl Store {
         self.inner.put_with_retry(&gathered, true, None)
     }
 
+    /// As [`Store::offer_many_after`], for blocks held in several host buffers (as
+    /// [`Store::put_many_vectored`]): the call an engine with MHA pages (K and V regions)
+    /// makes after computing a request's blocks. Present blocks are only marked as used;
+    /// `parent` is the last block of the cached prefix, and if it is no longer stored,
+    /// nothing is (every result `Ok`, counted as not admitted).
+    #[must_use = "each item has its own result: a put can fail"]
+    pub fn offer_many_vectored_after(
+        &self,
+        parent: Option<&BlockKey>,
+        items: &[(BlockKey, &[&[u8]])],
+    ) -> Vec<Result<()>> {
+        if let Some(p) = parent {
+            if let Err(e) = self.inner.check_key(p) {
+                let msg = e.to_string();
+                return items
+                    .iter()
+                    .map(|_| Err(Error::invalid_key(msg.clone())))
+                    .collect();
+            }
+        }
+        let gathered: Vec<(BlockKey, write::Gather<'_>)> = items
+            .iter()
+            .map(|(k, parts)| (k.clone(), write::Gather(parts)))
+            .collect();
+        self.inner
+            .put_with_retry(&gathered, false, parent.map(|p| p.hash))
+    }
+
     /// Offers a request's blocks (root first), the call an engine makes once it has computed
     /// them: absent blocks are stored as by [`Store::put_many`] (subject to admission),
     /// present ones are only marked as used, in one batch so that the policy sees the chain
