@@ -90,11 +90,11 @@ TIERKV_INTEROP_BIN="$INTEROP" "$VENV/bin/python" -m pytest -q python/tests \
 echo "== the benchmark scripts' statistics (tools/benchstats.py)"
 "$VENV/bin/python" -m pytest -q tools/test_benchstats.py
 echo "== the SGLang HiCache backend (python/tierkv_g3/sglang.py) against the real SGLang, on CPU"
-# .venv-sglang/ (git-ignored): sglang 0.5.23 and its torch, made once (about 6 GB, a few
-# minutes; a rerun that finds it complete does nothing: docs/testing.md). The tierkv package
-# in it is the editable build above (same python/ directory, abi3 .so).
+# .venv-engines/ (git-ignored): sglang 0.5.23, lmcache 0.5.6 and their torch, made once (about
+# 6 GB, a few minutes; a rerun that finds it complete does nothing: docs/testing.md). The
+# tierkv package in it is the editable build above (same python/ directory, abi3 .so).
 tools/engines-venv.sh sglang
-.venv-sglang/bin/python -m pytest -q -W ignore::UserWarning python/tests/test_sglang.py
+.venv-engines/bin/python -m pytest -q -W ignore::UserWarning python/tests/test_sglang.py
 echo "== the end-to-end run beneath a real transformer (e2e/, tiny configuration)"
 cargo test -q -p engine_e2e
 if [ -s "$SKIPS" ]; then

@@ -1,7 +1,7 @@
 """tierkv_g3.sglang against the real SGLang on CPU (issue 26): SGLang's host pools, its
 HiCacheController with its threads and its backend factory (`dynamic`) around the backend
-(python/tests/sglang_harness.py builds them). tools/test.sh runs this file in .venv-sglang/
-(tools/engines-venv.sh sglang installs sglang 0.5.23 and its torch there)."""
+(python/tests/sglang_harness.py builds them). tools/test.sh runs this file in .venv-engines/
+(tools/engines-venv.sh sglang installs sglang 0.5.23, lmcache 0.5.6 and their torch there)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip(
     "sglang.srt.managers.cache_controller",
     reason="sglang is not importable here: run `tools/engines-venv.sh sglang` and use "
-    ".venv-sglang/bin/python -m pytest python/tests/test_sglang.py",
+    ".venv-engines/bin/python -m pytest python/tests/test_sglang.py",
 )
 
 import torch  # noqa: E402
