@@ -1,0 +1,77 @@
+"""What the engine backends (tierkv_g3.sglang, tierkv_g3.lmcache) share: the Store options an
+engine's config may set, and the failure log (a backend never raises into its engine: every
+failure is counted per operation and logged at most once per interval)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from typing import Any, Dict
+
+# The keyword arguments of tierkv_g3.Store an engine's extra config may carry.
+STORE_OPTIONS = (
+    "capacity_bytes",
+    "capacity_files",
+    "policy",
+    "engine",
+    "verify",
+    "direct_io",
+    "sync_writes",
+    "fd_cache",
+    "max_block_size",
+    "layout",
+    "publish",
+    "watermarks",
+    "queue_depth",
+    "stats_interval",
+    "keep_temp_files",
+    "reuse_evicted",
+    "sharing",
+    "negative_ttl",
+)
+
+
+def store_options(extra: Dict[str, Any]) -> Dict[str, Any]:
+    """The Store keyword arguments in `extra` (JSON and YAML lists become the tuples
+    `layout` and `watermarks` are)."""
+    options = {k: extra[k] for k in STORE_OPTIONS if k in extra}
+    for k in ("layout", "watermarks"):
+        if isinstance(options.get(k), list):
+            options[k] = tuple(options[k])
+    return options
+
+
+def slug(s: str, n: int) -> str:
+    """`s` in the worker id's alphabet ([A-Za-z0-9_.-]), its last `n` characters."""
+    s = re.sub(r"[^A-Za-z0-9_.-]+", "_", s.rstrip("/").split("/")[-1]).strip(".") or "model"
+    return s[-n:]
+
+
+class FailureLog:
+    """Failures per operation: counted, and logged as warnings at most once per `interval`
+    seconds per operation (an engine may call a failing backend thousands of times a
+    second)."""
+
+    def __init__(self, logger: logging.Logger, what: str, interval: float = 10.0):
+        self.logger = logger
+        self.what = what
+        self.interval = interval
+        self.counts: Dict[str, int] = {}
+        self._last: Dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def fail(self, op: str, err: Any) -> None:
+        with self._lock:
+            self.counts[op] = self.counts.get(op, 0) + 1
+            now = time.monotonic()
+            if now - self._last.get(op, -1e9) < self.interval:
+                return
+            self._last[op] = now
+            count = self.counts[op]
+        self.logger.warning("%s: %s failed (%d so far): %s", self.what, op, count, err)
+
+    def snapshot(self) -> Dict[str, int]:
+        with self._lock:
+            return dict(self.counts)

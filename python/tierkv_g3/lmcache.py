@@ -1,0 +1,484 @@
+"""tierkv as an LMCache storage plugin (non-MP mode: a backend inside each LMCacheEngine).
+
+LMCache loads it from its config (YAML, or the ``LMCACHE_*`` environment)::
+
+    chunk_size: 256
+    local_cpu: true
+    max_local_cpu_size: 5
+    storage_plugins: ["tierkv"]
+    extra_config:
+      storage_plugin.tierkv.module_path: tierkv_g3.lmcache
+      storage_plugin.tierkv.class_name: TierkvStoragePlugin
+      storage_plugin.tierkv.root: /mnt/nvme/kvcache
+      storage_plugin.tierkv.capacity_bytes: 1099511627776
+
+Options are ``storage_plugin.<name>.<option>`` (``<name>`` is the name in
+``storage_plugins``): ``root`` (required), any keyword argument of :class:`tierkv_g3.Store`
+(``capacity_bytes``, ``policy``, ``verify``, ...), ``max_pending`` (chunks queued for
+writing at most; more are dropped, not waited for; default 64), ``put_threads`` (default 1)
+and ``log_interval`` (seconds, default 10).
+
+**Blocks.** One tierkv block per LMCache chunk: a 4 KiB self-describing prefix (magic, the
+chunk's key string, shapes, dtypes, memory format, byte count, cached positions) and the
+chunk's bytes, written with ``put_many_vectored`` straight from the ``MemoryObj`` (no copy).
+A get allocates the ``MemoryObj`` from LMCache's own CPU allocator (``LocalCPUBackend``) at
+the full-chunk geometry and reads the block into [prefix, the object's bytes] in place; a
+shorter chunk (the unfull last chunk of a request) is moved into an object of its own shape.
+
+**Keys.** The tierkv worker id is ``lmc.<model>.w<worker>of<world>.<16 hex>``, the hex a
+digest of model name, world size, worker id, KV dtype and shape, chunk size, MLA and the
+engine's memory format; the 64-hex block key is a BLAKE2b-256 of LMCache's whole key string
+(model, world size, worker id, chunk hash, dtype, tags, layer), so two models, two shardings
+or two dtypes never share a block.
+
+**Never an exception into LMCache**: every failure (no store, a full disk, an I/O error, a
+foreign or corrupt block) is a miss / False / 0, counted (``tierkv_stats()["failures"]``) and
+logged at most once per ``log_interval`` per operation. Puts are queued to a small thread
+pool (``batched_submit_put_task`` returns at once; ``exists_in_put_tasks`` is true until the
+block is written); ``close`` waits for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import struct
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
+
+from . import Store
+from ._engines import FailureLog, slug, store_options
+
+logger = logging.getLogger(__name__)
+
+PREFIX = 4096
+MAGIC = b"TKVLMC\x00\x01"
+_HEAD = struct.Struct("<8sI")
+_KEY_TAG = b"tierkv.lmcache.v1\x00"
+
+Geometry = Tuple[Tuple[torch.Size, ...], Tuple[torch.dtype, ...], MemoryFormat]
+
+
+def block_key(key: CacheEngineKey) -> str:
+    """The tierkv key of an LMCache key: 64 hex characters of a BLAKE2b-256 over LMCache's key
+    string (model, world size, worker id, chunk hash, dtype, tags; a layer key's layer)."""
+    return hashlib.blake2b(_KEY_TAG + key.to_string().encode(), digest_size=32).hexdigest()
+
+
+def engine_format(config: Any, metadata: Any) -> MemoryFormat:
+    """The memory format LMCacheEngine allocates chunks in (its constructor's rule)."""
+    if metadata.use_mla:
+        return MemoryFormat.KV_MLA_FMT
+    if config.use_layerwise:
+        return MemoryFormat.KV_2TD if config.enable_blending else MemoryFormat.KV_T2D
+    return MemoryFormat.KV_2LTD
+
+
+def worker_id(config: Any, metadata: Any) -> str:
+    """The tierkv worker of one LMCache worker: ``lmc.<model>.w<worker>of<world>.<digest>``,
+    the digest over everything that changes a chunk's bytes or which part of the model it
+    holds. At most 64 characters."""
+    ident = {
+        "model": metadata.model_name,
+        "world_size": metadata.world_size,
+        "worker_id": metadata.worker_id,
+        "kv_dtype": str(metadata.kv_dtype),
+        "kv_shape": tuple(metadata.kv_shape),
+        "chunk_size": int(config.chunk_size),
+        "mla": bool(metadata.use_mla),
+        "fmt": engine_format(config, metadata).name,
+    }
+    digest = hashlib.sha256(repr(sorted(ident.items())).encode()).hexdigest()[:16]
+    w = f"w{metadata.worker_id}of{metadata.world_size}"
+    return f"lmc.{slug(metadata.model_name or 'model', 20)}.{w}.{digest}"
+
+
+def _dtype(name: str) -> torch.dtype:
+    d = getattr(torch, name.replace("torch.", ""), None)
+    if not isinstance(d, torch.dtype):
+        raise ValueError(f"not a torch dtype: {name!r}")
+    return d
+
+
+def geometry(obj: MemoryObj) -> Geometry:
+    m = obj.metadata
+    shapes = tuple(m.shapes) if m.shapes else (m.shape,)
+    dtypes = tuple(m.dtypes) if m.dtypes else (m.dtype,)
+    return tuple(torch.Size(s) for s in shapes), dtypes, m.fmt
+
+
+def nbytes_of(geom: Geometry) -> int:
+    return sum(s.numel() * d.itemsize for s, d in zip(geom[0], geom[1]))
+
+
+def encode_prefix(key: CacheEngineKey, obj: MemoryObj, nbytes: int) -> bytes:
+    """The 4 KiB prefix of a chunk's block: magic, length, JSON metadata, zeros."""
+    shapes, dtypes, fmt = geometry(obj)
+    pos = obj.metadata.cached_positions
+    meta = {
+        "key": key.to_string(),
+        "shapes": [list(s) for s in shapes],
+        "dtypes": [str(d) for d in dtypes],
+        "fmt": fmt.name,
+        "nbytes": nbytes,
+        "cached_positions": None
+        if pos is None
+        else {"dtype": str(pos.dtype), "values": pos.tolist()},
+    }
+    body = json.dumps(meta, separators=(",", ":")).encode()
+    if _HEAD.size + len(body) > PREFIX:
+        raise ValueError(f"chunk metadata of {len(body)} bytes does not fit the prefix")
+    return (_HEAD.pack(MAGIC, len(body)) + body).ljust(PREFIX, b"\0")
+
+
+def decode_prefix(prefix: Any, key: CacheEngineKey) -> Tuple[Geometry, int, Optional[torch.Tensor]]:
+    """Geometry, byte count and cached positions from a block's prefix; ValueError for a
+    block that is not this key's chunk (a foreign file, a damaged prefix)."""
+    magic, n = _HEAD.unpack_from(prefix, 0)
+    if magic != MAGIC or n > PREFIX - _HEAD.size:
+        raise ValueError("not a tierkv LMCache block (magic)")
+    meta = json.loads(bytes(prefix[_HEAD.size : _HEAD.size + n]))
+    if meta["key"] != key.to_string():
+        raise ValueError(f"the block holds {meta['key']!r}, not this key")
+    geom = (
+        tuple(torch.Size(s) for s in meta["shapes"]),
+        tuple(_dtype(d) for d in meta["dtypes"]),
+        MemoryFormat[meta["fmt"]],
+    )
+    pos = meta.get("cached_positions")
+    positions = None if pos is None else torch.tensor(pos["values"], dtype=_dtype(pos["dtype"]))
+    return geom, int(meta["nbytes"]), positions
+
+
+def plugin_options(extra: Dict[str, Any], cls: type) -> Tuple[str, Dict[str, Any]]:
+    """This plugin's name and options: the ``storage_plugin.<name>.*`` keys of the plugin
+    whose module_path and class_name are this class's."""
+    mod, name = cls.__module__, cls.__name__
+    for k, v in extra.items():
+        if k.startswith("storage_plugin.") and k.endswith(".class_name") and v == name:
+            plugin = k[len("storage_plugin.") : -len(".class_name")]
+            prefix = f"storage_plugin.{plugin}."
+            if extra.get(prefix + "module_path") == mod:
+                return plugin, {
+                    k2[len(prefix) :]: v2 for k2, v2 in extra.items() if k2.startswith(prefix)
+                }
+    raise ValueError(f"no storage_plugin.<name>.class_name {name} in extra_config")
+
+
+class TierkvStoragePlugin(StoragePluginInterface):
+    """An LMCache storage plugin over one tierkv worker under ``root``."""
+
+    def __init__(
+        self,
+        dst_device: str = "cpu",
+        config: Any = None,
+        metadata: Any = None,
+        local_cpu_backend: Any = None,
+        loop: Optional[asyncio.AbstractEventLoop] = None,
+    ):
+        super().__init__(
+            dst_device=dst_device,
+            config=config,
+            metadata=metadata,
+            local_cpu_backend=local_cpu_backend,
+            loop=loop,
+        )
+        self.name, opts = plugin_options(dict(config.extra_config or {}), type(self))
+        if not opts.get("root"):
+            raise ValueError(f"extra_config needs storage_plugin.{self.name}.root")
+        self.root = str(opts["root"])
+        self.options = store_options(opts)
+        self.failures = FailureLog(
+            logger, f"tierkv LMCache plugin {self.name}", float(opts.get("log_interval", 10))
+        )
+        self.max_pending = int(opts.get("max_pending", 64))
+        self.worker = worker_id(config, metadata)
+        self.fmt = engine_format(config, metadata)
+        self._lock = threading.Lock()
+        self._pending: Dict[CacheEngineKey, MemoryObj] = {}
+        self._dropped = 0
+        self._pool = ThreadPoolExecutor(int(opts.get("put_threads", 1)), "tierkv-lmcache-put")
+        self.store: Optional[Store] = None
+        try:
+            self.store = Store(self.root, self.worker, **self.options)
+            logger.info("tierkv LMCache plugin %s: %s", self.name, self.store.dir)
+        except Exception as e:  # noqa: BLE001: never raise into LMCache
+            self.failures.fail("open", e)
+
+    def __str__(self) -> str:
+        return f"TierkvStoragePlugin({self.name})"
+
+    def _store(self) -> Store:
+        store = self.store
+        if store is None:
+            raise RuntimeError("no store (the open failed, or closed)")
+        return store
+
+    # -- lookups ---------------------------------------------------------------------------
+
+    def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
+        return self.batched_contains([key], pin) == 1
+
+    def batched_contains(self, keys: List[CacheEngineKey], pin: bool = False) -> int:
+        """How many leading keys are stored (LMCache's prefix lookup). A pin touches the
+        blocks (tierkv has no pins: a block evicted between lookup and retrieve is a miss
+        there, which LMCache recomputes)."""
+        if not keys:
+            return 0
+        try:
+            store = self._store()
+            hkeys = [block_key(k) for k in keys]
+            n = int(store.contains_prefix(hkeys))
+            if pin and n:
+                store.touch_many(hkeys[:n])
+            return n
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("contains", e)
+            return 0
+
+    async def batched_async_contains(
+        self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False
+    ) -> int:
+        return self.batched_contains(keys, pin)
+
+    def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
+        with self._lock:
+            return key in self._pending
+
+    def pin(self, key: CacheEngineKey) -> bool:
+        return self.batched_contains([key], pin=True) == 1
+
+    def unpin(self, key: CacheEngineKey) -> bool:
+        return self.contains(key)
+
+    def touch_cache(self) -> None:
+        return None
+
+    # -- puts ------------------------------------------------------------------------------
+
+    def batched_submit_put_task(
+        self,
+        keys: Sequence[CacheEngineKey],
+        objs: List[MemoryObj],
+        transfer_spec: Any = None,
+        on_complete_callback: Optional[Callable[[CacheEngineKey], None]] = None,
+    ) -> None:
+        """Queues the chunks for writing and returns: each object is referenced
+        (ref_count_up) until its block is written. Chunks already queued are skipped; past
+        ``max_pending`` queued chunks the rest of the batch is dropped (counted), never
+        waited for."""
+        try:
+            if self.store is None:
+                raise RuntimeError("no store (the open failed, or closed)")
+            batch: List[Tuple[CacheEngineKey, MemoryObj]] = []
+            with self._lock:
+                for key, obj in zip(keys, objs):
+                    if key in self._pending:
+                        continue
+                    if len(self._pending) >= self.max_pending:
+                        self._dropped += 1
+                        continue
+                    obj.ref_count_up()
+                    self._pending[key] = obj
+                    batch.append((key, obj))
+            if batch:
+                self._pool.submit(self._put_batch, batch, on_complete_callback)
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("put", e)
+        return None
+
+    def _put_batch(
+        self,
+        batch: List[Tuple[CacheEngineKey, MemoryObj]],
+        on_complete: Optional[Callable[[CacheEngineKey], None]],
+    ) -> None:
+        """On a put thread: writes the chunks not stored yet ([prefix, the object's bytes],
+        one chain, root first), touches the others, releases the objects."""
+        done: List[CacheEngineKey] = []
+        try:
+            store = self._store()
+            hkeys = [block_key(k) for k, _ in batch]
+            have = store.contains_many(hkeys)
+            new = [i for i, h in enumerate(have) if not h]
+            if len(new) < len(batch):
+                store.touch_many([hkeys[i] for i, h in enumerate(have) if h])
+            parts = []
+            for i in new:
+                key, obj = batch[i]
+                data = obj.byte_array
+                parts.append([encode_prefix(key, obj, len(data)), data])
+            if new:
+                store.put_many_vectored([hkeys[i] for i in new], parts)
+            done = [k for k, _ in batch]
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("put", e)
+        finally:
+            with self._lock:
+                for key, obj in batch:
+                    self._pending.pop(key, None)
+            for _, obj in batch:
+                obj.ref_count_down()
+        for key in done if on_complete is not None else []:
+            try:
+                on_complete(key)  # type: ignore[misc]
+            except Exception as e:  # noqa: BLE001
+                self.failures.fail("on_complete_callback", e)
+
+    # -- gets ------------------------------------------------------------------------------
+
+    def _full_geometry(self) -> Geometry:
+        shapes = tuple(self.metadata.get_shapes())
+        dtypes = tuple(self.metadata.get_dtypes())
+        return shapes, dtypes, self.fmt
+
+    def _allocate(self, geom: Geometry) -> Optional[MemoryObj]:
+        return self.local_cpu_backend.allocate(
+            list(geom[0]), list(geom[1]), geom[2], eviction=True, busy_loop=False
+        )
+
+    def get_blocking(self, key: CacheEngineKey) -> Optional[MemoryObj]:
+        return self.batched_get_blocking([key])[0]
+
+    def batched_get_blocking(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
+        """Reads each chunk in place into a MemoryObj of LMCache's CPU allocator; None per
+        chunk missed (absent, evicted, corrupt, foreign, no memory)."""
+        if not keys:
+            return []
+        objs: List[Optional[MemoryObj]] = []
+        try:
+            store = self._store()
+            full = self._full_geometry()
+            prefixes = [bytearray(PREFIX) for _ in keys]
+            for _ in keys:
+                objs.append(self._allocate(full))
+            idx = [i for i, o in enumerate(objs) if o is not None]
+            if len(idx) < len(keys):
+                self.failures.fail("allocate", f"{len(keys) - len(idx)} chunks found no memory")
+            got = self._read(store, [keys[i] for i in idx], [[prefixes[i], objs[i].byte_array] for i in idx])
+            lengths: List[Optional[int]] = [None] * len(keys)
+            for i, n in zip(idx, got):
+                lengths[i] = n
+            return [self._finish(k, o, p, n) for k, o, p, n in zip(keys, objs, prefixes, lengths)]
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("get", e)
+            for o in objs:
+                if o is not None:
+                    o.ref_count_down()
+            return [None] * len(keys)
+
+    def _read(self, store: Store, keys: List[CacheEngineKey], parts: List[List[Any]]) -> List[Optional[int]]:
+        """The batch read; a batch the store refuses (a block larger than a full chunk: not
+        this engine's) is read key by key, each refused key a miss."""
+        hkeys = [block_key(k) for k in keys]
+        try:
+            return list(store.get_many_into_vectored(hkeys, parts))
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("get", e)
+        out: List[Optional[int]] = []
+        for h, p in zip(hkeys, parts):
+            try:
+                out.append(store.get_many_into_vectored([h], [p])[0])
+            except Exception:  # noqa: BLE001
+                out.append(None)
+        return out
+
+    def _finish(
+        self, key: CacheEngineKey, obj: Optional[MemoryObj], prefix: bytearray, n: Optional[int]
+    ) -> Optional[MemoryObj]:
+        """The MemoryObj of one chunk read into `obj` (`n` bytes, None: a miss), checked
+        against its prefix; a chunk shorter than `obj` is moved into an object of its own
+        shape."""
+        if obj is None:
+            return None
+        if n is None:
+            obj.ref_count_down()
+            return None
+        try:
+            geom, nbytes, positions = decode_prefix(prefix, key)
+            if n != PREFIX + nbytes or nbytes > nbytes_of(geom) or nbytes > obj.get_size():
+                raise ValueError(f"block of {n} bytes, its prefix says {nbytes}")
+            if geom != geometry(obj):
+                exact = self._allocate(geom)
+                if exact is None:
+                    raise RuntimeError("no memory for an unfull chunk")
+                exact.byte_array.cast("B")[:nbytes] = obj.byte_array.cast("B")[:nbytes]
+                obj.ref_count_down()
+                obj = exact
+            if nbytes < obj.get_size():
+                obj.set_used_size(nbytes)
+            obj.metadata.cached_positions = positions
+            return obj
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("get", e)
+            obj.ref_count_down()
+            return None
+
+    def get_non_blocking(self, key: CacheEngineKey, location: Optional[str] = None) -> Optional[Future]:
+        if not self.contains(key):
+            return None
+        return self._pool.submit(self.get_blocking, key)
+
+    async def batched_get_non_blocking(
+        self, lookup_id: str, keys: List[CacheEngineKey], transfer_spec: Any = None
+    ) -> List[MemoryObj]:
+        """The leading run of chunks read (LMCache's async prefetch), on a thread."""
+        objs = await asyncio.to_thread(self.batched_get_blocking, list(keys))
+        out: List[MemoryObj] = []
+        for o in objs:
+            if o is None:
+                break
+            out.append(o)
+        for o in objs[len(out) :]:
+            if o is not None:
+                o.ref_count_down()
+        return out
+
+    # -- the rest ----------------------------------------------------------------------------
+
+    def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
+        try:
+            return bool(self._store().remove_many([block_key(key)])[0])
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("remove", e)
+            return False
+
+    def get_allocator_backend(self) -> Any:
+        return self.local_cpu_backend
+
+    def close(self) -> None:
+        """Waits for the queued puts, then closes the store."""
+        try:
+            self._pool.shutdown(wait=True)
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("close", e)
+        store, self.store = self.store, None
+        if store is not None:
+            try:
+                store.close()
+            except Exception as e:  # noqa: BLE001
+                self.failures.fail("close", e)
+
+    def tierkv_stats(self) -> Dict[str, Any]:
+        """The worker id, failures per operation, chunks dropped (queue full), chunks queued,
+        and the store's counters (`Store.stats()`)."""
+        with self._lock:
+            pending, dropped = len(self._pending), self._dropped
+        out: Dict[str, Any] = {
+            "worker": self.worker,
+            "failures": self.failures.snapshot(),
+            "dropped": dropped,
+            "pending": pending,
+        }
+        try:
+            out["store"] = self._store().stats()
+        except Exception:  # noqa: BLE001
+            out["store"] = None
+        return out
