@@ -1,0 +1,233 @@
+"""tierkv_g3.lmcache against the real LMCache on CPU (issue 26): LMCacheEngine's store, lookup
+and retrieve through the plugin LMCache loads from its config (storage_plugins +
+extra_config), beside LMCache's own LocalDiskBackend. python/tests/lmcache_harness.py builds
+the engine; its GPU connector is a copying stand-in (no GPU here), the rest is LMCache's own.
+tools/test.sh runs this file in .venv-engines/ (tools/engines-venv.sh lmcache)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip(
+    "lmcache.v1.cache_engine",
+    reason="lmcache is not importable here: run `tools/engines-venv.sh lmcache` and use "
+    ".venv-engines/bin/python -m pytest python/tests/test_lmcache.py",
+)
+
+import torch  # noqa: E402
+
+import lmcache_harness as h  # noqa: E402
+from conftest import skip_or_fail  # noqa: E402
+from tierkv_g3 import Store  # noqa: E402
+from tierkv_g3.lmcache import PREFIX, TierkvStoragePlugin, block_key, worker_id  # noqa: E402
+
+HARNESS = Path(__file__).with_name("lmcache_harness.py")
+
+
+@pytest.fixture
+def engines():
+    """Makes engines (h.config's arguments); destroys them (closing their backends) after."""
+    made = []
+
+    def make(backend, root, meta=None, **kw):
+        e = h.engine(h.config(backend, str(root), **kw), meta)
+        made.append(e)
+        return e
+
+    yield make
+    for e in made:
+        h.destroy(e)
+
+
+def keys_of(e, toks):
+    return [k for _, _, k in e.token_database.process_tokens(tokens=torch.tensor(toks))]
+
+
+def block_files(root):
+    return {p.name for p in Path(root).rglob("*") if p.is_file() and len(p.name) == 64}
+
+
+def test_store_lookup_retrieve_through_the_plugin_loaded_by_config(tmp_path, engines):
+    """LMCache builds the plugin from its config; a request's 4 chunks are stored (one block
+    each, named by the folded key), looked up and retrieved byte-exact, from the plugin
+    (LMCache's CPU tier holds nothing: local_cpu false); a longer request hits its prefix."""
+    e = engines("tierkv", tmp_path / "kv")
+    backends = e.storage_manager.storage_backends
+    assert list(backends) == ["LocalCPUBackend", "tierkv"]
+    plugin = h.plugin(e)
+    assert isinstance(plugin, TierkvStoragePlugin) and plugin.store is not None
+    toks, kv = h.tokens(4), h.kv(4 * h.CHUNK)
+    h.store(e, toks, kv)
+    assert block_files(tmp_path / "kv") == {block_key(k) for k in keys_of(e, toks)}
+    assert backends["LocalCPUBackend"].get_keys() == []
+    assert e.lookup(torch.tensor(toks)) == 4 * h.CHUNK
+    got, back = h.retrieve(e, toks)
+    assert got == 4 * h.CHUNK and torch.equal(back, kv)
+    longer = toks + h.tokens(2, base=9000)
+    assert e.lookup(torch.tensor(longer)) == 4 * h.CHUNK
+    got, back = h.retrieve(e, longer)
+    assert got == 4 * h.CHUNK and torch.equal(back[:, :, :got], kv)
+    # Gets allocate from LMCache's own CPU allocator, and read into the object in place.
+    obj = plugin.get_blocking(keys_of(e, toks)[1])
+    assert obj.parent() is backends["LocalCPUBackend"].memory_allocator
+    assert torch.equal(obj.tensor, kv[:, :, h.CHUNK : 2 * h.CHUNK])
+    obj.ref_count_down()
+    assert plugin.tierkv_stats()["failures"] == {}
+
+
+def test_an_unfull_last_chunk_round_trips(tmp_path, engines):
+    """save_unfull_chunk: the last chunk (8 of 16 tokens) has its own shape, kept in the
+    block's prefix; it comes back in an object of that shape."""
+    e = engines("tierkv", tmp_path / "kv", lmc={"save_unfull_chunk": True})
+    toks, kv = h.tokens(3)[: 2 * h.CHUNK + 8], h.kv(2 * h.CHUNK + 8)
+    h.store(e, toks, kv)
+    assert e.lookup(torch.tensor(toks)) == len(toks)
+    got, back = h.retrieve(e, toks)
+    assert got == len(toks) and torch.equal(back, kv)
+    obj = h.plugin(e).get_blocking(keys_of(e, toks)[2])
+    assert obj.get_shape()[2] == 8 and torch.equal(obj.tensor, kv[:, :, 2 * h.CHUNK :])
+    obj.ref_count_down()
+
+
+def run_harness(*args: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, str(HARNESS), *args], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_restart_keeps_the_hits_local_disk_backend_loses(tmp_path):
+    """Each backend alone, same request, a process that stores and one after it (a restart):
+    both store all 4 chunks; after the restart the plugin still hits and retrieves them
+    byte-exact, LMCache's LocalDiskBackend (an index in memory only) finds none."""
+    full = 4 * h.CHUNK
+    assert run_harness("write", str(tmp_path), "4") == {
+        "tierkv": {"lookup": full},
+        "disk": {"lookup": full},
+    }
+    after = run_harness("read", str(tmp_path), "4")
+    assert after["tierkv"] == {"lookup": full, "retrieved": full, "exact": True}
+    assert after["disk"]["lookup"] == 0 and after["disk"]["retrieved"] == 0
+    assert len(list((tmp_path / "disk").iterdir())) == 4  # its files are still there
+
+
+def test_models_shardings_and_dtypes_never_share_a_block(tmp_path, engines):
+    """Same root, same tokens: another model, another TP rank or another world size is
+    another worker and other block keys; none sees the first one's chunks."""
+    root = tmp_path / "kv"
+    a = engines("tierkv", root)
+    toks = h.tokens(2)
+    h.store(a, toks, h.kv(2 * h.CHUNK))
+    others = [h.metadata(model="other-model"), h.metadata(worker=1, world=2)]
+    workers = {h.plugin(a).worker}
+    for meta in others:
+        b = engines("tierkv", root, meta=meta)
+        assert b.lookup(torch.tensor(toks)) == 0
+        workers.add(h.plugin(b).worker)
+        assert not set(map(block_key, keys_of(b, toks))) & set(map(block_key, keys_of(a, toks)))
+    assert len(workers) == 3 and all(len(w) <= 64 for w in workers)
+    cfg = h.config("tierkv", str(root))
+    meta = h.metadata()
+    meta.kv_dtype = torch.float16
+    assert worker_id(cfg, meta) not in workers
+    long = h.metadata(model="org/" + "a-very-long-model-name" * 5)
+    assert len(worker_id(cfg, long)) <= 64 and worker_id(cfg, long).startswith("lmc.")
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        skip_or_fail("a full disk needs a tmpfs mount (root)")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)])
+    if r.returncode != 0:
+        skip_or_fail("mount -t tmpfs failed")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_a_full_disk_fails_the_puts_without_an_exception(tiny_tmpfs, engines):
+    """A 256 KiB tmpfs, filled: LMCache's stores return, the puts fail (counted), lookups
+    find only what was written, retrieves of it are byte-exact; the engine goes on."""
+    e = engines("tierkv", tiny_tmpfs / "kv")
+    h.store(e, h.tokens(2), h.kv(2 * h.CHUNK))
+    fd = os.open(tiny_tmpfs / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    toks, kv = h.tokens(8, base=5000), h.kv(8 * h.CHUNK, seed=9)
+    h.store(e, toks, kv)
+    assert h.plugin(e).tierkv_stats()["failures"].get("put", 0) >= 1
+    hit = e.lookup(torch.tensor(toks))
+    assert hit < len(toks)
+    got, back = h.retrieve(e, toks)
+    assert got == hit and torch.equal(back[:, :, :got], kv[:, :, :got])
+    os.unlink(tiny_tmpfs / "filler")  # room again: the same engine stores and hits
+    h.store(e, toks, kv)
+    assert e.lookup(torch.tensor(toks)) == len(toks)
+
+
+def test_a_corrupt_block_is_a_miss(tmp_path, engines):
+    """A byte flipped in a block's file (found with the store's layout, path_of): a fresh
+    engine's retrieve stops before that chunk, byte-exact up to it, no exception. A block
+    that is not this key's chunk (a foreign payload under its name) is a miss too."""
+    root = tmp_path / "kv"
+    e = engines("tierkv", root)
+    toks, kv = h.tokens(4), h.kv(4 * h.CHUNK)
+    h.store(e, toks, kv)
+    keys = keys_of(e, toks)
+    path = h.plugin(e).store.path_of(block_key(keys[2]))
+    worker = h.plugin(e).worker
+    h.destroy(e)
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    e2 = engines("tierkv", root)
+    got, back = h.retrieve(e2, toks)
+    assert got == 2 * h.CHUNK and torch.equal(back[:, :, :got], kv[:, :, :got])
+    h.destroy(e2)
+    with Store(root, worker, stats_interval=None) as s:  # a foreign block under key 1
+        s.put_many([block_key(keys[1])], [bytes(PREFIX + h.CHUNK_BYTES)])
+    e3 = engines("tierkv", root)
+    got, back = h.retrieve(e3, toks)
+    assert got == h.CHUNK and torch.equal(back[:, :, :got], kv[:, :, :got])
+    assert h.plugin(e3).tierkv_stats()["failures"].get("get", 0) >= 1
+
+
+def test_a_missing_root_is_a_miss_never_an_exception(tmp_path, engines):
+    """A root that cannot be made (under a regular file): LMCache loads the plugin, every
+    store, lookup and retrieve runs and misses; a root removed under a running engine:
+    retrieves miss, stores fail, no exception."""
+    (tmp_path / "file").write_bytes(b"")
+    e = engines("tierkv", tmp_path / "file" / "kv")
+    plugin = h.plugin(e)
+    assert plugin.store is None and plugin.tierkv_stats()["failures"]["open"] == 1
+    toks, kv = h.tokens(2), h.kv(2 * h.CHUNK)
+    h.store(e, toks, kv)
+    assert e.lookup(torch.tensor(toks)) == 0 and h.retrieve(e, toks)[0] == 0
+    assert plugin.tierkv_stats()["failures"]["put"] >= 1
+    root = tmp_path / "gone"
+    e2 = engines("tierkv", root)
+    h.store(e2, toks, kv)
+    os.rename(root, tmp_path / "moved")  # gone, at once (its stats writer keeps writing)
+    shutil.rmtree(tmp_path / "moved", ignore_errors=True)
+    # Files the store holds open still read (their bytes exist until closed): exact or none.
+    got, back = h.retrieve(e2, toks)
+    assert got in (0, 2 * h.CHUNK) and torch.equal(back[:, :, :got], kv[:, :, :got])
+    failed = h.plugin(e2).tierkv_stats()["failures"].get("put", 0)
+    h.store(e2, h.tokens(2, base=7000), kv)
+    assert h.plugin(e2).tierkv_stats()["failures"]["put"] == failed + 1
+    assert h.retrieve(e2, h.tokens(2, base=7000))[0] == 0
