@@ -13,6 +13,8 @@ if [ "${CI:-}" = "true" ]; then
   export TIERKV_REQUIRE_PRIVILEGED_TESTS=1
   export TIERKV_REQUIRE_NIXL=1
   export TIERKV_REQUIRE_DFS=1
+  # and the engine suites (test_lmcache.py) must find their engine, not skip.
+  export TIERKV_REQUIRE_ENGINES=1
 fi
 
 for c in rustfmt clippy; do
@@ -84,9 +86,11 @@ fi
 (cd python && VIRTUAL_ENV="$PWD/../$VENV" "../$VENV/bin/maturin" develop -q --release)
 cargo build -q --example interop
 INTEROP="$(source tools/bench-common.sh && target_dir)/debug/examples/interop"
-# test_sglang.py needs SGLang, test_lmcache_mp.py LMCache: they run in the engines' virtualenv.
+# test_sglang.py, test_lmcache.py and test_lmcache_mp.py need the engines: they run below,
+# in their virtualenv.
 TIERKV_INTEROP_BIN="$INTEROP" "$VENV/bin/python" -m pytest -q python/tests \
-  --ignore=python/tests/test_sglang.py --ignore=python/tests/test_lmcache_mp.py
+  --ignore=python/tests/test_sglang.py --ignore=python/tests/test_lmcache.py \
+  --ignore=python/tests/test_lmcache_mp.py
 echo "== the benchmark scripts' statistics (tools/benchstats.py)"
 "$VENV/bin/python" -m pytest -q tools/test_benchstats.py
 echo "== the SGLang HiCache backend (python/tierkv_g3/sglang.py) against the real SGLang, on CPU"
@@ -95,6 +99,8 @@ echo "== the SGLang HiCache backend (python/tierkv_g3/sglang.py) against the rea
 # tierkv package in it is the editable build above (same python/ directory, abi3 .so).
 tools/engines-venv.sh sglang
 .venv-engines/bin/python -m pytest -q -W ignore::UserWarning python/tests/test_sglang.py
+echo "== the LMCache storage plugin (python/tierkv_g3/lmcache.py) against the real LMCache, on CPU"
+.venv-engines/bin/python -m pytest -q -W ignore::UserWarning python/tests/test_lmcache.py
 echo "== the end-to-end run beneath a real transformer (e2e/, tiny configuration)"
 cargo test -q -p engine_e2e
 if [ -s "$SKIPS" ]; then

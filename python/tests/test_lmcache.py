@@ -15,11 +15,16 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip(
-    "lmcache.v1.cache_engine",
-    reason="lmcache is not importable here: run `tools/engines-venv.sh lmcache` and use "
-    ".venv-engines/bin/python -m pytest python/tests/test_lmcache.py",
-)
+try:
+    import lmcache.v1.cache_engine  # noqa: F401
+except ImportError:
+    if os.environ.get("TIERKV_REQUIRE_ENGINES"):  # CI: a skip would hide the suite
+        raise
+    pytest.skip(
+        "lmcache is not importable here: run `tools/engines-venv.sh lmcache` and use "
+        ".venv-engines/bin/python -m pytest python/tests/test_lmcache.py",
+        allow_module_level=True,
+    )
 
 import torch  # noqa: E402
 
@@ -209,8 +214,8 @@ def test_a_corrupt_block_is_a_miss(tmp_path, engines):
 
 def test_a_missing_root_is_a_miss_never_an_exception(tmp_path, engines):
     """A root that cannot be made (under a regular file): LMCache loads the plugin, every
-    store, lookup and retrieve runs and misses; a root removed under a running engine:
-    retrieves miss, stores fail, no exception."""
+    store, lookup and retrieve runs and misses; a root removed under a running engine: what
+    is retrieved is exact, no exception."""
     (tmp_path / "file").write_bytes(b"")
     e = engines("tierkv", tmp_path / "file" / "kv")
     plugin = h.plugin(e)
@@ -227,7 +232,9 @@ def test_a_missing_root_is_a_miss_never_an_exception(tmp_path, engines):
     # Files the store holds open still read (their bytes exist until closed): exact or none.
     got, back = h.retrieve(e2, toks)
     assert got in (0, 2 * h.CHUNK) and torch.equal(back[:, :, :got], kv[:, :, :got])
-    failed = h.plugin(e2).tierkv_stats()["failures"].get("put", 0)
-    h.store(e2, h.tokens(2, base=7000), kv)
-    assert h.plugin(e2).tierkv_stats()["failures"]["put"] == failed + 1
-    assert h.retrieve(e2, h.tokens(2, base=7000))[0] == 0
+    # A new put fails (counted), or lands in the directory the store holds open if the
+    # removal left it (its stats writer races rmtree): either way exact or none, no raise.
+    toks2 = h.tokens(2, base=7000)
+    h.store(e2, toks2, kv)
+    got, back = h.retrieve(e2, toks2)
+    assert got in (0, 2 * h.CHUNK) and torch.equal(back[:, :, :got], kv[:, :, :got])
