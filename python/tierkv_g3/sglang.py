@@ -34,7 +34,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
-import re
 import shutil
 import threading
 import time
@@ -44,36 +43,11 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 from . import Store
+from ._engines import STORE_OPTIONS, FailureLog, slug, store_options
 
 logger = logging.getLogger(__name__)
 
-_STORE_OPTIONS = (
-    "capacity_bytes",
-    "capacity_files",
-    "policy",
-    "engine",
-    "verify",
-    "direct_io",
-    "sync_writes",
-    "fd_cache",
-    "max_block_size",
-    "layout",
-    "publish",
-    "watermarks",
-    "queue_depth",
-    "stats_interval",
-    "keep_temp_files",
-    "reuse_evicted",
-    "sharing",
-    "negative_ttl",
-)
 _SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size")
-
-
-def _slug(s: str, n: int) -> str:
-    """`s` in the worker id's alphabet ([A-Za-z0-9_.-]), its last `n` characters."""
-    s = re.sub(r"[^A-Za-z0-9_.-]+", "_", s.rstrip("/").split("/")[-1]).strip(".") or "model"
-    return s[-n:]
 
 
 def worker_id(config: HiCacheStorageConfig, pool: Any) -> str:
@@ -101,7 +75,7 @@ def worker_id(config: HiCacheStorageConfig, pool: Any) -> str:
     rank = "mla" if mla else f"tp{config.tp_rank}of{config.tp_size}"
     if config.pp_size > 1:
         rank += f"pp{config.pp_rank}"
-    return f"sgl.{_slug(config.model_name or 'model', 20)}.p{pool.page_size}.{rank}.{digest}"
+    return f"sgl.{slug(config.model_name or 'model', 20)}.p{pool.page_size}.{rank}.{digest}"
 
 
 def _byte_view(t: Any) -> Any:
@@ -135,22 +109,17 @@ class TierkvHiCacheStorage(HiCacheStorage):
         if not extra.get("root"):
             raise ValueError('tierkv HiCache backend: the extra config needs "root"')
         self.root = str(extra["root"])
-        unknown = set(extra) - set(_STORE_OPTIONS) - set(_SGLANG_KEYS) - {"root", "log_interval"}
+        unknown = set(extra) - set(STORE_OPTIONS) - set(_SGLANG_KEYS) - {"root", "log_interval"}
         if unknown:
             raise ValueError(f"tierkv HiCache backend: unknown extra config keys {sorted(unknown)}")
-        self.options = {k: extra[k] for k in _STORE_OPTIONS if k in extra}
-        if isinstance(self.options.get("layout"), list):
-            self.options["layout"] = tuple(self.options["layout"])
-        if isinstance(self.options.get("watermarks"), list):
-            self.options["watermarks"] = tuple(self.options["watermarks"])
+        self.options = store_options(extra)
         self.log_interval = float(extra.get("log_interval", 10.0))
+        self.failures = FailureLog(logger, "tierkv HiCache backend", self.log_interval)
         self.writer = bool(storage_config.is_storage_writer)
         self.mem_pool_host: Any = None
         self.worker: Optional[str] = None
         self.store: Optional[Store] = None
         self._lock = threading.Lock()
-        self._failures: Dict[str, int] = {}
-        self._last_log: Dict[str, float] = {}
         self._metrics = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bw": [], "backup_bw": []}
 
     # -- setup -------------------------------------------------------------------------
@@ -189,14 +158,7 @@ class TierkvHiCacheStorage(HiCacheStorage):
 
     def _fail(self, op: str, err: Any) -> None:
         """Counts a failure of `op` and logs it, at most once per log_interval per op."""
-        with self._lock:
-            self._failures[op] = self._failures.get(op, 0) + 1
-            now = time.monotonic()
-            if now - self._last_log.get(op, -1e9) < self.log_interval:
-                return
-            self._last_log[op] = now
-            count = self._failures[op]
-        logger.warning("tierkv HiCache backend: %s failed (%d so far): %s", op, count, err)
+        self.failures.fail(op, err)
 
     def _store(self) -> Store:
         store = self.store
@@ -384,7 +346,7 @@ class TierkvHiCacheStorage(HiCacheStorage):
 
     def tierkv_stats(self) -> Dict[str, Any]:
         """The store's counters (`Store.stats()`), the worker id and the failures per call."""
-        out: Dict[str, Any] = {"worker": self.worker, "failures": dict(self._failures)}
+        out: Dict[str, Any] = {"worker": self.worker, "failures": self.failures.snapshot()}
         try:
             out["store"] = self._store().stats()
         except Exception:  # noqa: BLE001
