@@ -48,7 +48,9 @@ class CopyingConnector(GPUConnectorInterface):
         for m, s, e in zip(memory_objs, starts, ends):
             self.from_gpu(m, s, e, **kwargs)
 
-    def batched_to_gpu(self, memory_objs: Any = None, starts: Any = None, ends: Any = None, **kwargs: Any) -> None:
+    def batched_to_gpu(
+        self, memory_objs: Any = None, starts: Any = None, ends: Any = None, **kwargs: Any
+    ) -> None:
         for m, s, e in zip(memory_objs, starts, ends):
             self.to_gpu(m, s, e, **kwargs)
 
@@ -57,7 +59,8 @@ class CopyingConnector(GPUConnectorInterface):
 
 
 def plugin_config(root: str, **options: Any) -> Dict[str, Any]:
-    """The extra_config lines that load tierkv_g3.lmcache as plugin "tierkv" (docs/engines-lmcache.md)."""
+    """The extra_config lines that load tierkv_g3.lmcache as plugin "tierkv"
+    (docs/engines-lmcache.md)."""
     extra = {
         "storage_plugin.tierkv.module_path": "tierkv_g3.lmcache",
         "storage_plugin.tierkv.class_name": "TierkvStoragePlugin",

@@ -101,6 +101,19 @@ def test_an_unfull_last_chunk_round_trips(tmp_path, engines):
     obj.ref_count_down()
 
 
+def test_puts_past_the_queue_bound_are_dropped_not_waited_for(tmp_path, engines):
+    """max_pending_bytes of 2 chunks, a request of 4 stored at once: 2 are queued, 2 dropped
+    (counted), store returns; the lookup finds the 2 written, retrieved byte-exact."""
+    e = engines("tierkv", tmp_path / "kv", max_pending_bytes=2 * h.CHUNK_BYTES)
+    toks, kv = h.tokens(4), h.kv(4 * h.CHUNK)
+    h.store(e, toks, kv)
+    stats = h.plugin(e).tierkv_stats()
+    assert stats["dropped"] == 2 and stats["pending"] == 0 and stats["failures"] == {}
+    assert e.lookup(torch.tensor(toks)) == 2 * h.CHUNK
+    got, back = h.retrieve(e, toks)
+    assert got == 2 * h.CHUNK and torch.equal(back[:, :, :got], kv[:, :, :got])
+
+
 def run_harness(*args: str) -> dict:
     out = subprocess.run(
         [sys.executable, str(HARNESS), *args], capture_output=True, text=True, timeout=300

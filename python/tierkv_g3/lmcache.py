@@ -14,9 +14,10 @@ LMCache loads it from its config (YAML, or the ``LMCACHE_*`` environment)::
 
 Options are ``storage_plugin.<name>.<option>`` (``<name>`` is the name in
 ``storage_plugins``): ``root`` (required), any keyword argument of :class:`tierkv_g3.Store`
-(``capacity_bytes``, ``policy``, ``verify``, ...), ``max_pending`` (chunks queued for
-writing at most; more are dropped, not waited for; default 64), ``put_threads`` (default 1)
-and ``log_interval`` (seconds, default 10).
+(``capacity_bytes``, ``policy``, ``verify``, ...), ``max_pending_bytes`` (bytes of chunks
+queued for writing at most, default half of LMCache's CPU pool, ``max_local_cpu_size``: the
+queued objects hold that memory; past it chunks are dropped and counted, never waited for),
+``put_threads`` (default 1) and ``log_interval`` (seconds, default 10).
 
 **Blocks.** One tierkv block per LMCache chunk: a 4 KiB self-describing prefix (magic, the
 chunk's key string, shapes, dtypes, memory format, byte count, cached positions) and the
@@ -199,11 +200,13 @@ class TierkvStoragePlugin(StoragePluginInterface):
         self.failures = FailureLog(
             logger, f"tierkv LMCache plugin {self.name}", float(opts.get("log_interval", 10))
         )
-        self.max_pending = int(opts.get("max_pending", 64))
+        cpu_pool = float(getattr(config, "max_local_cpu_size", 1.0)) * 2**30
+        self.max_pending_bytes = int(opts.get("max_pending_bytes", cpu_pool / 2))
         self.worker = worker_id(config, metadata)
         self.fmt = engine_format(config, metadata)
         self._lock = threading.Lock()
         self._pending: Dict[CacheEngineKey, MemoryObj] = {}
+        self._pending_bytes = 0
         self._dropped = 0
         self._pool = ThreadPoolExecutor(int(opts.get("put_threads", 1)), "tierkv-lmcache-put")
         self.store: Optional[Store] = None
@@ -273,21 +276,25 @@ class TierkvStoragePlugin(StoragePluginInterface):
     ) -> None:
         """Queues the chunks for writing and returns: each object is referenced
         (ref_count_up) until its block is written. Chunks already queued are skipped; past
-        ``max_pending`` queued chunks the rest of the batch is dropped (counted), never
+        ``max_pending_bytes`` queued the rest of the batch is dropped (counted), never
         waited for."""
         try:
             if self.store is None:
                 raise RuntimeError("no store (the open failed, or closed)")
             batch: List[Tuple[CacheEngineKey, MemoryObj]] = []
+            full = False
             with self._lock:
                 for key, obj in zip(keys, objs):
                     if key in self._pending:
                         continue
-                    if len(self._pending) >= self.max_pending:
+                    size = obj.get_size()
+                    if full or self._pending_bytes + size > self.max_pending_bytes:
+                        full = True  # the rest too: chunks past a gap never hit
                         self._dropped += 1
                         continue
                     obj.ref_count_up()
                     self._pending[key] = obj
+                    self._pending_bytes += size
                     batch.append((key, obj))
             if batch:
                 self._pool.submit(self._put_batch, batch, on_complete_callback)
@@ -323,7 +330,8 @@ class TierkvStoragePlugin(StoragePluginInterface):
         finally:
             with self._lock:
                 for key, obj in batch:
-                    self._pending.pop(key, None)
+                    if self._pending.pop(key, None) is not None:
+                        self._pending_bytes -= obj.get_size()
             for _, obj in batch:
                 obj.ref_count_down()
         for key in done if on_complete is not None else []:
@@ -362,7 +370,8 @@ class TierkvStoragePlugin(StoragePluginInterface):
             idx = [i for i, o in enumerate(objs) if o is not None]
             if len(idx) < len(keys):
                 self.failures.fail("allocate", f"{len(keys) - len(idx)} chunks found no memory")
-            got = self._read(store, [keys[i] for i in idx], [[prefixes[i], objs[i].byte_array] for i in idx])
+            parts = [[prefixes[i], objs[i].byte_array] for i in idx]  # type: ignore[union-attr]
+            got = self._read(store, [keys[i] for i in idx], parts)
             lengths: List[Optional[int]] = [None] * len(keys)
             for i, n in zip(idx, got):
                 lengths[i] = n
@@ -374,7 +383,9 @@ class TierkvStoragePlugin(StoragePluginInterface):
                     o.ref_count_down()
             return [None] * len(keys)
 
-    def _read(self, store: Store, keys: List[CacheEngineKey], parts: List[List[Any]]) -> List[Optional[int]]:
+    def _read(
+        self, store: Store, keys: List[CacheEngineKey], parts: List[List[Any]]
+    ) -> List[Optional[int]]:
         """The batch read; a batch the store refuses (a block larger than a full chunk: not
         this engine's) is read key by key, each refused key a miss."""
         hkeys = [block_key(k) for k in keys]
@@ -421,7 +432,9 @@ class TierkvStoragePlugin(StoragePluginInterface):
             obj.ref_count_down()
             return None
 
-    def get_non_blocking(self, key: CacheEngineKey, location: Optional[str] = None) -> Optional[Future]:
+    def get_non_blocking(
+        self, key: CacheEngineKey, location: Optional[str] = None
+    ) -> Optional[Future]:
         if not self.contains(key):
             return None
         return self._pool.submit(self.get_blocking, key)
