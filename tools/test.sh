@@ -100,7 +100,8 @@ echo "== the SGLang HiCache backend (python/tierkv_g3/sglang.py) against the rea
 tools/engines-venv.sh sglang
 .venv-engines/bin/python -m pytest -q -W ignore::UserWarning python/tests/test_sglang.py
 echo "== the LMCache storage plugin (python/tierkv_g3/lmcache.py) against the real LMCache, on CPU"
-.venv-engines/bin/python -m pytest -q -W ignore::UserWarning python/tests/test_lmcache.py
+.venv-engines/bin/python -m pytest -q -W ignore::UserWarning python/tests/test_lmcache.py \
+  python/tests/test_lmcache_mp.py
 echo "== the end-to-end run beneath a real transformer (e2e/, tiny configuration)"
 cargo test -q -p engine_e2e
 if [ -s "$SKIPS" ]; then

@@ -232,3 +232,30 @@ def test_a_missing_root_is_a_miss_never_an_exception(tmp_path, controllers):
     except AssertionError:
         pass
     assert threads_alive(ctrl2)
+
+
+def test_a_backup_hangs_from_the_sequences_earlier_pages(tmp_path):
+    """batch_set_v1 offers its pages under the page before them (SGLang's prefix_keys): the
+    chain is recorded across calls, and pages whose earlier page is no longer stored are not
+    stored (no lookup from the sequence start could reach them) and are reported False."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
+
+    keys = h.hashes(tokens(6))
+    _, host = h.host_pool()
+    b = h.backend(h.storage_config(str(tmp_path)), host)
+    idx = host.alloc(len(keys) * h.PAGE)
+    h.fill(host, idx, seed=3)
+    first, rest = keys[:3], keys[3:]
+    half = idx[: 3 * h.PAGE], idx[3 * h.PAGE :]
+    assert b.batch_set_v1(first, half[0]) == [True] * 3
+    after = HiCacheStorageExtraInfo(prefix_keys=first)
+    assert b.batch_set_v1(rest, half[1], after) == [True] * 3
+    assert b.batch_exists(keys) == 6
+    # The chain crosses the two calls: removing page 2 removes pages 3-5 with it.
+    assert b.store.remove_many([keys[2]]) == [True]
+    assert b.store.contains_many(keys) == [True, True, False, False, False, False]
+    # Page 2 gone: the later pages are not stored again, and say so.
+    assert b.batch_set_v1(rest, half[1], after) == [False] * 3
+    assert b.store.contains_many(rest) == [False] * 3
+    assert b.tierkv_stats()["failures"] == {}
+    b.close()

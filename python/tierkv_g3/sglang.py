@@ -204,16 +204,22 @@ class TierkvHiCacheStorage(HiCacheStorage):
                 return [True] * len(keys)
             ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
             parts = _regions(ptrs, sizes, len(keys))
-            store.put_many_vectored(keys[have:], parts[have:])
+            # The chain hangs from the page before: the last stored one of this call, or the
+            # last of the sequence's earlier pages (SGLang's prefix_keys). If that one is no
+            # longer stored, nothing is: no lookup from the sequence start could reach it.
+            prefix = getattr(extra_info, "prefix_keys", None) or []
+            parent = keys[have - 1] if have else (prefix[-1] if prefix else None)
+            store.offer_many_vectored(keys[have:], parts[have:], parent=parent)
             self._record("backup", len(keys) - have, sum(sizes[have * len(ptrs) // len(keys):]), t0)
-            return [True] * len(keys)
+            return self._stored_prefix(keys)
         except Exception as e:  # noqa: BLE001
             self._fail("batch_set_v1", e)
             return self._stored_prefix(keys)
 
     def _stored_prefix(self, keys: List[str]) -> List[bool]:
-        """After a failed put: True for the leading pages that are stored (a put that fails
-        part way keeps its chain's stored blocks a prefix), False for the rest."""
+        """True for the leading pages that are stored (a put that fails part way keeps its
+        chain's stored blocks a prefix; an offer under a parent no longer stored stores
+        nothing), False for the rest."""
         try:
             have = int(self._store().contains_prefix(keys))
         except Exception:  # noqa: BLE001
