@@ -26,9 +26,10 @@ shardings never share a block.
   them (``put_many_vectored``): no copy on either side. Only prompt blocks are stored.
 - Failures are misses: nothing raises into vLLM. A store that cannot be opened makes every
   lookup a miss; a block that cannot be read (deleted, corrupt: its checksum) is reported to
-  vLLM as a load error (``get_block_ids_with_load_errors``), and vLLM recomputes it. Each
-  failure is counted (``tierkv_stats()["failures"]``) and logged at most once per
-  ``log_interval`` seconds per operation.
+  vLLM as a load error (``get_block_ids_with_load_errors``), and vLLM recomputes it (the
+  connector sets ``kv_load_failure_policy`` to ``"recompute"``: vLLM's default, ``"fail"``,
+  would fail the request). Each failure is counted (``tierkv_stats()["failures"]``) and
+  logged at most once per ``log_interval`` seconds per operation.
 
 Extra config: ``root`` (required), any keyword argument of :class:`tierkv_g3.Store`
 (``capacity_bytes``, ``capacity_files``, ``policy``, ``engine``, ``verify``, ...; ``sharing``
@@ -206,6 +207,19 @@ class TierkvConnector(KVConnectorBase_V1):
         self._invalid: set = set()
         if role == KVConnectorRole.SCHEDULER and self._usable:
             self.worker = worker_id(vllm_config, kv_cache_config, 0, 0)
+            self._recompute_failed_loads()
+
+    def _recompute_failed_loads(self) -> None:
+        """Sets vLLM's kv_load_failure_policy to "recompute" (its default, "fail", fails the
+        request): a block evicted after the lookup, deleted or corrupt is a cache miss. The
+        scheduler reads the policy right after it builds this connector."""
+        cfg = self._kv_transfer_config
+        if getattr(cfg, "kv_load_failure_policy", "recompute") != "recompute":
+            logger.warning(
+                "tierkv vLLM connector: kv_load_failure_policy %r -> 'recompute' (a block "
+                "that cannot be read is a cache miss, recomputed)", cfg.kv_load_failure_policy,
+            )
+            cfg.kv_load_failure_policy = "recompute"
 
     def _check_config(self, kv_cache_config: "KVCacheConfig", unknown: set) -> bool:
         """Whether this connector can serve the engine; logged (never raised) when not."""
