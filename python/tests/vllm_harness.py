@@ -8,7 +8,14 @@ process: python/tests/test_vllm_engine.py and tools/vllm-ttft.sh run it.
         starts one engine (vllm.LLM, the engine core in this process), runs one greedy request
         of a fixed pseudo-random prompt and prints one JSON object: the output token ids,
         vLLM's cached tokens and external (connector) prefix-cache counters, the first
-        token's latency, and both connector sides' tierkv_stats().
+        token's latency (vLLM's own: arrival to first token), and both connector sides'
+        tierkv_stats().
+    vllm_harness.py ttft MODEL_DIR WORKDIR [--lengths N ...] [--runs N]
+        per prompt length, RUNS rounds of: an engine on an empty tree (cold: computes and
+        stores the prompt), a fresh engine on that tree (cached, the blocks in the page
+        cache), the files dropped from the page cache and a fresh engine again (cached, from
+        disk), each engine warmed by a 64-token request of another prompt first; prints each
+        run's JSON and a markdown row of medians per length and prefix.
 """
 
 from __future__ import annotations
@@ -26,11 +33,13 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-VOCAB = 512
+VOCAB = 512  # the prompt's ids are below it; the model's vocabulary may be larger
 BLOCK = 32
 
 
-def make_model(out: Path, layers: int, hidden: int, heads: int, kv_heads: int) -> None:
+def make_model(
+    out: Path, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int = VOCAB
+) -> None:
     """A Llama of random weights (seed 0, float32, head dim 64) and its tokenizer, in `out`."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -38,7 +47,7 @@ def make_model(out: Path, layers: int, hidden: int, heads: int, kv_heads: int) -
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,
@@ -52,8 +61,8 @@ def make_model(out: Path, layers: int, hidden: int, heads: int, kv_heads: int) -
         torch_dtype="float32",
     )
     LlamaForCausalLM(config).to(torch.float32).save_pretrained(out, safe_serialization=True)
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    words = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab)}}
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
@@ -61,11 +70,11 @@ def make_model(out: Path, layers: int, hidden: int, heads: int, kv_heads: int) -
     fast.save_pretrained(out)
 
 
-def prompt(n: int) -> list:
+def prompt(n: int, seed: int = 1234) -> list:
     """`n` pseudo-random token ids (fixed seed), none of them special."""
     import random
 
-    rng = random.Random(1234)
+    rng = random.Random(seed)
     return [rng.randrange(3, VOCAB) for _ in range(n)]
 
 
@@ -123,6 +132,10 @@ def run(args) -> dict:
     llm = engine(args.model, args.root, not args.no_connector, args.prompt_tokens + args.max_tokens + 8)
     start_s = time.perf_counter() - t0
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, seed=0)
+    if args.warmup:
+        # Another prompt first (no block in common), so that the measured request meets an
+        # engine whose kernels have run once, as a serving engine's requests do.
+        llm.generate([TokensPrompt(prompt_token_ids=prompt(args.warmup, seed=99))], params, use_tqdm=False)
     t1 = time.perf_counter()
     out = llm.generate([TokensPrompt(prompt_token_ids=prompt(args.prompt_tokens))], params, use_tqdm=False)[0]
     wall = time.perf_counter() - t1
@@ -141,6 +154,71 @@ def run(args) -> dict:
     return result
 
 
+def drop_from_page_cache(root: Path) -> int:
+    """Writes back and drops every file under `root` from the page cache (fsync, then
+    POSIX_FADV_DONTNEED: this process's files only, other processes' caches stay); how many."""
+    n = 0
+    for p in root.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                n += 1
+            finally:
+                os.close(fd)
+    return n
+
+
+def phase(model: str, root: Path, n: int, max_tokens: int) -> dict:
+    """One `run` in a fresh process; its result."""
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, __file__, "run", model, str(root), "--prompt-tokens", str(n),
+         "--max-tokens", str(max_tokens), "--warmup", "64"],
+        capture_output=True, text=True, check=True,
+    )
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT ") :])
+
+
+def ttft(args) -> None:
+    """The TTFT rounds (see the module's docstring): run JSON lines, then markdown rows."""
+    import shutil
+    import statistics
+
+    work = Path(args.workdir)
+    rows = []
+    for n in args.lengths:
+        runs = {"cold": [], "cached, page cache": [], "cached, from disk": []}
+        for i in range(args.runs):
+            root = work / f"kv-{n}-{i}"
+            shutil.rmtree(root, ignore_errors=True)
+            runs["cold"].append(phase(args.model, root, n, args.max_tokens))
+            runs["cached, page cache"].append(phase(args.model, root, n, args.max_tokens))
+            drop_from_page_cache(root)
+            runs["cached, from disk"].append(phase(args.model, root, n, args.max_tokens))
+            for kind, rs in runs.items():
+                r = dict(rs[-1], connector=None, kind=kind, prompt_tokens=n, round=i)
+                print(json.dumps(r), flush=True)
+            shutil.rmtree(root, ignore_errors=True)
+        cold = statistics.median(r["ttft_s"] for r in runs["cold"]) * 1e3
+        for kind in ("cached, page cache", "cached, from disk"):
+            rs = runs[kind]
+            cached = statistics.median(r["ttft_s"] for r in rs) * 1e3
+            same = all(r["tokens"] == c["tokens"] for r, c in zip(rs, runs["cold"]))
+            hits = sorted({r["num_cached_tokens"] for r in rs})
+            rows.append(
+                f"| {n} | {kind} | {'/'.join(str(int(h)) for h in hits)} | {cold:.0f} | "
+                f"{cached:.0f} | {cold / cached:.2f}x | {args.runs} | {same} |"
+            )
+    print("| prompt tokens | prefix | cached tokens | TTFT cold ms | TTFT cached ms "
+          "| speedup | runs | output identical |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n".join(rows))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -150,15 +228,26 @@ def main() -> None:
     m.add_argument("--hidden", type=int, default=128)
     m.add_argument("--heads", type=int, default=2)
     m.add_argument("--kv-heads", type=int, default=1)
+    m.add_argument("--vocab", type=int, default=VOCAB)
     r = sub.add_parser("run")
     r.add_argument("model")
     r.add_argument("root")
     r.add_argument("--prompt-tokens", type=int, default=200)
     r.add_argument("--max-tokens", type=int, default=16)
     r.add_argument("--no-connector", action="store_true")
+    r.add_argument("--warmup", type=int, default=0, help="tokens of a first, other request")
+    t = sub.add_parser("ttft")
+    t.add_argument("model")
+    t.add_argument("workdir")
+    t.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048])
+    t.add_argument("--runs", type=int, default=5)
+    t.add_argument("--max-tokens", type=int, default=8)
     args = ap.parse_args()
     if args.cmd == "model":
-        make_model(Path(args.dir), args.layers, args.hidden, args.heads, args.kv_heads)
+        make_model(Path(args.dir), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab)
+        return
+    if args.cmd == "ttft":
+        ttft(args)
         return
     result = run(args)
     sys.stdout.write("RESULT " + json.dumps(result, default=str) + "\n")
