@@ -29,7 +29,7 @@ use tierkv::{BlockHash, BlockKey, Completion, Completions, Lookup, Outcome, Work
 use crate::buffer::{self, Span, View};
 use crate::errors;
 
-/// The blake3 context LMCache's key strings are folded under (docs/engines-lmcache-mp.md).
+/// The blake3 context LMCache's key strings are folded under (docs/engines-lmcache.md, MP mode).
 const KEY_CONTEXT: &str = "tierkv lmcache-mp object key v1";
 
 /// The block hash of an LMCache key: blake3 in key-derivation mode over the key's bytes
@@ -361,7 +361,7 @@ impl LMCacheConnector {
     }
 
     /// The finished batches, without waiting: `[(id, ok, error, bools | None)]` (see
-    /// docs/engines-lmcache-mp.md for what each operation gives). Never raises.
+    /// docs/engines-lmcache.md, MP mode for what each operation gives). Never raises.
     fn drain_completions(&self) -> Vec<Done> {
         let mut st = self.state();
         let mut out = std::mem::take(&mut st.closed);

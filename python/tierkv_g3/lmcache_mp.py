@@ -18,7 +18,7 @@ The object is :class:`tierkv_g3.LMCacheConnector` (native): submissions return a
 batches run on the store's own threads with the GIL free, LMCache's buffers are read and
 filled in place, and every failure is a ``(id, False, message, None)`` completion, never an
 exception. LMCache's keys (``model@rank@group@chunk_hash[@salt]``) are folded with blake3
-into block hashes, so two models, ranks or salts never share a block. docs/engines-lmcache-mp.md
+into block hashes, so two models, ranks or salts never share a block. docs/engines-lmcache.md, MP mode
 has the details.
 """
 
