@@ -63,6 +63,10 @@ class FailureLog:
         self._lock = threading.Lock()
 
     def fail(self, op: str, err: Any) -> None:
+        # The log gets `err`'s text, not `err`: a kept record (pytest's, a handler's buffer)
+        # must not keep the exception's frames alive, nor the buffers in them (the vLLM tier's
+        # views of vLLM's primary region, whose mmap cannot close while one is exported).
+        err = str(err)
         with self._lock:
             self.counts[op] = self.counts.get(op, 0) + 1
             now = time.monotonic()
