@@ -1,0 +1,356 @@
+"""tierkv as a vLLM secondary offloading tier (under the CPU primary tier of vLLM's
+``TieringOffloadingSpec``).
+
+Attach it with vLLM's offloading connector::
+
+    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec",
+        "cpu_bytes_to_use": 8589934592,
+        "secondary_tiers": [{"type": "TierkvSecondaryTier", "module_path": "tierkv_g3.vllm",
+          "root": "/mnt/nvme/kvcache", "capacity_bytes": 1099511627776}]}}'
+
+vLLM's ``SecondaryTierFactory`` builds the class with the primary tier's memoryview (one
+contiguous row per chunk) and the tier's config keys as keyword arguments. Every call runs on
+vLLM's scheduler thread and returns at once: stores and loads run on this tier's threads
+(``n_write_threads``, ``n_read_threads``), completions come back through
+``get_finished_jobs``; ``lookup`` asks the store's in-memory index (``sharing="exclusive"``)
+or, for a shared store whose lookups may read the tree, answers RETRY and asks on a thread
+(vLLM's ``AsyncLookupManager``).
+
+Keys: vLLM's 36-byte ``OffloadKey`` (a 32-byte block hash and a 4-byte KV-cache group) is
+folded into tierkv's 32-byte key as ``blake3(b"tierkv.vllm.v1" + identity + key)``, where the
+identity is a blake3 of the model, dtype, tokens per hash, blocks per chunk, KV-cache groups,
+parallel sizes (and rank, unless the layout is parallelism-agnostic), canonical layout and the
+chunk's byte size (vLLM's own ``FileMapper`` fields, plus the size): two models or layouts never
+share a block, even on one worker. The worker id (default ``vllm.<model>.<16 hex of the
+identity>``) gives each model its own directory and capacity under one root.
+
+A failure never raises into vLLM: it is a MISS or a failed job, counted
+(``tierkv_stats()["failures"]``) and logged at most once per ``log_interval`` seconds per
+operation. A load that fails for some keys reports the others (``JobResult.successful_keys``);
+a key whose load failed is a MISS until it is stored again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional, Set
+
+from blake3 import blake3
+from vllm.v1.kv_offload.base import (
+    Locality,
+    LookupResult,
+    Medium,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+)
+from vllm.v1.kv_offload.file_mapper import FileMapper
+from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
+from vllm.v1.kv_offload.tiering.base import (
+    JobResult,
+    ScheduleEndContext,
+    SecondaryTierManager,
+    TransferJob,
+)
+
+from . import Store
+from ._engines import STORE_OPTIONS, FailureLog, slug, store_options
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import OffloadingSpec
+    from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
+
+logger = logging.getLogger(__name__)
+
+_TAG = b"tierkv.vllm.v1"
+_TIER_KEYS = ("root", "worker", "n_read_threads", "n_write_threads", "log_interval", "locality")
+
+
+def identity(offloading_spec: "OffloadingSpec", block_size_bytes: int) -> Dict[str, Any]:
+    """What makes a chunk's bytes what they are: vLLM's FileMapper fields (model, dtype, tokens
+    per hash, blocks per chunk, KV-cache groups, parallel sizes, the rank unless the layout is
+    parallelism-agnostic, canonical/replicated layout) and the chunk's size in bytes."""
+    fields = FileMapper.from_offloading_spec(
+        root_dir="",
+        offloading_spec=offloading_spec,
+        blocks_per_file=offloading_spec.blocks_per_chunk,
+        parallel_agnostic=True,
+    ).get_run_config()
+    fields["chunk_bytes"] = int(block_size_bytes)
+    return fields
+
+
+def fold_key(prefix: bytes, key: OffloadKey) -> bytes:
+    """tierkv's 32-byte key for vLLM's 36-byte OffloadKey under an identity prefix."""
+    return blake3(prefix + bytes(key)).digest()
+
+
+class _StoreLookup(AsyncLookupManager):
+    """vLLM's async lookup (a thread, one batch per scheduler step) over Store.contains_many:
+    for shared stores, whose lookups of keys the index lacks read the tree."""
+
+    def __init__(self, tier: "TierkvSecondaryTier", tier_type: str) -> None:
+        super().__init__(tier_type=tier_type)
+        self._tier = tier
+
+    def batch_lookup(self, keys: List[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
+        return self._tier._contains(keys, "lookup")
+
+
+class TierkvSecondaryTier(SecondaryTierManager):
+    """A vLLM secondary tier over one tierkv store (one worker under ``root``): a capacity
+    with eviction (``capacity_bytes``/``capacity_files``, ``policy``), an index rebuilt on
+    restart, sharing across processes (``sharing="shared"``). Config keys: ``root``
+    (required), ``worker``, ``n_read_threads`` (2), ``n_write_threads`` (2), ``log_interval``
+    (10 s), ``locality``, ``backpressure`` (vLLM's) and any keyword of tierkv_g3.Store."""
+
+    medium: ClassVar[Medium] = Medium.STORAGE
+
+    def __init__(
+        self,
+        offloading_spec: "OffloadingSpec",
+        primary_kv_view: memoryview,
+        tier_type: str,
+        backpressure_detector: Optional["BackpressureDetector"] = None,
+        **config: Any,
+    ) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        unknown = set(config) - set(STORE_OPTIONS) - set(_TIER_KEYS)
+        if unknown or not config.get("root"):
+            raise ValueError(
+                f"tierkv vLLM tier: needs 'root'; unknown keys {sorted(unknown)}"
+            )
+        self.root = str(config["root"])
+        self.locality = Locality(config["locality"]) if config.get("locality") else None
+        self.failures = FailureLog(logger, "tierkv vLLM tier", config.get("log_interval", 10.0))
+        self._flat = primary_kv_view.cast("B") if primary_kv_view.ndim != 1 else primary_kv_view
+        ident = identity(offloading_spec, self.block_size_bytes)
+        digest = blake3(json.dumps(ident, sort_keys=True).encode()).digest()
+        self._prefix = _TAG + digest
+        self.worker = str(
+            config.get("worker") or f"vllm.{slug(str(ident['model_name']), 30)}.{digest.hex()[:16]}"
+        )
+        self.options = store_options(config)
+        self._done: "queue.SimpleQueue[JobResult]" = queue.SimpleQueue()
+        self._loads = concurrent.futures.ThreadPoolExecutor(
+            int(config.get("n_read_threads", 2)), thread_name_prefix="tierkv_vllm_load"
+        )
+        self._stores = concurrent.futures.ThreadPoolExecutor(
+            int(config.get("n_write_threads", 2)), thread_name_prefix="tierkv_vllm_store"
+        )
+        self._pending: Set[concurrent.futures.Future] = set()
+        self._pending_lock = threading.Lock()
+        # Scheduler-thread state: keys being stored (lookup: RETRY), the keys of each job,
+        # keys whose load failed (lookup: MISS until stored again).
+        self._storing: Dict[OffloadKey, int] = {}
+        self._job_keys: Dict[int, List[OffloadKey]] = {}
+        self._load_jobs: Set[int] = set()
+        self._bad: Set[OffloadKey] = set()
+        self.store: Optional[Store] = None
+        try:
+            self.store = Store(self.root, self.worker, **self.options)
+            logger.info("tierkv vLLM tier: %s (worker %s)", self.store.dir, self.worker)
+        except Exception as e:  # noqa: BLE001: never raise into vLLM; every call misses
+            self.failures.fail("open", e)
+        shared = self.options.get("sharing") == "shared"
+        self._async_lookup = _StoreLookup(self, tier_type) if shared else None
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _keys(self, keys: Iterable[OffloadKey]) -> List[bytes]:
+        return [fold_key(self._prefix, k) for k in keys]
+
+    def _slices(self, chunk_ids: Any) -> List[memoryview]:
+        bs = self.block_size_bytes
+        return [self._flat[int(c) * bs : (int(c) + 1) * bs] for c in chunk_ids]
+
+    def _contains(self, keys: List[OffloadKey], op: str) -> List[bool]:
+        store = self.store
+        if store is None:
+            return [False] * len(keys)
+        try:
+            return [bool(b) for b in store.contains_many(self._keys(keys))]
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail(op, e)
+            return [False] * len(keys)
+
+    def _submit(self, pool: concurrent.futures.ThreadPoolExecutor, fn: Any, *args: Any) -> None:
+        with self._pending_lock:
+            fut = pool.submit(fn, *args)
+            self._pending.add(fut)
+        fut.add_done_callback(self._forget)
+
+    def _forget(self, fut: concurrent.futures.Future) -> None:
+        with self._pending_lock:
+            self._pending.discard(fut)
+
+    # -- vLLM's interface ----------------------------------------------------------------
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if key in self._storing:
+            return LookupResult.RETRY
+        if key in self._bad or self.store is None:
+            return LookupResult.MISS
+        if self._async_lookup is not None:
+            found = self._async_lookup.lookup(key, req_context)
+            if found is None:
+                return LookupResult.RETRY
+            return LookupResult.HIT if found else LookupResult.MISS
+        return LookupResult.HIT if self._contains([key], "lookup")[0] else LookupResult.MISS
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        keys = list(job_metadata.keys)
+        self._job_keys[job_metadata.job_id] = keys
+        for k in keys:
+            self._storing[k] = self._storing.get(k, 0) + 1
+        try:
+            args = (job_metadata.job_id, self._keys(keys), self._slices(job_metadata.chunk_ids))
+            self._submit(self._stores, self._store_task, *args)
+        except Exception as e:  # noqa: BLE001 (a shut-down pool, ...): a failed job
+            self.failures.fail("store", e)
+            self._done.put(JobResult(job_id=job_metadata.job_id, success=False))
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        keys = list(job_metadata.keys)
+        self._job_keys[job_metadata.job_id] = keys
+        self._load_jobs.add(job_metadata.job_id)
+        try:
+            args = (job_metadata.job_id, keys, self._slices(job_metadata.chunk_ids))
+            self._submit(self._loads, self._load_task, *args)
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("load", e)
+            self._done.put(JobResult(job_id=job_metadata.job_id, success=False))
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        results = []
+        while True:
+            try:
+                result = self._done.get_nowait()
+            except queue.Empty:
+                break
+            self._finish(result)
+            results.append(result)
+        return results
+
+    def _finish(self, result: JobResult) -> None:
+        """Scheduler-thread bookkeeping of a finished job: stored keys leave `_storing` (and
+        `_bad`, once stored); a load's failed keys become `_bad`."""
+        keys = self._job_keys.pop(result.job_id, [])
+        if result.job_id in self._load_jobs:
+            self._load_jobs.discard(result.job_id)
+            ok = set(keys) if result.success else set(result.successful_keys or ())
+            failed = [k for k in keys if k not in ok]
+            if len(self._bad) > 100_000:  # bounded: forgetting only costs a failed load
+                self._bad.clear()
+            self._bad.update(failed)
+            if failed and self._async_lookup is not None:
+                self._async_lookup.mark_miss(failed)
+            return
+        for k in keys:
+            n = self._storing.pop(k, 0) - 1
+            if n > 0:
+                self._storing[k] = n
+            if result.success:
+                self._bad.discard(k)
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        store = self.store
+        if store is None or not keys:
+            return
+        try:
+            store.touch_many(self._keys(keys))
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("touch", e)
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        if self._async_lookup is not None:
+            self._async_lookup.cleanup(req_context.req_id)
+
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        if self._async_lookup is not None:
+            self._async_lookup.flush()
+
+    def drain_jobs(self) -> None:
+        """Waits for every submitted job (their results are queued for get_finished_jobs)."""
+        with self._pending_lock:
+            pending = list(self._pending)
+        concurrent.futures.wait(pending)
+
+    def shutdown(self) -> None:
+        try:
+            self.drain_jobs()
+            self._loads.shutdown(wait=True)
+            self._stores.shutdown(wait=True)
+            if self._async_lookup is not None:
+                self._async_lookup.shutdown()
+            store, self.store = self.store, None
+            if store is not None:
+                store.close()
+            self._flat.release()  # vLLM's primary region closes its mmap after this
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("shutdown", e)
+
+    # -- the jobs (on this tier's threads) -----------------------------------------------
+
+    def _store_task(self, job_id: int, keys: List[bytes], bufs: List[memoryview]) -> None:
+        """Writes a store job's chunks (blocks already stored are only touched)."""
+        t0 = time.perf_counter()
+        ok = False
+        try:
+            store = self.store
+            if store is None:
+                raise RuntimeError("no store (the open failed, or shut down)")
+            store.offer_many(keys, bufs)
+            ok = True
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("store", e)
+        nbytes = len(keys) * self.block_size_bytes
+        self._done.put(
+            JobResult(job_id=job_id, success=ok, transfer_time=time.perf_counter() - t0,
+                      transfer_bytes=nbytes if ok else None)
+        )
+
+    def _load_task(self, job_id: int, keys: List[OffloadKey], bufs: List[memoryview]) -> None:
+        """Reads a load job's chunks into their primary slots; reports the keys read whole."""
+        t0 = time.perf_counter()
+        got: List[Optional[int]] = [None] * len(keys)
+        try:
+            store = self.store
+            if store is None:
+                raise RuntimeError("no store (the open failed, or shut down)")
+            got = store.get_many_into(self._keys(keys), bufs)
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("load", e)
+        ok = [k for k, n in zip(keys, got) if n == self.block_size_bytes]
+        if len(ok) < len(keys):
+            self.failures.fail("load", f"{len(keys) - len(ok)} of {len(keys)} chunks missed")
+        self._done.put(
+            JobResult(
+                job_id=job_id,
+                success=len(ok) == len(keys),
+                successful_keys=tuple(ok) if 0 < len(ok) < len(keys) else None,
+                transfer_time=time.perf_counter() - t0,
+                transfer_bytes=len(ok) * self.block_size_bytes,
+            )
+        )
+
+    # -- statistics ----------------------------------------------------------------------
+
+    def tierkv_stats(self) -> Dict[str, Any]:
+        """The store's counters (`Store.stats()`), the worker id and the failures per call."""
+        out: Dict[str, Any] = {"worker": self.worker, "failures": self.failures.snapshot()}
+        try:
+            out["store"] = self.store.stats() if self.store is not None else None
+        except Exception:  # noqa: BLE001
+            out["store"] = None
+        return out
