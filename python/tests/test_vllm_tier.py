@@ -1,0 +1,245 @@
+"""tierkv_g3.vllm against vLLM's real tiering offload stack on CPU (issue 26): vLLM's
+`TieringOffloadingSpec` and `TieringOffloadingManager` with its CPU primary tier, our tier built
+by vLLM's `SecondaryTierFactory` from a `secondary_tiers` entry, vLLM's own `fs` tier beside
+it where it helps (python/tests/vllm_tier_harness.py plays the scheduler and the GPU copies).
+tools/test.sh runs this file in .venv-vllm/ (tools/engines-venv.sh vllm)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip(
+    "vllm.v1.kv_offload.tiering.manager",
+    reason="vllm is not importable here: run `tools/engines-venv.sh vllm` and use "
+    ".venv-vllm/bin/python -m pytest python/tests/test_vllm_tier.py",
+)
+
+import vllm_tier_harness as h  # noqa: E402
+from conftest import skip_or_fail  # noqa: E402
+from vllm.v1.kv_offload.base import LookupResult  # noqa: E402
+
+from tierkv_g3.vllm import TierkvSecondaryTier, fold_key  # noqa: E402
+
+HIT, MISS = LookupResult.HIT, LookupResult.MISS
+HARNESS = Path(__file__).with_name("vllm_tier_harness.py")
+
+
+@pytest.fixture
+def sched():
+    """Makes Sched objects (h.make_spec's arguments); shuts their managers down after."""
+    made = []
+
+    def make(tiers, **kw):
+        s = h.Sched(h.make_spec(tiers, **kw))
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def exact(s: h.Sched, ids) -> bool:
+    return all(np.array_equal(b, h.payload(i, s.chunk_bytes)) for i, b in zip(ids, s.read(ids)))
+
+
+def test_factory_builds_our_tier_from_the_config(sched, tmp_path):
+    s = sched([h.tierkv_tier(tmp_path, capacity_bytes=1 << 30)])
+    tier = s.tier()
+    assert isinstance(tier, TierkvSecondaryTier) and tier.tier_type == "TierkvSecondaryTier"
+    assert tier.store is not None and Path(tier.store.dir).is_relative_to(tmp_path)
+    assert tier.tierkv_stats()["store"]["capacity_bytes"] == 1 << 30
+
+
+def test_chunks_cascaded_to_the_tier_are_promoted_back_byte_exact(sched, tmp_path):
+    s = sched([h.tierkv_tier(tmp_path)])
+    ids = list(range(12))
+    assert len(s.store(ids)) == 12
+    assert s.tier().tierkv_stats()["store"]["used_files"] == 12
+    s.drop_primary()  # only the tier has them now
+    res = s.lookup_all(ids + [99])
+    assert h.hits(res) == ids and res[99] is MISS
+    assert exact(s, ids)
+    assert s.tier().tierkv_stats()["failures"] == {}
+
+
+def test_lookup_is_retry_while_a_store_is_in_flight(sched, tmp_path):
+    s = sched([h.tierkv_tier(tmp_path)])
+    tier = s.tier()
+    c = s.ctx()
+    keys = [h.key(i) for i in range(4)]
+    out = s.mgr.prepare_store(keys, c)
+    for k, cid in zip(out.keys_to_store, out.store_spec.chunk_ids):
+        s.primary[int(cid)] = h.payload(keys.index(k), s.chunk_bytes)
+    s.mgr.complete_store(keys, c)  # submit_store: the job is queued, not yet reported
+    assert tier.lookup(keys[0], c) is LookupResult.RETRY
+    s.mgr.on_request_finished(c)
+    s.settle()
+    assert tier.lookup(keys[0], c) is HIT
+
+
+def test_submit_calls_return_before_the_io(sched, tmp_path):
+    """vLLM calls submit_store/submit_load on its scheduler thread: with the tier's one store
+    thread and one load thread held busy, both return and the I/O waits for the threads."""
+    s = sched([h.tierkv_tier(tmp_path, n_read_threads=1, n_write_threads=1)])
+    tier = s.tier()
+    gate = threading.Event()
+    tier._stores.submit(gate.wait, 60)  # our own pool, held (60 s at most); vLLM untouched
+    tier._loads.submit(gate.wait, 60)
+    c = s.ctx()
+    keys = [h.key(i) for i in range(3)]
+    out = s.mgr.prepare_store(keys, c)
+    for k, cid in zip(out.keys_to_store, out.store_spec.chunk_ids):
+        s.primary[int(cid)] = h.payload(keys.index(k), s.chunk_bytes)
+    s.mgr.complete_store(keys, c)  # submit_store, on this (the scheduler's) thread
+    s.mgr.on_request_finished(c)
+    for _ in range(5):
+        s.step()
+    assert tier.store.contains_many([fold_key(tier._prefix, k) for k in keys]) == [False] * 3
+    gate.set()
+    s.settle()
+    s.drop_primary()
+    gate.clear()
+    tier._loads.submit(gate.wait, 60)
+    c = s.ctx()
+    assert s.mgr.lookup(keys[0], c) is LookupResult.HIT_PENDING  # promotion queued
+    for _ in range(5):
+        s.step()  # submit_load returned; the load waits for the thread
+        assert s.mgr.lookup(keys[0], c) is LookupResult.HIT_PENDING
+    gate.set()
+    s.mgr.on_request_finished(c)
+    assert s.lookup_all([0]) == {0: HIT} and exact(s, [0])
+
+
+def test_the_capacity_holds_and_evicts_the_least_recently_used(sched, tmp_path):
+    s = sched([h.tierkv_tier(tmp_path, policy="lru")], n_chunks=8)
+    s.store([0])
+    per_file = s.tier().tierkv_stats()["store"]["used_bytes"]
+    cap = 6 * per_file
+    s.close()
+    s = sched([h.tierkv_tier(tmp_path / "b", policy="lru", capacity_bytes=cap)], n_chunks=8)
+    for i in range(6):
+        s.store([i])
+    s.drop_primary()
+    assert h.hits(s.lookup_all([0])) == [0]  # 0 read again: the most recently used
+    s.drop_primary()
+    for i in range(6, 10):
+        s.store([i])
+        st = s.tier().tierkv_stats()["store"]
+        assert st["used_bytes"] <= cap, st
+    s.drop_primary()
+    got = h.hits(s.lookup_all(list(range(10))))
+    assert got == [0, 5, 6, 7, 8, 9], got
+    assert s.tier().tierkv_stats()["store"]["evictions"] == 4
+    blocks = [f for f in Path(s.tier().store.dir).rglob("*") if len(f.name) == 64]
+    assert len(blocks) == 6 and sum(f.stat().st_size for f in blocks) <= cap
+
+
+def run_harness(mode: str, tiers, n: int):
+    r = subprocess.run([sys.executable, str(HARNESS), mode, json.dumps(tiers), str(n)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+def test_a_fresh_process_hits_what_another_stored(tmp_path):
+    ours, fs = h.tierkv_tier(tmp_path / "tierkv"), h.fs_tier(tmp_path / "fs")
+    run_harness("store", [ours, fs], 10)  # vLLM cascades every chunk to both tiers
+    got, got_fs = run_harness("check", [ours, fs], 12)  # each alone, in a fresh process
+    assert got["hits"] == list(range(10)) and got["exact"] == list(range(10)), got
+    assert got["stats"]["store"]["blocks_at_open"] == 10  # the index rebuilt from the tree
+    assert got_fs["hits"] == list(range(10)) and got_fs["exact"] == list(range(10)), got_fs
+
+
+def test_two_processes_share_one_tier(sched, tmp_path):
+    shared = h.tierkv_tier(tmp_path, sharing="shared", worker="vllm-shared", negative_ttl=0)
+    writer = sched([shared])
+    reader = sched([shared])
+    assert reader.lookup_all([0, 1]) == {0: MISS, 1: MISS}
+    writer.store([0, 1, 2])
+    assert h.hits(reader.lookup_all([0, 1, 2, 3])) == [0, 1, 2]  # RETRY, then HIT
+    assert exact(reader, [0, 1, 2])
+
+
+def test_two_models_never_share_a_chunk(sched, tmp_path):
+    a = sched([h.tierkv_tier(tmp_path, worker="w")], model="org/model-a")
+    b = sched([h.tierkv_tier(tmp_path / "b", worker="w")], model="org/model-b")
+    assert fold_key(a.tier()._prefix, h.key(0)) != fold_key(b.tier()._prefix, h.key(0))
+    assert fold_key(a.tier()._prefix, h.key(0)) != fold_key(a.tier()._prefix, h.key(0, 1))
+    c = sched([h.tierkv_tier(tmp_path / "c")], dtype="bfloat16")
+    assert len({a.tier().worker, c.tier().worker}) == 2
+    a.store([0])
+    a.close()
+    a2 = sched([h.tierkv_tier(tmp_path, worker="w")], model="org/model-b")
+    assert a2.lookup_all([0]) == {0: MISS}  # same root and worker, another model
+
+
+def test_a_full_disk_fails_the_store_job_without_an_exception(sched):
+    mnt = tempfile.mkdtemp()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tierkv-vllm", mnt],
+                       capture_output=True)
+    if r.returncode != 0:
+        os.rmdir(mnt)
+        skip_or_fail("cannot mount a tmpfs (needs root) for a full disk")
+    try:
+        s = sched([h.tierkv_tier(mnt)])
+        s.store(list(range(8)))  # 8 x 64 KiB on 256 KiB: some cannot be written
+        st = s.tier().tierkv_stats()
+        assert st["failures"].get("store", 0) >= 1, st
+        s.drop_primary()
+        got = h.hits(s.lookup_all(list(range(8))))
+        assert len(got) < 8 and exact(s, got)
+        s.close()
+    finally:
+        subprocess.run(["umount", "-l", mnt], check=True)
+        os.rmdir(mnt)
+
+
+def test_a_corrupt_chunk_fails_its_load_alone(sched, tmp_path):
+    cfg = h.tierkv_tier(tmp_path, worker="w")
+    s = sched([cfg])
+    s.store(list(range(4)))
+    path = Path(s.tier().store.path_of(fold_key(s.tier()._prefix, h.key(2))))
+    s.close()
+    with open(path, "r+b") as f:  # a byte of the payload changed
+        f.seek(-100, os.SEEK_END)
+        b = f.read(1)
+        f.seek(-100, os.SEEK_END)
+        f.write(bytes([b[0] ^ 0xFF]))
+    s = sched([cfg])
+    res = s.lookup_all([0, 1, 2, 3])  # 2 is promoted, fails, then is a miss
+    assert h.hits(res) == [0, 1, 3] and res[2] is MISS, res
+    assert exact(s, [0, 1, 3])
+    assert s.tier().tierkv_stats()["failures"].get("load", 0) >= 1
+    assert s.lookup_all([2]) == {2: MISS}
+
+
+def test_a_missing_root_is_a_miss_never_an_exception(sched, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"x")
+    s = sched([h.tierkv_tier(blocker / "kv")])  # cannot be made: under a regular file
+    assert s.tier().store is None and s.tier().tierkv_stats()["failures"]["open"] == 1
+    s.store([0, 1])
+    assert s.tier().tierkv_stats()["failures"]["store"] >= 1
+    s.drop_primary()
+    assert s.lookup_all([0, 1]) == {0: MISS, 1: MISS}
+    # A root deleted under a running tier: stores fail, chunks it had are misses.
+    t = sched([h.tierkv_tier(tmp_path / "gone")])
+    t.store([0, 1])
+    t.drop_primary()
+    while (tmp_path / "gone").exists():  # the store's background thread may write meanwhile
+        shutil.rmtree(tmp_path / "gone", ignore_errors=True)
+    t.store([5])
+    t.drop_primary()
+    assert t.lookup_all([0, 1, 5]) == {0: MISS, 1: MISS, 5: MISS}
+    assert t.tier().tierkv_stats()["failures"]["store"] >= 1
