@@ -77,7 +77,9 @@ assert torch.__version__.startswith("2.13.0"), torch.__version__
 fi
 
 if [ -x "$PY" ] && "$PY" -W ignore -c "$CHECK" >/dev/null 2>&1; then
-  echo "engines-venv: $VENV imports $engine and tierkv_g3's backend: nothing to do"
+  if [ "$engine" = vllm ]; then what="vllm and tierkv_g3.vllm"; else
+    what="sglang, lmcache and tierkv_g3's backends"; fi
+  echo "engines-venv: $VENV imports $what: nothing to do"
   exit 0
 fi
 
