@@ -35,6 +35,13 @@ if ! ldconfig -p | tools/has-libclang.sh; then
 fi
 # The NIXL libraries (POSIX backend), loaded at run time by the nixl engine.
 tools/fetch-nixl.sh
+# The engines' virtualenvs (SGLang and LMCache; vLLM: about 6 GB each from PyPI, several
+# minutes when made from scratch, seconds when complete) are made in the background while the
+# Rust suites build and run; the engine suites below wait for them.
+mkdir -p target
+ENGINES_VENV_LOG=target/engines-venv.log
+(tools/engines-venv.sh sglang && tools/engines-venv.sh vllm) >"$ENGINES_VENV_LOG" 2>&1 &
+ENGINES_VENV_PID=$!
 
 # Quiet cargo output (-q): a passing run reads as passing; the `test result:` lines stay.
 echo "== layers, fmt, clippy, docs"
@@ -93,6 +100,13 @@ TIERKV_INTEROP_BIN="$INTEROP" "$VENV/bin/python" -m pytest -q python/tests \
   --ignore=python/tests/test_lmcache_mp.py --ignore-glob='python/tests/test_vllm_*.py'
 echo "== the benchmark scripts' statistics (tools/benchstats.py)"
 "$VENV/bin/python" -m pytest -q tools/test_benchstats.py
+echo "== the engines' virtualenvs (made in the background since the start)"
+if ! wait "$ENGINES_VENV_PID"; then
+  cat "$ENGINES_VENV_LOG"
+  echo "tools/test.sh: making the engines' virtualenvs failed (above)" >&2
+  exit 1
+fi
+tail -n 2 "$ENGINES_VENV_LOG"
 echo "== the SGLang HiCache backend (python/tierkv_g3/sglang.py) against the real SGLang, on CPU"
 # .venv-engines/ (git-ignored): sglang 0.5.23, lmcache 0.5.6 and their torch, made once (about
 # 6 GB, a few minutes; a rerun that finds it complete does nothing: docs/testing.md). The
