@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -36,6 +39,31 @@ def skip_or_fail(reason: str) -> None:
     with open(REPO / "target" / "test-skips.txt", "a") as f:
         f.write(line + "\n")
     pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def tmpfs(size: str) -> Iterator[str]:
+    """A tmpfs of `size` (mount's `size=`, e.g. "1m") mounted on a fresh directory for a full
+    disk, unmounted and removed after; skipped (failed where CI requires privileged tests)
+    when it cannot be mounted (not root)."""
+    mnt = tempfile.mkdtemp(prefix="tierkv-tmpfs-")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tierkv-test", mnt],
+                       capture_output=True)
+    if r.returncode != 0:
+        os.rmdir(mnt)
+        skip_or_fail(f"cannot mount a {size} tmpfs (needs root) for a full disk")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", mnt], check=False)
+        os.rmdir(mnt)
+
+
+@pytest.fixture
+def tiny_tmpfs() -> Iterator[Path]:
+    """A 256 KiB tmpfs (see `tmpfs`)."""
+    with tmpfs("256k") as mnt:
+        yield Path(mnt)
 
 
 @pytest.fixture

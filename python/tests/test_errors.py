@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 
 import tierkv_g3
-from conftest import skip_or_fail
+from conftest import tmpfs
 
 KINDS = {
     "InvalidKey": tierkv_g3.InvalidKeyError,
@@ -174,13 +173,7 @@ def test_too_many_open_files(tmp_path):
 
 
 def test_no_space_on_a_full_filesystem():
-    mnt = tempfile.mkdtemp()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tierkv-test", mnt],
-                       capture_output=True)
-    if r.returncode != 0:
-        os.rmdir(mnt)
-        skip_or_fail("cannot mount a tmpfs (needs root) for NoSpaceError")
-    try:
+    with tmpfs("1m") as mnt:
         with tierkv_g3.Store(mnt, "rank0", stats_interval=None) as s:
             with pytest.raises(tierkv_g3.NoSpaceError) as e:
                 s.put_many(k(), [np.zeros(2 << 20, np.uint8)])
@@ -191,6 +184,3 @@ def test_no_space_on_a_full_filesystem():
             assert leftovers == [] and s.contains_many(k()) == [False]
             s.put_many(k(1, 5), [b"small"])
             assert s.get_many_into(k(1, 5), [bytearray(5)]) == [5]
-    finally:
-        subprocess.run(["umount", mnt], check=True)
-        os.rmdir(mnt)

@@ -29,7 +29,6 @@ except ImportError:
 import torch  # noqa: E402
 
 import lmcache_harness as h  # noqa: E402
-from conftest import skip_or_fail  # noqa: E402
 from tierkv_g3 import Store  # noqa: E402
 from tierkv_g3.lmcache import PREFIX, TierkvStoragePlugin, block_key, worker_id  # noqa: E402
 
@@ -158,19 +157,6 @@ def test_models_shardings_and_dtypes_never_share_a_block(tmp_path, engines):
     assert worker_id(cfg, meta) not in workers
     long = h.metadata(model="org/" + "a-very-long-model-name" * 5)
     assert len(worker_id(cfg, long)) <= 64 and worker_id(cfg, long).startswith("lmc.")
-
-
-@pytest.fixture
-def tiny_tmpfs(tmp_path):
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        skip_or_fail("a full disk needs a tmpfs mount (root)")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)])
-    if r.returncode != 0:
-        skip_or_fail("mount -t tmpfs failed")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)])
 
 
 def test_a_full_disk_fails_the_puts_without_an_exception(tiny_tmpfs, engines):

@@ -4,11 +4,8 @@ adapter makes, their completions, and every failure as a completion, never an ex
 
 from __future__ import annotations
 
-import os
 import select
 import shutil
-import subprocess
-import tempfile
 import threading
 import time
 
@@ -16,7 +13,7 @@ import numpy as np
 import pytest
 
 import tierkv_g3
-from conftest import skip_or_fail
+from conftest import tmpfs
 from tierkv_g3 import LMCacheConnector
 
 
@@ -185,13 +182,7 @@ def test_a_missing_root_is_a_failure_with_its_path(tmp_path):
 
 
 def test_a_full_disk_is_a_failure_with_its_path():
-    mnt = tempfile.mkdtemp()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tierkv-lmc", mnt],
-                       capture_output=True)
-    if r.returncode != 0:
-        os.rmdir(mnt)
-        skip_or_fail("cannot mount a tmpfs (needs root) for a full disk")
-    try:
+    with tmpfs("1m") as mnt:
         with LMCacheConnector(mnt, "lmc", stats_interval=None) as c:
             big = np.zeros(2 << 20, np.uint8)
             (ok, err, bools), = collect(c, [c.submit_batch_set([key(0)], [big])]).values()
@@ -201,9 +192,6 @@ def test_a_full_disk_is_a_failure_with_its_path():
             put(c, [key(1)], [b"small"])
             (ok, _, loaded), = collect(c, [c.submit_batch_get([key(1)], [bytearray(5)])]).values()
             assert ok and loaded == [True]
-    finally:
-        subprocess.run(["umount", mnt], check=True)
-        os.rmdir(mnt)
 
 
 def test_close_with_work_in_flight_finishes_it(tmp_path):

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import select
 import shutil
-import subprocess
-import tempfile
 import time
 
 import pytest
 
-from conftest import skip_or_fail
+from conftest import skip_or_fail, tmpfs
 
 
 @pytest.fixture(scope="module")
@@ -218,13 +215,7 @@ def test_a_missing_root_fails_stores_and_loads(lmc, tmp_path):
 
 
 def test_a_full_disk_fails_the_store_and_the_adapter_goes_on(lmc):
-    mnt = tempfile.mkdtemp()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tierkv-lmc-mp", mnt],
-                       capture_output=True)
-    if r.returncode != 0:
-        os.rmdir(mnt)
-        skip_or_fail("cannot mount a tmpfs (needs root) for a full disk")
-    try:
+    with tmpfs("1m") as mnt:
         a = adapter_of(lmc, mnt)
         try:
             assert not store(a, [okey(lmc, 0)], [obj(lmc, 2 << 20, 0)]).is_successful()
@@ -235,9 +226,6 @@ def test_a_full_disk_fails_the_store_and_the_adapter_goes_on(lmc):
             assert lmc.torch.equal(out.raw_data, obj(lmc, 1000, 1).raw_data)
         finally:
             a.close()
-    finally:
-        subprocess.run(["umount", mnt], check=True)
-        os.rmdir(mnt)
 
 
 def test_close_with_work_in_flight(lmc, tmp_path):

@@ -23,7 +23,6 @@ pytest.importorskip(
 import torch  # noqa: E402
 
 import sglang_harness as h  # noqa: E402
-from conftest import skip_or_fail  # noqa: E402
 from tierkv_g3.sglang import worker_id  # noqa: E402
 
 HARNESS = Path(__file__).with_name("sglang_harness.py")
@@ -156,19 +155,6 @@ def test_models_layouts_and_dtypes_never_share_a_worker():
     assert len({base, *others}) == 6
     long = wid(model="org/" + "a very long model name!" * 5)
     assert len(long) <= 64 and all(c.isalnum() or c in "_.-" for c in long)
-
-
-@pytest.fixture
-def tiny_tmpfs(tmp_path):
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        skip_or_fail("a full disk needs a tmpfs mount (root)")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)])
-    if r.returncode != 0:
-        skip_or_fail("mount -t tmpfs failed")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)])
 
 
 def test_a_full_disk_fails_the_backup_without_an_exception(tiny_tmpfs, controllers):

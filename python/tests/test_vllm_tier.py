@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -25,7 +24,7 @@ pytest.importorskip(
 )
 
 import vllm_tier_harness as h  # noqa: E402
-from conftest import skip_or_fail  # noqa: E402
+from conftest import tmpfs  # noqa: E402
 from vllm.v1.kv_offload.base import LookupResult  # noqa: E402
 
 from tierkv_g3.vllm import TierkvSecondaryTier, fold_key  # noqa: E402
@@ -185,13 +184,7 @@ def test_two_models_never_share_a_chunk(sched, tmp_path):
 
 
 def test_a_full_disk_fails_the_store_job_without_an_exception(sched):
-    mnt = tempfile.mkdtemp()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tierkv-vllm", mnt],
-                       capture_output=True)
-    if r.returncode != 0:
-        os.rmdir(mnt)
-        skip_or_fail("cannot mount a tmpfs (needs root) for a full disk")
-    try:
+    with tmpfs("256k") as mnt:
         s = sched([h.tierkv_tier(mnt)])
         s.store(list(range(8)))  # 8 x 64 KiB on 256 KiB: some cannot be written
         st = s.tier().tierkv_stats()
@@ -200,9 +193,6 @@ def test_a_full_disk_fails_the_store_job_without_an_exception(sched):
         got = h.hits(s.lookup_all(list(range(8))))
         assert len(got) < 8 and exact(s, got)
         s.close()
-    finally:
-        subprocess.run(["umount", "-l", mnt], check=True)
-        os.rmdir(mnt)
 
 
 def test_a_corrupt_chunk_fails_its_load_alone(sched, tmp_path):
