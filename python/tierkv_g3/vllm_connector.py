@@ -58,6 +58,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from . import Store, chain_hashes
+from ._engines import STORE_OPTIONS, FailureLog, store_options
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -69,26 +70,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_STORE_OPTIONS = (
-    "capacity_bytes",
-    "capacity_files",
-    "policy",
-    "engine",
-    "verify",
-    "direct_io",
-    "sync_writes",
-    "fd_cache",
-    "max_block_size",
-    "layout",
-    "publish",
-    "watermarks",
-    "queue_depth",
-    "stats_interval",
-    "keep_temp_files",
-    "reuse_evicted",
-    "sharing",
-    "negative_ttl",
-)
 
 
 def _slug(s: str, n: int) -> str:
@@ -180,19 +161,15 @@ class TierkvConnector(KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         self.root = str(extra.get("root") or "")
-        unknown = set(extra) - set(_STORE_OPTIONS) - {"root", "log_interval"}
-        self.options: Dict[str, Any] = {k: extra[k] for k in _STORE_OPTIONS if k in extra}
-        for k in ("layout", "watermarks"):
-            if isinstance(self.options.get(k), list):
-                self.options[k] = tuple(self.options[k])
+        unknown = set(extra) - set(STORE_OPTIONS) - {"root", "log_interval"}
+        self.options: Dict[str, Any] = store_options(extra)
         self.options.setdefault("sharing", "shared")
         self.log_interval = float(extra.get("log_interval", 10.0))
+        self.failures = FailureLog(logger, "tierkv vLLM connector", self.log_interval)
         self.block_size = int(vllm_config.cache_config.block_size)
         self.store: Optional[Store] = None
         self.worker: Optional[str] = None
         self._lock = threading.Lock()
-        self._failures: Dict[str, int] = {}
-        self._last_log: Dict[str, float] = {}
         self._counts = {"lookups": 0, "hit_blocks": 0, "loaded_blocks": 0, "saved_blocks": 0}
         self._usable = self._check_config(kv_cache_config, unknown)
         # Scheduler side.
@@ -244,21 +221,14 @@ class TierkvConnector(KVConnectorBase_V1):
 
     def _fail(self, op: str, err: Any) -> None:
         """Counts a failure of `op` and logs it, at most once per log_interval per op."""
-        with self._lock:
-            self._failures[op] = self._failures.get(op, 0) + 1
-            now = time.monotonic()
-            if now - self._last_log.get(op, -1e9) < self.log_interval:
-                return
-            self._last_log[op] = now
-            count = self._failures[op]
-        logger.warning("tierkv vLLM connector: %s failed (%d so far): %s", op, count, err)
+        self.failures.fail(op, err)
 
     def tierkv_stats(self) -> Dict[str, Any]:
         """This side's counters (lookups, hit, loaded and saved blocks), its failures per
         operation, the worker id and the store's own counters (`Store.stats()`)."""
         with self._lock:
             out: Dict[str, Any] = dict(self._counts)
-            out["failures"] = dict(self._failures)
+            out["failures"] = self.failures.snapshot()
         out["worker"] = self.worker
         out["role"] = self.role.name.lower()
         try:
