@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import subprocess
 import tempfile
@@ -39,6 +40,23 @@ def skip_or_fail(reason: str) -> None:
     with open(REPO / "target" / "test-skips.txt", "a") as f:
         f.write(line + "\n")
     pytest.skip(reason)
+
+
+def require_engine(module: str, venv: str, test: str) -> None:
+    """Imports the engine `module` a test file runs against. Where it is missing the file is
+    skipped, the skip recorded in target/test-skips.txt, except where CI requires the engine
+    suites (TIERKV_REQUIRE_ENGINES, set by tools/test.sh in CI): there it fails."""
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        reason = (f"{module} is not importable here ({e}): run `tools/engines-venv.sh "
+                  f"{venv}` and use its virtualenv's python -m pytest python/tests/{test}")
+        if os.environ.get("TIERKV_REQUIRE_ENGINES"):
+            pytest.fail(f"required by TIERKV_REQUIRE_ENGINES: {reason}", pytrace=False)
+        (REPO / "target").mkdir(exist_ok=True)
+        with open(REPO / "target" / "test-skips.txt", "a") as f:
+            f.write(f"SKIPPED python/tests/{test} (pytest): {reason}\n")
+        pytest.skip(reason, allow_module_level=True)
 
 
 @contextlib.contextmanager

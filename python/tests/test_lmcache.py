@@ -15,16 +15,9 @@ from pathlib import Path
 
 import pytest
 
-try:
-    import lmcache.v1.cache_engine  # noqa: F401
-except ImportError:
-    if os.environ.get("TIERKV_REQUIRE_ENGINES"):  # CI: a skip would hide the suite
-        raise
-    pytest.skip(
-        "lmcache is not importable here: run `tools/engines-venv.sh lmcache` and use "
-        ".venv-engines/bin/python -m pytest python/tests/test_lmcache.py",
-        allow_module_level=True,
-    )
+from conftest import require_engine  # noqa: E402
+
+require_engine("lmcache.v1.cache_engine", "lmcache", "test_lmcache.py")
 
 import torch  # noqa: E402
 

@@ -14,11 +14,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip(
-    "sglang.srt.managers.cache_controller",
-    reason="sglang is not importable here: run `tools/engines-venv.sh sglang` and use "
-    ".venv-engines/bin/python -m pytest python/tests/test_sglang.py",
-)
+from conftest import require_engine  # noqa: E402
+
+require_engine("sglang.srt.managers.cache_controller", "sglang", "test_sglang.py")
 
 import torch  # noqa: E402
 

@@ -16,11 +16,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip(
-    "vllm",
-    reason="vllm is not importable here: run `tools/engines-venv.sh vllm` and use "
-    ".venv-vllm/bin/python -m pytest python/tests/test_vllm_engine.py",
-)
+from conftest import require_engine  # noqa: E402
+
+require_engine("vllm", "vllm", "test_vllm_engine.py")
 
 import tierkv_g3  # noqa: E402
 

@@ -17,11 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip(
-    "vllm.v1.kv_offload.tiering.manager",
-    reason="vllm is not importable here: run `tools/engines-venv.sh vllm` and use "
-    ".venv-vllm/bin/python -m pytest python/tests/test_vllm_tier.py",
-)
+from conftest import require_engine  # noqa: E402
+
+require_engine("vllm.v1.kv_offload.tiering.manager", "vllm", "test_vllm_tier.py")
 
 import vllm_tier_harness as h  # noqa: E402
 from conftest import tmpfs  # noqa: E402
