@@ -468,8 +468,11 @@ class TierkvConnector(KVConnectorBase_V1):
             try:
                 have = int(self.store.contains_prefix(job.keys))
                 if have < len(job.keys):
-                    self.store.put_many_vectored(
-                        job.keys[have:], [self._parts(b) for b in job.block_ids[have:]]
+                    # Hung from the last stored block: the store records the chain, so it
+                    # never keeps a block whose prefix it evicted.
+                    self.store.offer_many_vectored(
+                        job.keys[have:], [self._parts(b) for b in job.block_ids[have:]],
+                        parent=job.keys[have - 1] if have else None,
                     )
                 with self._lock:
                     self._counts["saved_blocks"] += len(job.keys) - have
