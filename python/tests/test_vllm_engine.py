@@ -3,7 +3,8 @@
 downloaded), one engine process per phase. The first engine computes a 200-token prompt and
 stores its 6 full blocks; a fresh engine process loads them from tierkv's files (vLLM counts
 them as external prefix-cache hits) and must produce the same greedy tokens; a corrupt block
-and an unusable root are misses, with the same tokens and no crash. tools/test.sh runs this
+and an unusable root are misses, and a full disk fails the saves, with the same tokens and no
+crash. tools/test.sh runs this
 file in .venv-vllm/ (tools/engines-venv.sh vllm)."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_engine  # noqa: E402
+from conftest import require_engine, tmpfs  # noqa: E402
 
 require_engine("vllm", "vllm", "test_vllm_engine.py")
 
@@ -133,3 +134,17 @@ def test_an_unusable_root_is_a_miss_with_the_same_output(model, cold, tmp_path):
     c = result["connector"]
     assert c["worker"]["failures"].get("open", 0) == 1 and c["worker"]["store"] is None
     assert c["scheduler"]["failures"].get("open", 0) >= 1 and c["scheduler"]["hit_blocks"] == 0
+
+
+def test_a_full_disk_fails_the_saves_with_the_same_output(model, cold):
+    """The tree on a 128 KiB tmpfs: 6 blocks of 32 KiB (+ a 4 KiB header each) do not fit.
+    The engine's output is the same, the failed save is counted, and what was stored is a
+    prefix of the prompt's chain."""
+    with tmpfs("128k") as mnt:
+        result = run(model, Path(mnt) / "kv")
+        assert result["tokens"] == cold["tokens"]
+        w = result["connector"]["worker"]
+        assert w["failures"].get("save", 0) >= 1, w
+        stored = set(worker_files(Path(mnt) / "kv", w["worker"]))
+        keys = prompt_keys()
+        assert 0 < len(stored) < len(keys) and stored == set(keys[: len(stored)]), stored
