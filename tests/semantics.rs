@@ -833,3 +833,27 @@ fn a_stats_interval_under_a_millisecond_is_refused() {
     let ok = cfg().with_stats_interval(Some(tierkv::store::MIN_STATS_INTERVAL));
     drop(tierkv::Store::open(root.path(), worker("0"), ok).unwrap());
 }
+
+/// An offer under a parent that is another worker's key is refused item by item (the
+/// contiguous and the vectored offer alike), and nothing is stored.
+#[test]
+fn an_offer_under_another_workers_parent_is_an_invalid_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), "w");
+    let other = open(dir.path(), "other");
+    let parent = other.key(hash(1));
+    let ks = keys(&store, 2);
+    let data = vec![b"a".to_vec(), b"b".to_vec()];
+    let res = store.offer_many_after(Some(&parent), &items(&ks, &data));
+    let parts: [&[u8]; 2] = [b"x", b"y"];
+    let vectored: Vec<(tierkv::BlockKey, &[&[u8]])> =
+        ks.iter().map(|k| (k.clone(), &parts[..])).collect();
+    let res_v = store.offer_many_vectored_after(Some(&parent), &vectored);
+    for r in res.iter().chain(&res_v) {
+        match r {
+            Err(Error::InvalidKey { reason }) => assert!(reason.contains("other"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(store.contains_prefix(&ks).unwrap(), 0);
+}

@@ -791,14 +791,8 @@ impl Store {
         parent: Option<&BlockKey>,
         items: &[(BlockKey, &[&[u8]])],
     ) -> Vec<Result<()>> {
-        if let Some(p) = parent {
-            if let Err(e) = self.inner.check_key(p) {
-                let msg = e.to_string();
-                return items
-                    .iter()
-                    .map(|_| Err(Error::invalid_key(msg.clone())))
-                    .collect();
-            }
+        if let Some(refused) = self.refuse_bad_parent(parent, items.len()) {
+            return refused;
         }
         let gathered: Vec<(BlockKey, write::Gather<'_>)> = items
             .iter()
@@ -806,6 +800,17 @@ impl Store {
             .collect();
         self.inner
             .put_with_retry(&gathered, false, parent.map(|p| p.hash))
+    }
+
+    /// An offer under a `parent` whose key is invalid: the same error for each of its `n`
+    /// items; `None` when the parent is fine (or absent).
+    fn refuse_bad_parent(&self, parent: Option<&BlockKey>, n: usize) -> Option<Vec<Result<()>>> {
+        let msg = self.inner.check_key(parent?).err()?.to_string();
+        Some(
+            (0..n)
+                .map(|_| Err(Error::invalid_key(msg.clone())))
+                .collect(),
+        )
     }
 
     /// Offers a request's blocks (root first), the call an engine makes once it has computed
@@ -827,14 +832,8 @@ impl Store {
         parent: Option<&BlockKey>,
         items: &[(BlockKey, D)],
     ) -> Vec<Result<()>> {
-        if let Some(p) = parent {
-            if let Err(e) = self.inner.check_key(p) {
-                let msg = e.to_string();
-                return items
-                    .iter()
-                    .map(|_| Err(Error::invalid_key(msg.clone())))
-                    .collect();
-            }
+        if let Some(refused) = self.refuse_bad_parent(parent, items.len()) {
+            return refused;
         }
         self.inner
             .put_with_retry(items, false, parent.map(|p| p.hash))
