@@ -96,7 +96,8 @@ INTEROP="$(source tools/bench-common.sh && target_dir)/debug/examples/interop"
 # test_sglang.py, test_lmcache.py, test_lmcache_mp.py and test_vllm_*.py need the engines:
 # they run below, in their virtualenvs.
 TIERKV_INTEROP_BIN="$INTEROP" "$VENV/bin/python" -m pytest -q python/tests \
-  --ignore=python/tests/test_sglang.py --ignore=python/tests/test_lmcache.py \
+  --ignore=python/tests/test_sglang.py --ignore=python/tests/test_sglang_v2.py \
+  --ignore=python/tests/test_lmcache.py \
   --ignore=python/tests/test_lmcache_mp.py --ignore-glob='python/tests/test_vllm_*.py'
 echo "== the benchmark scripts' statistics (tools/benchstats.py)"
 "$VENV/bin/python" -m pytest -q tools/test_benchstats.py
@@ -112,7 +113,8 @@ echo "== the SGLang HiCache backend (python/tierkv_g3/sglang.py) against the rea
 # 6 GB, a few minutes; a rerun that finds it complete does nothing: docs/testing.md). The
 # tierkv package in it is the editable build above (same python/ directory, abi3 .so).
 tools/engines-venv.sh sglang
-.venv-engines/bin/python -m pytest -q -W ignore::UserWarning python/tests/test_sglang.py
+.venv-engines/bin/python -m pytest -q -W ignore::UserWarning python/tests/test_sglang.py \
+  python/tests/test_sglang_v2.py
 echo "== the LMCache storage plugin (python/tierkv_g3/lmcache.py) against the real LMCache, on CPU"
 .venv-engines/bin/python -m pytest -q -W ignore::UserWarning python/tests/test_lmcache.py \
   python/tests/test_lmcache_mp.py

@@ -50,13 +50,14 @@ logger = logging.getLogger(__name__)
 _SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size")
 
 
-def worker_id(config: HiCacheStorageConfig, pool: Any) -> str:
+def worker_id(config: HiCacheStorageConfig, pool: Any, pool_name: Optional[str] = None) -> str:
     """The tierkv worker id of one SGLang rank's pages: everything that changes a page's bytes
     or which part of the model it holds (model, page size, layout, dtype, per-token size, the
     TP/PP/CP/DP ranks; for an MLA model, whose ranks hold the same pages, no TP rank) is hashed
     into it, so two models or two shardings never share a block. At most 64 characters:
     ``sgl.<model>.p<page>.<rank>.<16 hex>``."""
-    mla = bool(config.is_mla_model)
+    sidecar = pool_name is not None and str(pool_name) != "kv"
+    mla = bool(config.is_mla_model) and not sidecar
     ident = {
         "model": config.model_name or "",
         "page_size": int(pool.page_size),
@@ -71,11 +72,15 @@ def worker_id(config: HiCacheStorageConfig, pool: Any) -> str:
         "dcp": (getattr(config, "dcp_rank", 0), getattr(config, "dcp_size", 1)),
         "tp": None if mla else (config.tp_rank, config.tp_size),
     }
+    if sidecar:  # a v2 sidecar pool (SWA, Mamba, indexer, ...): its name is part of its id
+        ident["pool_name"] = str(pool_name)
     digest = hashlib.sha256(repr(sorted(ident.items())).encode()).hexdigest()[:16]
     rank = "mla" if mla else f"tp{config.tp_rank}of{config.tp_size}"
     if config.pp_size > 1:
         rank += f"pp{config.pp_rank}"
-    return f"sgl.{slug(config.model_name or 'model', 20)}.p{pool.page_size}.{rank}.{digest}"
+    tail = f"{slug(str(pool_name), 12)}.p{pool.page_size}" if sidecar else f"p{pool.page_size}"
+    tail = f"{tail}.{rank}.{digest}"
+    return f"sgl.{slug(config.model_name or 'model', max(1, min(20, 59 - len(tail))))}.{tail}"
 
 
 def _byte_view(t: Any) -> Any:
@@ -120,6 +125,9 @@ class TierkvHiCacheStorage(HiCacheStorage):
         self.worker: Optional[str] = None
         self.store: Optional[Store] = None
         self._lock = threading.Lock()
+        # v2: the host pool and the store of each pool name ("kv": the anchor pool's).
+        self.pools: Dict[str, Any] = {}
+        self.pool_stores: Dict[str, Optional[Store]] = {}
         self._metrics = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bw": [], "backup_bw": []}
 
     # -- setup -------------------------------------------------------------------------
@@ -131,6 +139,26 @@ class TierkvHiCacheStorage(HiCacheStorage):
         try:
             self.worker = worker_id(self.config, mem_pool_host)
             self._open()
+        except Exception as e:  # noqa: BLE001: never raise into SGLang
+            self._fail("open", e)
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """SGLang's v2 pools (HybridCacheController): each pool name gets its own tierkv
+        worker (the pool's geometry and name in its id), so pools never share a block. The
+        "kv" pool is the anchor pool of `register_mem_pool_host`, and its store. A store that
+        cannot be opened is logged; that pool then misses."""
+        name = str(host_pool_name)
+        super().register_mem_host_pool_v2(host_pool, name)
+        self.pools[name] = host_pool
+        if name == "kv":
+            return
+        old = self.pool_stores.pop(name, None)
+        if old is not None:
+            old.close()
+        try:
+            worker = worker_id(self.config, host_pool, name)
+            self.pool_stores[name] = Store(self.root, worker, **self.options)
+            logger.info("tierkv HiCache backend: pool %s in worker %s", name, worker)
         except Exception as e:  # noqa: BLE001: never raise into SGLang
             self._fail("open", e)
 
@@ -147,6 +175,12 @@ class TierkvHiCacheStorage(HiCacheStorage):
         logger.info("tierkv HiCache backend: %s (worker %s)", self.store.dir, self.worker)
 
     def close(self) -> None:
+        stores, self.pool_stores = self.pool_stores, {}
+        for store in stores.values():
+            try:
+                store.close()
+            except Exception as e:  # noqa: BLE001
+                self._fail("close", e)
         store, self.store = self.store, None
         if store is not None:
             try:
@@ -225,6 +259,100 @@ class TierkvHiCacheStorage(HiCacheStorage):
         except Exception:  # noqa: BLE001
             have = 0
         return [True] * have + [False] * (len(keys) - have)
+
+    # -- v2: several pools (PoolTransfer) ---------------------------------------------------
+
+    def _pool(self, name: Any) -> tuple:
+        """The host pool and store of a v2 pool name; raises for one not registered."""
+        name = str(name)
+        if name == "kv":
+            return self.pools.get(name, self.mem_pool_host), self._store()
+        store = self.pool_stores.get(name)
+        if name not in self.pools or store is None:
+            raise RuntimeError(f"pool {name!r} not registered (or its store did not open)")
+        return self.pools[name], store
+
+    def batch_exists_v2(
+        self, keys: List[str], pool_transfers: Optional[List[Any]] = None, extra_info: Any = None
+    ) -> Any:
+        """The KV pool's stored prefix, cut by each sidecar pool's hit policy: ALL_PAGES,
+        every page up to the cut is stored in that pool; TRAILING_PAGES, the last N pages
+        before the cut (N = len(transfer.keys), at least 1); so a missing sidecar page
+        shrinks the hit. `restorable_prefix_pages`: every prefix length all pools can
+        serve (a TRAILING_PAGES pool leaves holes). BLOCK_GROUPS pools are not supported:
+        they give no verdict and never gate the KV hit (SGLang's contract for them)."""
+        from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolTransferResult
+
+        try:
+            kv = int(self._store().contains_prefix(keys)) if keys else 0
+            hits: Dict[str, int] = {"kv": kv} if kv else {}
+            restorable = set(range(1, kv + 1))
+            for t in pool_transfers or []:
+                if not restorable:
+                    break
+                if t.hit_policy == PoolHitPolicy.BLOCK_GROUPS:
+                    continue
+                name = str(t.name)
+                have = self._pool(name)[1].contains_many(keys[:kv])
+                if t.hit_policy == PoolHitPolicy.TRAILING_PAGES:
+                    n = max(1, len(t.keys or ()))
+                    ok = {p for p in range(1, kv + 1) if all(have[max(0, p - n) : p])}
+                else:
+                    ok = set(range(1, (have.index(False) if False in have else kv) + 1))
+                if ok:
+                    hits[name] = max(ok)
+                restorable &= ok
+            pages = sorted(restorable)
+            return PoolTransferResult(pages[-1] if pages else 0, hits, pages)
+        except Exception as e:  # noqa: BLE001
+            self._fail("batch_exists_v2", e)
+            return PoolTransferResult(0, {}, [])
+
+    def batch_get_v2(self, transfers: List[Any], extra_info: Any = None) -> Dict[str, List[bool]]:
+        """Reads each transfer's pages straight into its pool's page regions; True per page
+        read whole."""
+        return {str(t.name): self._pool_io(t, extra_info, False) for t in transfers}
+
+    def batch_set_v2(self, transfers: List[Any], extra_info: Any = None) -> Dict[str, List[bool]]:
+        """Writes each transfer's pages from its pool's page regions (no copy); True per page
+        stored."""
+        return {str(t.name): self._pool_io(t, extra_info, True) for t in transfers}
+
+    def _pool_io(self, t: Any, extra_info: Any, write: bool) -> List[bool]:
+        """One PoolTransfer to or from its pool's store. The KV pool's pages go through the
+        v1 calls (the chain under `prefix_keys`); a sidecar pool's pages are stored without
+        a parent (a TRAILING_PAGES pool holds only the window before each cut, whose earlier
+        pages it never stores)."""
+        keys = list(t.keys or [])
+        name = str(t.name)
+        op = "batch_set_v2" if write else "batch_get_v2"
+        if not keys:
+            return []
+        try:
+            if name == "kv":
+                f = self.batch_set_v1 if write else self.batch_get_v1
+                return f(keys, t.host_indices, extra_info)
+            pool, store = self._pool(name)
+            n = 0 if t.host_indices is None else int(t.host_indices.numel())
+            if n != len(keys) * int(pool.page_size):
+                raise ValueError(f"pool {name}: {n} host indices for {len(keys)} pages")
+            t0 = time.perf_counter()
+            ptrs, sizes = pool.get_page_buffer_meta(t.host_indices)
+            parts = _regions(ptrs, sizes, len(keys))
+            want = sum(sizes) // len(keys)
+            if write:
+                try:
+                    store.put_many_vectored(keys, parts)
+                except Exception as e:  # noqa: BLE001: some pages may have been stored
+                    self._fail(op, e)
+                ok = list(store.contains_many(keys))
+            else:
+                ok = [g == want for g in store.get_many_into_vectored(keys, parts)]
+            self._record("backup" if write else "prefetch", sum(ok), sum(ok) * want, t0)
+            return ok
+        except Exception as e:  # noqa: BLE001
+            self._fail(op, e)
+            return [False] * len(keys)
 
     # -- legacy flat pages ---------------------------------------------------------------
 
@@ -306,8 +434,18 @@ class TierkvHiCacheStorage(HiCacheStorage):
             return 0
 
     def clear(self) -> None:
-        """Drops every page of this worker (SGLang's flush of the storage tier): the store is
-        closed, its directory removed and the store reopened empty."""
+        """Drops every page of this worker and of the v2 sidecar pools' workers (SGLang's
+        flush of the storage tier): each store is closed, its directory removed and the
+        store reopened empty."""
+        for name, store in list(self.pool_stores.items()):
+            try:
+                path, worker = store.dir, store.worker
+                store.close()
+                shutil.rmtree(path, ignore_errors=True)
+                self.pool_stores[name] = Store(self.root, worker, **self.options)
+            except Exception as e:  # noqa: BLE001
+                self.pool_stores.pop(name, None)
+                self._fail("clear", e)
         if not self.writer:
             return
         try:

@@ -1,0 +1,284 @@
+"""tierkv_g3.sglang's HiCache v2 interface (issue 26 item 1) against the real SGLang on CPU.
+
+What is real: SGLang's host pools (an `MHATokenToKVPoolHost` as the "kv" anchor, a second
+MHA host pool as the TRAILING_PAGES sidecar `PoolName.SWA`, an `MLATokenToKVPoolHost` as
+the ALL_PAGES sidecar `PoolName.INDEXER`), its backend factory (`dynamic`), its
+`PoolTransfer`, `PoolTransferResult`, `HiCacheStorageExtraInfo`, `count_pool_hits` and the
+hybrid controller's `_trailing_chain_groups`. What is not: the `HybridCacheController`
+itself (it needs a `HostPoolGroup` over device pools of a hybrid model); these tests call
+the backend as it does: `register_mem_pool_host`, then `register_mem_host_pool_v2` per pool
+and `on_host_pools_registered`; the KV pages by `batch_set_v1`/`batch_get_v1`, the
+sidecars by `batch_set_v2`/`batch_get_v2` grouped by `_trailing_chain_groups`; the hit
+query by `batch_exists_v2(keys, pool_transfers, extra_info)`. Run by tools/test.sh in
+.venv-engines/ as test_sglang.py is."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+pytest.importorskip(
+    "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller",
+    reason="sglang is not importable here: run `tools/engines-venv.sh sglang`",
+)
+
+import torch  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
+    HiCacheStorageExtraInfo,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+    count_pool_hits,
+)
+from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import (  # noqa: E402
+    _trailing_chain_groups,
+)
+
+import sglang_harness as h  # noqa: E402
+from conftest import skip_or_fail  # noqa: E402
+
+N = 6  # pages of the request
+SWA_WINDOW = 2  # the TRAILING_PAGES sidecar holds the last 2 pages before a cut
+
+
+def keys(base: int = 1000) -> list:
+    return h.hashes(list(range(base, base + N * h.PAGE)))
+
+
+class Rank:
+    """One rank's backend and its three real host pools, registered as SGLang's hybrid
+    controller registers them."""
+
+    def __init__(self, root, **cfg):
+        _, self.kv = h.host_pool()
+        _, self.swa = h.host_pool()
+        _, self.idx = h.host_pool(mla=True, dtype=torch.bfloat16)
+        self.b = h.backend(h.storage_config(str(root), **cfg), self.kv)
+        for name, pool in ((PoolName.KV, self.kv), (PoolName.SWA, self.swa),
+                           (PoolName.INDEXER, self.idx)):
+            self.b.register_mem_host_pool_v2(pool, name)
+        self.b.on_host_pools_registered()
+        self.kv_i = self.kv.alloc(N * h.PAGE)
+        self.idx_i = self.idx.alloc(N * h.PAGE)
+        self.swa_i = self.swa.alloc(SWA_WINDOW * h.PAGE)
+
+    def transfers(self, ks, cut=N, swa=True, idx=True):
+        """The sidecar transfers of a request whose hit ends at page `cut`."""
+        out = []
+        if idx:
+            out.append(PoolTransfer(name=PoolName.INDEXER, host_indices=self.idx_i[: cut * h.PAGE],
+                                    keys=ks[:cut], hit_policy=PoolHitPolicy.ALL_PAGES))
+        if swa:
+            w = ks[max(0, cut - SWA_WINDOW) : cut]
+            out.append(PoolTransfer(name=PoolName.SWA, host_indices=self.swa_i[: len(w) * h.PAGE],
+                                    keys=w, hit_policy=PoolHitPolicy.TRAILING_PAGES))
+        return out
+
+    def backup(self, ks, cut=N, seed=1, **which):
+        """The hybrid controller's `_page_backup`: sidecars by batch_set_v2 (one call per
+        tail length, `_trailing_chain_groups`), the KV pages by batch_set_v1."""
+        pages = {
+            "kv": h.fill(self.kv, self.kv_i, seed),
+            "indexer": h.fill(self.idx, self.idx_i, seed + 1),
+            "swa": h.fill(self.swa, self.swa_i, seed + 2),
+        }
+        results = {}
+        for extra, ts in _trailing_chain_groups([], ks[:cut], self.transfers(ks, cut, **which)):
+            results.update(self.b.batch_set_v2(ts, extra_info=extra))
+        kv_ok = self.b.batch_set_v1(ks[:cut], self.kv_i[: cut * h.PAGE],
+                                    HiCacheStorageExtraInfo(prefix_keys=[]))
+        return pages, count_pool_hits(results), kv_ok
+
+    def restore(self, ks, cut=N, **which):
+        """The prefetch io: KV by batch_get_v1, sidecars by batch_get_v2; each pool's pages."""
+        for pool in (self.kv, self.idx, self.swa):
+            pool.kv_buffer.view(torch.uint8).zero_()
+        kv_ok = self.b.batch_get_v1(ks[:cut], self.kv_i[: cut * h.PAGE])
+        res = {}
+        for extra, ts in _trailing_chain_groups([], ks[:cut], self.transfers(ks, cut, **which)):
+            res.update(self.b.batch_get_v2(ts, extra_info=extra))
+        got = {
+            "kv": h.page_bytes(self.kv, self.kv_i[: cut * h.PAGE]),
+            "indexer": h.page_bytes(self.idx, self.idx_i[: cut * h.PAGE]),
+            "swa": h.page_bytes(self.swa, self.swa_i),
+        }
+        return kv_ok, res, got
+
+    def exists(self, ks, **which):
+        return self.b.batch_exists_v2(ks, self.transfers(ks, **which),
+                                      HiCacheStorageExtraInfo(prefix_keys=None))
+
+
+def test_each_pool_round_trips_byte_exact_in_its_own_worker(tmp_path):
+    r = Rank(tmp_path)
+    ks = keys()
+    pages, hits, kv_ok = r.backup(ks)
+    assert kv_ok == [True] * N and hits == {"indexer": N, "swa": SWA_WINDOW}
+    # One worker per pool, the pool's name in the sidecars' ids.
+    names = sorted(p.name for p in (tmp_path / "v1").iterdir())
+    assert len(names) == 3 and sum(".indexer." in n for n in names) == 1
+    assert sum(".swa." in n for n in names) == 1
+    res = r.exists(ks)
+    assert res.kv_hit_pages == N and res.extra_pool_hit_pages == {"kv": N, "indexer": N, "swa": N}
+    kv_ok, got_ok, got = r.restore(ks)
+    assert kv_ok == [True] * N and got_ok == {"indexer": [True] * N, "swa": [True] * SWA_WINDOW}
+    assert got["kv"] == pages["kv"] and got["indexer"] == pages["indexer"]
+    assert got["swa"] == pages["swa"]
+    # The pools hold different bytes under the same keys.
+    assert pages["kv"] != pages["swa"][:1] + pages["kv"][1:]
+    assert r.b.tierkv_stats()["failures"] == {}
+    # SGLang's flush of the storage tier empties every pool's worker.
+    r.b.clear()
+    assert r.exists(ks).kv_hit_pages == 0
+    assert r.b.pool_stores["swa"].contains_many(ks[-2:]) == [False, False]
+    assert r.b.pool_stores["indexer"].contains_many(ks) == [False] * N
+    r.b.close()
+
+
+def test_a_missing_sidecar_page_shrinks_the_hit_per_policy(tmp_path):
+    r = Rank(tmp_path)
+    ks = keys()
+    r.backup(ks)  # SWA window ending at page 6 (pages 5, 6)
+    r.backup(ks, cut=3, idx=False)  # and the window ending at page 3 (pages 2, 3)
+    res = r.exists(ks)
+    # TRAILING_PAGES: only prefixes whose last 2 pages are in the SWA pool are restorable
+    # (2 is not: page 1 was never in it).
+    assert res.kv_hit_pages == N and res.restorable_prefix_pages == [3, 6]
+    idx_store, swa_store = r.b.pool_stores["indexer"], r.b.pool_stores["swa"]
+    # ALL_PAGES: indexer page 5 gone (page 6 still there) -> prefixes up to 4 only; of
+    # those, SWA serves 3. (A removal takes the chain's later pages with it: page 6 is
+    # stored again on its own.)
+    assert idx_store.remove_many([ks[4]]) == [True]
+    six = PoolTransfer(name=PoolName.INDEXER, host_indices=r.idx_i[5 * h.PAGE :], keys=ks[5:])
+    assert r.b.batch_set_v2([six]) == {"indexer": [True]}
+    assert idx_store.contains_many(ks) == [True] * 4 + [False, True]
+    res = r.exists(ks)
+    assert res.kv_hit_pages == 3 and res.restorable_prefix_pages == [3]
+    # Each pool's own boundary.
+    assert res.extra_pool_hit_pages == {"kv": N, "indexer": 4, "swa": N}
+    # SWA page 2 gone: the window ending at 3 is broken.
+    assert swa_store.remove_many([ks[1]]) == [True]
+    res = r.exists(ks)
+    assert res.kv_hit_pages == 0 and res.restorable_prefix_pages == []
+    # The KV pool alone (no sidecar transfers) still has its 6 pages.
+    assert r.b.batch_exists_v2(ks, []).kv_hit_pages == N
+    # BLOCK_GROUPS is not supported: no verdict, it never gates the KV hit.
+    bg = PoolTransfer(name=PoolName.INDEXER, keys=ks, hit_policy=PoolHitPolicy.BLOCK_GROUPS,
+                      block_pages=2, group_pages=2)
+    res = r.b.batch_exists_v2(ks, [bg])
+    assert res.kv_hit_pages == N and "indexer" not in res.extra_pool_hit_pages
+    # A missing KV page cuts every pool.
+    assert r.b.store.remove_many([ks[2]]) == [True]
+    assert r.b.batch_exists_v2(ks, r.transfers(ks, swa=False)).kv_hit_pages == 2
+    assert r.b.tierkv_stats()["failures"] == {}
+    r.b.close()
+
+
+def test_pool_names_are_part_of_the_worker_id():
+    """Pools of one geometry never share a worker; names alike in their last characters
+    (the readable part of the id) differ in its digest; the KV pool's id is v1's."""
+    from tierkv_g3.sglang import worker_id
+
+    _, pool = h.host_pool()
+    cfg = h.storage_config("/x")
+    ids = {worker_id(cfg, pool, n) for n in PoolName}
+    assert len(ids) == len(PoolName) and all(len(i) <= 64 for i in ids)
+    assert worker_id(cfg, pool, PoolName.KV) == worker_id(cfg, pool)
+    c1 = worker_id(cfg, pool, PoolName.DEEPSEEK_V4_C1_INDEXER_SCALE).split(".")
+    c2 = worker_id(cfg, pool, PoolName.DEEPSEEK_V4_C2_INDEXER_SCALE).split(".")
+    assert c1[2] == c2[2] and c1 != c2
+
+
+def test_a_fresh_backend_over_the_same_root_keeps_the_hits(tmp_path):
+    r = Rank(tmp_path)
+    ks = keys()
+    pages, _, _ = r.backup(ks)
+    r.b.close()
+    r2 = Rank(tmp_path)
+    res = r2.exists(ks)
+    assert res.kv_hit_pages == N and res.extra_pool_hit_pages == {"kv": N, "indexer": N, "swa": N}
+    kv_ok, ok, got = r2.restore(ks)
+    assert kv_ok == [True] * N and ok == {"indexer": [True] * N, "swa": [True] * SWA_WINDOW}
+    assert got == pages
+    # Another TP rank's sidecars are not this rank's.
+    r3 = Rank(tmp_path, tp_rank=1, tp_size=2)
+    assert r3.exists(ks).kv_hit_pages == 0
+    r2.b.close()
+    r3.b.close()
+
+
+def test_a_corrupt_sidecar_block_is_a_miss(tmp_path):
+    r = Rank(tmp_path)
+    ks = keys()
+    pages, _, _ = r.backup(ks)
+    path = r.b.pool_stores["indexer"].path_of(ks[3])
+    r.b.close()
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    r2 = Rank(tmp_path)  # a fresh store verifies each file on its first read
+    kv_ok, ok, got = r2.restore(ks)
+    assert kv_ok == [True] * N and ok["swa"] == [True] * SWA_WINDOW
+    assert ok["indexer"] == [True, True, True, False, True, True]
+    assert count_pool_hits(ok)["indexer"] == 3 and got["kv"] == pages["kv"]
+    r2.b.close()
+
+
+def test_a_missing_root_or_unregistered_pool_is_false_never_an_exception(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    r = Rank(tmp_path / "file" / "kv")
+    assert r.b.store is None and r.b.pool_stores == {}
+    ks = keys()
+    _, hits, kv_ok = r.backup(ks)
+    assert kv_ok == [False] * N and hits == {"indexer": 0, "swa": 0}
+    res = r.exists(ks)
+    assert res.kv_hit_pages == 0 and res.extra_pool_hit_pages == {}
+    _, ok, _ = r.restore(ks)
+    assert ok == {"indexer": [False] * N, "swa": [False] * SWA_WINDOW}
+    f = r.b.tierkv_stats()["failures"]
+    assert f["open"] == 3 and f["batch_set_v2"] >= 1 and f["batch_get_v2"] >= 1
+    # A pool name never registered, and host indices of the wrong length: False, counted.
+    r2 = Rank(tmp_path / "ok")
+    t = PoolTransfer(name=PoolName.MAMBA, host_indices=r2.swa_i, keys=ks[:2])
+    assert r2.b.batch_set_v2([t]) == {"mamba": [False, False]}
+    bad = PoolTransfer(name=PoolName.INDEXER, host_indices=r2.idx_i[: 4 * h.PAGE], keys=ks[:2])
+    assert r2.b.batch_set_v2([bad]) == {"indexer": [False, False]}
+    assert r2.b.pool_stores["indexer"].contains_many(ks[:2]) == [False, False]
+    r2.backup(ks)
+    bad = PoolTransfer(name=PoolName.SWA, host_indices=r2.swa_i[:3], keys=ks[:2])
+    assert r2.b.batch_get_v2([bad]) == {"swa": [False, False]}
+    assert r2.b.tierkv_stats()["failures"] == {"batch_set_v2": 2, "batch_get_v2": 1}
+    r2.b.close()
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        skip_or_fail("a full disk needs a tmpfs mount (root)")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)])
+    if r.returncode != 0:
+        skip_or_fail("mount -t tmpfs failed")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_a_full_disk_fails_the_sidecar_backup_without_an_exception(tiny_tmpfs):
+    r = Rank(tiny_tmpfs / "kv")
+    ks = keys()
+    fd = os.open(tiny_tmpfs / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    _, hits, kv_ok = r.backup(ks)
+    assert hits["indexer"] < N and kv_ok != [True] * N
+    assert r.b.tierkv_stats()["failures"].get("batch_set_v2", 0) >= 1
+    assert r.exists(ks).kv_hit_pages < N
+    r.b.close()
