@@ -53,8 +53,11 @@ def threads_alive(ctrl) -> bool:
 
 
 def run_harness(*args: str) -> str:
+    # Its own gloo port: a test of this process that made a process group set MASTER_PORT.
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
     out = subprocess.run(
-        [sys.executable, str(HARNESS), *args], capture_output=True, text=True, timeout=300
+        [sys.executable, str(HARNESS), *args], capture_output=True, text=True, timeout=300,
+        env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
