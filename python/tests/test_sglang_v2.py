@@ -4,18 +4,20 @@ What is real: SGLang's host pools (an `MHATokenToKVPoolHost` as the "kv" anchor,
 MHA host pool as the TRAILING_PAGES sidecar `PoolName.SWA`, an `MLATokenToKVPoolHost` as
 the ALL_PAGES sidecar `PoolName.INDEXER`), its backend factory (`dynamic`), its
 `PoolTransfer`, `PoolTransferResult`, `HiCacheStorageExtraInfo`, `count_pool_hits` and the
-hybrid controller's `_trailing_chain_groups`. What is not: the `HybridCacheController`
-itself (it needs a `HostPoolGroup` over device pools of a hybrid model); these tests call
-the backend as it does: `register_mem_pool_host`, then `register_mem_host_pool_v2` per pool
-and `on_host_pools_registered`; the KV pages by `batch_set_v1`/`batch_get_v1`, the
-sidecars by `batch_set_v2`/`batch_get_v2` grouped by `_trailing_chain_groups`; the hit
-query by `batch_exists_v2(keys, pool_transfers, extra_info)`. Run by tools/test.sh in
-.venv-engines/ as test_sglang.py is."""
+hybrid controller's `_trailing_chain_groups`. test_through_sglangs_hybrid_cache_controller
+runs SGLang's `HybridCacheController` itself (KV + SWA pools, its threads; the scheduler and
+the parallel context stood in as in sglang_harness.py); the other tests call the backend as
+it does: `register_mem_pool_host`, then `register_mem_host_pool_v2` per pool and
+`on_host_pools_registered`; the KV pages by `batch_set_v1`/`batch_get_v1`, the sidecars by
+`batch_set_v2`/`batch_get_v2` grouped by `_trailing_chain_groups`; the hit query by
+`batch_exists_v2(keys, pool_transfers, extra_info)`. Run by tools/test.sh in .venv-engines/
+as test_sglang.py is."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import threading
 
 import pytest
 
@@ -282,3 +284,102 @@ def test_a_full_disk_fails_the_sidecar_backup_without_an_exception(tiny_tmpfs):
     assert r.b.tierkv_stats()["failures"].get("batch_set_v2", 0) >= 1
     assert r.exists(ks).kv_hit_pages < N
     r.b.close()
+
+
+def hybrid_controller(root):
+    """SGLang's real HybridCacheController on CPU: a HostPoolGroup of the KV host pool (the
+    anchor) and an SWA host pool, the backend attached by its factory (`dynamic`), which
+    registers both pools through register_mem_host_pool_v2; its storage threads running.
+    The parallel context is stood in as in sglang_harness.controller."""
+    import sglang.srt.managers.cache_controller as cc
+    import sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller as hc
+    import torch.distributed as dist
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry
+
+    for m in (cc, hc):
+        m.get_parallel = h._parallel
+        m.is_dp_attention_enabled = lambda: False
+    h._init_dist()
+    kv, host = h.host_pool()
+    swa_dev, swa = h.host_pool()
+    group = HostPoolGroup([
+        PoolEntry(PoolName.KV, host, kv, lambda i: i, is_primary_index_anchor=True),
+        PoolEntry(PoolName.SWA, swa, swa_dev, lambda i: i),
+    ])
+    alloc = TokenToKVPoolAllocator(h.DEVICE_TOKENS, kv.dtype, "cpu", kv, False)
+    return hc.HybridCacheController(
+        alloc, group, h.PAGE, dist.group.WORLD, threading.Event(), storage_backend="dynamic",
+        model_name="tiny-hybrid", storage_backend_extra_config=h.extra_config(str(root)),
+    ), host, swa
+
+
+def swa_transfer(ks, host_indices=None):
+    return PoolTransfer(name=PoolName.SWA, host_indices=host_indices, keys=ks[-SWA_WINDOW:],
+                        hit_policy=PoolHitPolicy.TRAILING_PAGES)
+
+
+def hybrid_prefetch(ctrl, host, swa, toks, ks):
+    """The read path as the hybrid radix cache drives it: the hit query (batch_exists_v2 on
+    the prefetch thread), host pages for the KV hit and the SWA window, the KV transfer
+    (batch_get_v1) and then the SWA one (batch_get_v2) on the io thread."""
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+
+    ctrl.prefetch(CacheRequestHandle("req", 0), toks, extra_pools=[swa_transfer(ks)])
+    op = ctrl.prefetch_hit_queue.get(timeout=60)
+    if op.storage_hit_count == 0:
+        return op, None
+    host.kv_buffer.view(torch.uint8).zero_()
+    swa.kv_buffer.view(torch.uint8).zero_()
+    op.host_indices = host.alloc(op.storage_hit_count)
+    op.pool_transfers[0].host_indices = swa.alloc(SWA_WINDOW * h.PAGE)
+    ctrl.prefetch_buffer.put(op)
+    acks = []
+    while not acks or not acks[-1].completed_req:
+        acks.append(ctrl.ack_prefetch_queue.get(timeout=60))
+    got = {
+        "kv": h.page_bytes(host, op.host_indices),
+        "swa": h.page_bytes(swa, op.pool_transfers[0].host_indices),
+        "pool_hits": [a.pool_hits for a in acks if a.pool_hits],
+    }
+    host.free(op.host_indices)
+    swa.free(op.pool_transfers[0].host_indices)
+    return op, got
+
+
+def test_through_sglangs_hybrid_cache_controller(tmp_path):
+    """Backup (batch_set_v1 + batch_set_v2 on the backup thread), the hit query and the
+    restore, byte-exact per pool, all driven by SGLang's HybridCacheController; then a
+    fresh controller over the same root hits; then a missing SWA page cuts the hit."""
+    toks = list(range(1000, 1000 + N * h.PAGE))
+    ks = h.hashes(toks)
+    ctrl, host, swa = hybrid_controller(tmp_path)
+    try:
+        b = ctrl.storage_backend
+        assert sorted(b.pools) == ["kv", "swa"] and list(b.pool_stores) == ["swa"]
+        idx, sidx = host.alloc(N * h.PAGE), swa.alloc(SWA_WINDOW * h.PAGE)
+        pages, spages = h.fill(host, idx, 1), h.fill(swa, sidx, 2)
+        ctrl.write_storage(idx, toks, hash_value=ks, extra_pools=[swa_transfer(ks, sidx)])
+        op = ctrl.ack_backup_queue.get(timeout=60)
+        assert op.completed_tokens == N * h.PAGE
+        assert op.pool_storage_result.extra_pool_hit_pages == {"swa": SWA_WINDOW}
+        host.free(idx)
+        swa.free(sidx)
+    finally:
+        h.stop(ctrl)
+    ctrl, host, swa = hybrid_controller(tmp_path)  # restart: a fresh backend, same root
+    try:
+        b = ctrl.storage_backend
+        op, got = hybrid_prefetch(ctrl, host, swa, toks, ks)
+        assert op.storage_hit_count == N * h.PAGE
+        assert op.pool_storage_result.restorable_prefix_pages == [N]
+        assert got["kv"] == pages and got["swa"] == spages
+        assert got["pool_hits"][0]["swa"] == SWA_WINDOW
+        # The SWA window's first page gone: no prefix has its window, the hit is 0.
+        assert b.pool_stores["swa"].remove_many([ks[-2]]) == [True]
+        op, got = hybrid_prefetch(ctrl, host, swa, toks, ks)
+        assert op.storage_hit_count == 0 and b.batch_exists(ks) == N
+        assert b.tierkv_stats()["failures"] == {}
+        assert ctrl.backup_thread.is_alive() and ctrl.prefetch_thread.is_alive()
+    finally:
+        h.stop(ctrl)

@@ -15,6 +15,12 @@ layout and dtype are known (they are part of the tierkv worker id). With ``"inte
 with ``Store.get_many_into_vectored``/``put_many_vectored``. Without it, the legacy flat-page
 calls (``batch_get``/``batch_set``) are used.
 
+Hybrid models (SGLang's ``HybridCacheController``: SWA, Mamba, indexer pools next to the KV
+pool) use the v2 calls: ``register_mem_host_pool_v2`` opens one tierkv worker per pool name,
+``batch_get_v2``/``batch_set_v2`` move each ``PoolTransfer``'s pages through its pool's page
+regions, ``batch_exists_v2`` applies the hit policies (ALL_PAGES, TRAILING_PAGES; BLOCK_GROUPS
+gives no verdict). docs/engines-sglang.md has the details.
+
 SGLang's page keys (64 hex characters of a chained SHA-256) are the tierkv block hashes, used
 as they are. A backend must never raise into SGLang's controller threads: every failure here
 becomes False / None / 0, is counted (``tierkv_stats()["failures"]``) and is logged at most
