@@ -193,6 +193,31 @@ def test_pool_names_are_part_of_the_worker_id():
     assert c1[2] == c2[2] and c1 != c2
 
 
+def test_an_mla_models_sidecars_are_shared_by_its_ranks_but_mamba(tmp_path):
+    """An MLA model's indexer pages are replicated like its KV pages: rank 0 (SGLang's
+    storage writer) writes them, rank 1 finds them; Mamba state is per rank."""
+    r0 = Rank(tmp_path, tp_rank=0, tp_size=2, mla=True)
+    r1 = Rank(tmp_path, tp_rank=1, tp_size=2, mla=True)
+    assert r0.b.pool_stores["indexer"].worker == r1.b.pool_stores["indexer"].worker
+    assert r0.b.pool_stores["swa"].worker.split(".")[-2] == "mla"
+    ks = keys()
+    _, hits, _ = r1.backup(ks)  # not the writer: nothing stored, all reported done
+    assert hits == {"indexer": N, "swa": SWA_WINDOW} and r0.exists(ks).kv_hit_pages == 0
+    assert r0.b.pool_stores["indexer"].contains_many(ks) == [False] * N
+    pages, hits, _ = r0.backup(ks)
+    assert hits == {"indexer": N, "swa": SWA_WINDOW}
+    assert r1.exists(ks).kv_hit_pages == N
+    _, ok, got = r1.restore(ks)
+    assert ok == {"indexer": [True] * N, "swa": [True] * SWA_WINDOW}
+    assert got["indexer"] == pages["indexer"] and got["swa"] == pages["swa"]
+    from tierkv_g3.sglang import worker_id
+
+    cfg = [h.storage_config("/x", tp_rank=r, tp_size=2, mla=True) for r in (0, 1)]
+    assert worker_id(cfg[0], r0.idx, PoolName.MAMBA) != worker_id(cfg[1], r0.idx, PoolName.MAMBA)
+    r0.b.close()
+    r1.b.close()
+
+
 def test_a_fresh_backend_over_the_same_root_keeps_the_hits(tmp_path):
     r = Rank(tmp_path)
     ks = keys()

@@ -63,7 +63,9 @@ def worker_id(config: HiCacheStorageConfig, pool: Any, pool_name: Optional[str] 
     into it, so two models or two shardings never share a block. At most 64 characters:
     ``sgl.<model>.p<page>.<rank>.<16 hex>``."""
     sidecar = pool_name is not None and str(pool_name) != "kv"
-    mla = bool(config.is_mla_model) and not sidecar
+    # An MLA model's sidecars are replicated as its KV pages are (SGLang's storage writer
+    # rank writes them), except Mamba state, which is TP-sharded (every rank writes its own).
+    mla = bool(config.is_mla_model) and str(pool_name) != "mamba"
     ident = {
         "model": config.model_name or "",
         "page_size": int(pool.page_size),
@@ -163,22 +165,32 @@ class TierkvHiCacheStorage(HiCacheStorage):
             old.close()
         try:
             worker = worker_id(self.config, host_pool, name)
-            self.pool_stores[name] = Store(self.root, worker, **self.options)
+            self.pool_stores[name] = Store(self.root, worker, **self._options(self._shared(name)))
             logger.info("tierkv HiCache backend: pool %s in worker %s", name, worker)
         except Exception as e:  # noqa: BLE001: never raise into SGLang
             self._fail("open", e)
 
     def _open(self) -> None:
+        self.store = Store(self.root, self.worker, **self._options(self._shared("kv")))
+        logger.info("tierkv HiCache backend: %s (worker %s)", self.store.dir, self.worker)
+
+    def _shared(self, name: str) -> bool:
+        """Whether all ranks share the pool's worker (an MLA model's pools but Mamba's: the
+        same rule as `worker_id`)."""
+        return bool(self.config.is_mla_model) and name != "mamba"
+
+    def _options(self, shared: bool) -> Dict[str, Any]:
+        """The Store options of a worker: those of the extra config, and for a worker all
+        ranks share `sharing="shared"`."""
         options = dict(self.options)
-        if self.config.is_mla_model:
+        if shared:
             # All ranks of an MLA model open its one worker: SGLang's storage writer rank
             # writes, the others read, each a "shared" store (a key its index lacks is
             # looked up in the tree; a miss is remembered for negative_ttl, 0 by default
             # here, as ranks ask for pages the writer may have just stored).
             options.setdefault("sharing", "shared")
             options.setdefault("negative_ttl", 0.0)
-        self.store = Store(self.root, self.worker, **options)
-        logger.info("tierkv HiCache backend: %s (worker %s)", self.store.dir, self.worker)
+        return options
 
     def close(self) -> None:
         stores, self.pool_stores = self.pool_stores, {}
@@ -339,6 +351,8 @@ class TierkvHiCacheStorage(HiCacheStorage):
                 f = self.batch_set_v1 if write else self.batch_get_v1
                 return f(keys, t.host_indices, extra_info)
             pool, store = self._pool(name)
+            if write and not self.writer and self._shared(name):
+                return [True] * len(keys)  # the storage writer rank writes shared pools
             n = 0 if t.host_indices is None else int(t.host_indices.numel())
             if n != len(keys) * int(pool.page_size):
                 raise ValueError(f"pool {name}: {n} host indices for {len(keys)} pages")
@@ -448,7 +462,8 @@ class TierkvHiCacheStorage(HiCacheStorage):
                 path, worker = store.dir, store.worker
                 store.close()
                 shutil.rmtree(path, ignore_errors=True)
-                self.pool_stores[name] = Store(self.root, worker, **self.options)
+                options = self._options(self._shared(name))
+                self.pool_stores[name] = Store(self.root, worker, **options)
             except Exception as e:  # noqa: BLE001
                 self.pool_stores.pop(name, None)
                 self._fail("clear", e)
