@@ -432,6 +432,15 @@ pub(crate) mod tests {
                     ad.1 - best_late,
                     ad.2,
                 );
+                // After the first 10 %, each figure, and the default's as a share of the best.
+                eprintln!(
+                    "  after 10 %: lru {:.4} arc {:.4} admit2 {:.4} adaptive {:.4} ({:.4}x the best)",
+                    simple[0].1,
+                    simple[1].1,
+                    simple[2].1,
+                    ad.1,
+                    ad.1 / best_late,
+                );
                 worst = worst.min(ad.1 - best_late);
                 if ad.1 < best_late - 0.005 {
                     failures.push(format!(
