@@ -16,15 +16,14 @@ as test_sglang.py is."""
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 
 import pytest
 
-pytest.importorskip(
-    "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller",
-    reason="sglang is not importable here: run `tools/engines-venv.sh sglang`",
-)
+from conftest import require_engine  # noqa: E402
+
+require_engine("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller", "sglang",
+               "test_sglang_v2.py")
 
 import torch  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
@@ -39,7 +38,6 @@ from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import (  # noqa:
 )
 
 import sglang_harness as h  # noqa: E402
-from conftest import skip_or_fail  # noqa: E402
 
 N = 6  # pages of the request
 SWA_WINDOW = 2  # the TRAILING_PAGES sidecar holds the last 2 pages before a cut
@@ -278,19 +276,6 @@ def test_a_missing_root_or_unregistered_pool_is_false_never_an_exception(tmp_pat
     assert r2.b.batch_get_v2([bad]) == {"swa": [False, False]}
     assert r2.b.tierkv_stats()["failures"] == {"batch_set_v2": 2, "batch_get_v2": 1}
     r2.b.close()
-
-
-@pytest.fixture
-def tiny_tmpfs(tmp_path):
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        skip_or_fail("a full disk needs a tmpfs mount (root)")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)])
-    if r.returncode != 0:
-        skip_or_fail("mount -t tmpfs failed")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)])
 
 
 def test_a_full_disk_fails_the_sidecar_backup_without_an_exception(tiny_tmpfs):
