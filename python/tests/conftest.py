@@ -77,6 +77,18 @@ def tmpfs(size: str) -> Iterator[str]:
         os.rmdir(mnt)
 
 
+def fill_filesystem(path: Path) -> None:
+    """Writes zeros into a new file at `path` until its filesystem is full."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 @pytest.fixture
 def tiny_tmpfs() -> Iterator[Path]:
     """A 256 KiB tmpfs (see `tmpfs`)."""

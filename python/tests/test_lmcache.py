@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_engine  # noqa: E402
+from conftest import fill_filesystem, require_engine  # noqa: E402
 
 require_engine("lmcache.v1.cache_engine", "lmcache", "test_lmcache.py")
 
@@ -157,14 +157,7 @@ def test_a_full_disk_fails_the_puts_without_an_exception(tiny_tmpfs, engines):
     find only what was written, retrieves of it are byte-exact; the engine goes on."""
     e = engines("tierkv", tiny_tmpfs / "kv")
     h.store(e, h.tokens(2), h.kv(2 * h.CHUNK))
-    fd = os.open(tiny_tmpfs / "filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fill_filesystem(tiny_tmpfs / "filler")
     toks, kv = h.tokens(8, base=5000), h.kv(8 * h.CHUNK, seed=9)
     h.store(e, toks, kv)
     assert h.plugin(e).tierkv_stats()["failures"].get("put", 0) >= 1

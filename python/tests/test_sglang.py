@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_engine  # noqa: E402
+from conftest import fill_filesystem, require_engine  # noqa: E402
 
 require_engine("sglang.srt.managers.cache_controller", "sglang", "test_sglang.py")
 
@@ -162,14 +162,7 @@ def test_a_full_disk_fails_the_backup_without_an_exception(tiny_tmpfs, controlle
     ctrl = controllers(tiny_tmpfs / "kv")
     h.backup(ctrl, tokens(2))
     # Fill the filesystem: nothing left to evict that would make room.
-    fd = os.open(tiny_tmpfs / "filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fill_filesystem(tiny_tmpfs / "filler")
     with pytest.raises(AssertionError):
         h.backup(ctrl, tokens(6, base=5000))  # its completed_tokens fall short
     b = ctrl.storage_backend

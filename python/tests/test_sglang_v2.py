@@ -15,12 +15,11 @@ as test_sglang.py is."""
 
 from __future__ import annotations
 
-import os
 import threading
 
 import pytest
 
-from conftest import require_engine  # noqa: E402
+from conftest import fill_filesystem, require_engine  # noqa: E402
 
 require_engine("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller", "sglang",
                "test_sglang_v2.py")
@@ -281,14 +280,7 @@ def test_a_missing_root_or_unregistered_pool_is_false_never_an_exception(tmp_pat
 def test_a_full_disk_fails_the_sidecar_backup_without_an_exception(tiny_tmpfs):
     r = Rank(tiny_tmpfs / "kv")
     ks = keys()
-    fd = os.open(tiny_tmpfs / "filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fill_filesystem(tiny_tmpfs / "filler")
     _, hits, kv_ok = r.backup(ks)
     assert hits["indexer"] < N and kv_ok != [True] * N
     assert r.b.tierkv_stats()["failures"].get("batch_set_v2", 0) >= 1
