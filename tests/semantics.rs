@@ -856,4 +856,16 @@ fn an_offer_under_another_workers_parent_is_an_invalid_key() {
         }
     }
     assert_eq!(store.contains_prefix(&ks).unwrap(), 0);
+    // Under a stored parent of its own: one result per item, stored from the parts.
+    let root = store.key(hash(100));
+    store.put(&root, b"r").unwrap();
+    let res_v = store.offer_many_vectored_after(Some(&root), &vectored);
+    assert!(
+        res_v.len() == 2 && res_v.iter().all(Result::is_ok),
+        "{res_v:?}"
+    );
+    assert_eq!(store.contains_prefix(&ks).unwrap(), 2);
+    let mut b = [0u8; 2];
+    assert_eq!(store.get(&ks[1], &mut b).unwrap(), Lookup::Hit(2));
+    assert_eq!(&b, b"xy");
 }

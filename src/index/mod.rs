@@ -830,6 +830,16 @@ mod tests {
         )
     }
 
+    /// Blocks a put removed again (after a gap in their chain) add to the declined ones.
+    #[test]
+    fn blocks_cut_after_a_gap_count_as_not_admitted() {
+        let i = idx(Some(100), None);
+        let (o, _) = i.offer(&[(h(1), 60), (h(2), 60)], false, None);
+        assert_eq!(o[1], Offer::NotAdmitted);
+        i.count_not_admitted(4);
+        assert_eq!(i.counts().not_admitted, 5);
+    }
+
     fn put(i: &Index, h: BlockHash, bytes: u64) -> Vec<Victim> {
         let (o, v) = i.offer(&[(h, bytes)], false, None);
         i.drained(&v); // the store unlinks them before writing
