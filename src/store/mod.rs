@@ -1129,25 +1129,26 @@ impl Inner {
     ) {
         let (gap, cut) = self.cut_after_gap(items, results);
         let Some(g) = gap else { return };
-        let mut end = g;
+        // The last item offered again (the gap itself when there is no retry): the index
+        // counts what it declines of those, and their errors are theirs.
+        let mut last_offered = g;
         if matches!(results[g], Err(Error::NoSpace { .. }))
             && (self.room_for_retry(items, g, after) || !cut.is_empty())
         {
             Counters::add(&self.counters.nospace_retries, 1);
             for i in g..items.len() {
+                last_offered = i;
                 let anchor = i.checked_sub(1).map(|p| items[p].0.hash).or(after);
                 let r = self.put_batch(items, &[i], replace, anchor).pop();
                 results[i] = r.unwrap_or(Ok(()));
-                if !(results[i].is_ok() && self.contains(&items[i].0).unwrap_or(false)) {
+                if results[i].is_err() || !self.contains(&items[i].0).unwrap_or(false) {
                     break;
                 }
-                end = i + 1;
             }
         }
-        // A block at `end` that the retry did not store is its error, or counted by the index.
         let lost = cut
             .iter()
-            .filter(|&&i| i > end && results[i].is_ok())
+            .filter(|&&i| i > last_offered && results[i].is_ok())
             .count();
         if lost > 0 {
             self.index.count_not_admitted(lost as u64);
