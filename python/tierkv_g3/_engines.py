@@ -49,6 +49,17 @@ def slug(s: str, n: int) -> str:
     return s[-n:]
 
 
+def close_store(store: Any, fail: Any) -> None:
+    """Closes `store` (None: nothing to close); an error is `fail("close", err)`, never
+    raised into the engine."""
+    if store is None:
+        return
+    try:
+        store.close()
+    except Exception as e:  # noqa: BLE001
+        fail("close", e)
+
+
 class FailureLog:
     """Failures per operation: counted, and logged as warnings at most once per `interval`
     seconds per operation (an engine may call a failing backend thousands of times a

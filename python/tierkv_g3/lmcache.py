@@ -56,7 +56,7 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from . import Store
-from ._engines import FailureLog, slug, store_options
+from ._engines import FailureLog, close_store, slug, store_options
 
 logger = logging.getLogger(__name__)
 
@@ -473,11 +473,7 @@ class TierkvStoragePlugin(StoragePluginInterface):
         except Exception as e:  # noqa: BLE001
             self.failures.fail("close", e)
         store, self.store = self.store, None
-        if store is not None:
-            try:
-                store.close()
-            except Exception as e:  # noqa: BLE001
-                self.failures.fail("close", e)
+        close_store(store, self.failures.fail)
 
     def tierkv_stats(self) -> Dict[str, Any]:
         """The worker id, failures per operation, chunks dropped (queue full), chunks queued,

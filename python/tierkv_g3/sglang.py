@@ -49,7 +49,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 from . import Store
-from ._engines import STORE_OPTIONS, FailureLog, slug, store_options
+from ._engines import STORE_OPTIONS, FailureLog, close_store, slug, store_options
 
 logger = logging.getLogger(__name__)
 
@@ -200,11 +200,7 @@ class TierkvHiCacheStorage(HiCacheStorage):
             except Exception as e:  # noqa: BLE001
                 self._fail("close", e)
         store, self.store = self.store, None
-        if store is not None:
-            try:
-                store.close()
-            except Exception as e:  # noqa: BLE001
-                self._fail("close", e)
+        close_store(store, self._fail)
 
     # -- failures ------------------------------------------------------------------------
 

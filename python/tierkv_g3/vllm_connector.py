@@ -58,7 +58,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from . import Store, chain_hashes
-from ._engines import STORE_OPTIONS, FailureLog, store_options
+from ._engines import STORE_OPTIONS, FailureLog, close_store, store_options
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -239,11 +239,7 @@ class TierkvConnector(KVConnectorBase_V1):
 
     def shutdown(self) -> None:
         store, self.store = self.store, None
-        if store is not None:
-            try:
-                store.close()
-            except Exception as e:  # noqa: BLE001
-                self._fail("close", e)
+        close_store(store, self._fail)
 
     # -- scheduler side ----------------------------------------------------------------------
 
