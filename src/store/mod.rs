@@ -1205,8 +1205,8 @@ impl Inner {
         (Some(gap), cut)
     }
 
-    /// A put batch, then (for items that met ENOSPC below the capacity) eviction and one
-    /// retry.
+    /// A put batch, then, if part of it failed, its recovery ([`Inner::recover_partial_put`]:
+    /// the chain kept a prefix, and after ENOSPC below the capacity, eviction and a retry).
     fn put_with_retry<D: write::Source>(
         &self,
         items: &[(BlockKey, D)],
