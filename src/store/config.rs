@@ -143,6 +143,13 @@ pub const DEFAULT_NEGATIVE_TTL: std::time::Duration = std::time::Duration::from_
 /// two cores: a prefix load of 2 MiB blocks with every payload hashed goes from 0.79x to
 /// 1.5x of a plain single-threaded open, read and close; docs/benchmarks.md).
 pub const DEFAULT_READ_THREADS: usize = 2;
+/// The default [`StoreConfig::direct_puts_from`]: puts of blocks of 2 MiB or more write with
+/// `O_DIRECT`. On this project's VMs (ext4, virtio disk; `tools/direct-put-probe.py`), new
+/// files of 2 MiB and more were written 2.6-5.7x faster with `O_DIRECT` than buffered (the new
+/// page-cache memory is what a buffered write of that size pays for here), while below it
+/// buffered writes won in most runs (1 MiB: 0.39x and 0.60x of buffered in two runs, 5.4x in a
+/// third; 256 KiB 0.43-0.52x; 64 KiB 0.37-0.39x): docs/benchmarks.md, "Direct puts".
+pub const DEFAULT_DIRECT_PUTS_FROM: usize = 2 << 20;
 
 /// The fewest bytes of host reads in one batch that are split between read threads: below it
 /// a thread's start (tens of microseconds) costs more than it saves.
@@ -194,6 +201,13 @@ pub struct StoreConfig {
     pub read_threads: usize,
     /// Use `O_DIRECT` for block I/O, through aligned bounce buffers (default off).
     pub direct_io: bool,
+    /// Puts of host payloads of at least this many bytes write their files with `O_DIRECT`
+    /// (default [`DEFAULT_DIRECT_PUTS_FROM`]; `None`: only with [`Self::direct_io`]), from the
+    /// caller's memory where it is page-aligned, else through an aligned bounce buffer. Reads
+    /// stay buffered: the first read of such a block comes from the disk, later ones from the
+    /// page cache. A filesystem that refuses `O_DIRECT` (EINVAL) gets buffered puts from then
+    /// on.
+    pub direct_puts_from: Option<usize>,
     /// `fdatasync` each block before publishing it and `fsync` its directory after (default
     /// off: a crash may lose recent blocks, never serve a torn one).
     pub sync_writes: bool,
@@ -266,6 +280,7 @@ impl Default for StoreConfig {
             verify: VerifyMode::default(),
             read_threads: DEFAULT_READ_THREADS,
             direct_io: false,
+            direct_puts_from: Some(DEFAULT_DIRECT_PUTS_FROM),
             sync_writes: false,
             engine: EngineKind::default(),
             engine_options: EngineOptions::default(),
@@ -329,6 +344,13 @@ impl StoreConfig {
     /// Turns `O_DIRECT` on or off (default off).
     pub fn with_direct_io(mut self, on: bool) -> Self {
         self.direct_io = on;
+        self
+    }
+
+    /// Sets the payload size from which puts write with `O_DIRECT` (`None`: never, unless
+    /// [`Self::with_direct_io`]); see [`Self::direct_puts_from`].
+    pub fn with_direct_puts_from(mut self, bytes: Option<usize>) -> Self {
+        self.direct_puts_from = bytes;
         self
     }
 

@@ -35,9 +35,9 @@ mod write;
 
 pub use crate::stats::{ErrorCounts, LatencySummary, StoreStats};
 pub use config::{
-    DEFAULT_FD_CACHE_MAX, DEFAULT_LEDGER_WAIT, DEFAULT_MAX_BLOCK_SIZE, DEFAULT_NEGATIVE_TTL,
-    DEFAULT_READ_THREADS, DEFAULT_TEMP_LEASE, MIN_STATS_INTERVAL, PARALLEL_READ_MIN, Publish,
-    Sharing, StoreConfig, VerifyMode,
+    DEFAULT_DIRECT_PUTS_FROM, DEFAULT_FD_CACHE_MAX, DEFAULT_LEDGER_WAIT, DEFAULT_MAX_BLOCK_SIZE,
+    DEFAULT_NEGATIVE_TTL, DEFAULT_READ_THREADS, DEFAULT_TEMP_LEASE, MIN_STATS_INTERVAL,
+    PARALLEL_READ_MIN, Publish, Sharing, StoreConfig, VerifyMode,
 };
 pub use statsfile::LiveStats;
 
@@ -176,6 +176,8 @@ struct Inner {
 struct IoOptions {
     verify: VerifyMode,
     direct: bool,
+    /// Puts of at least this many host bytes write with `O_DIRECT`.
+    direct_puts_from: Option<usize>,
     sync_writes: bool,
     max_block: usize,
     /// Threads a large get's reads are split between ([`StoreConfig::read_threads`]).
@@ -192,6 +194,7 @@ impl IoOptions {
         IoOptions {
             verify: config.verify,
             direct: config.direct_io,
+            direct_puts_from: config.direct_puts_from,
             sync_writes: config.sync_writes,
             max_block: config.max_block_size(),
             read_threads: config.read_threads.max(1),
@@ -208,6 +211,8 @@ struct Publisher {
     link_empty_path: AtomicBool,
     /// Evicted files are reused (configured, exclusive, and the filesystem grants leases).
     reuse: AtomicBool,
+    /// Large puts write with `O_DIRECT` (until the filesystem refuses it).
+    direct_puts: AtomicBool,
 }
 
 impl Publisher {
@@ -217,6 +222,7 @@ impl Publisher {
             tmpfile: AtomicBool::new(config.publish == Publish::Tmpfile),
             link_empty_path: AtomicBool::new(true),
             reuse: AtomicBool::new(reuse),
+            direct_puts: AtomicBool::new(config.direct_puts_from.is_some()),
         }
     }
 }

@@ -46,6 +46,19 @@ pub(super) struct WritePlan<'a> {
     pub reused: Option<(u64, std::time::Instant)>,
 }
 
+/// Turns `O_DIRECT` on or off on a taken evicted file's descriptor; false if refused.
+fn set_direct(fd: &OwnedFd, on: bool) -> bool {
+    let Ok(flags) = rustix::fs::fcntl_getfl(fd) else {
+        return false;
+    };
+    let flags = if on {
+        flags | OFlags::DIRECT
+    } else {
+        flags - OFlags::DIRECT
+    };
+    rustix::fs::fcntl_setfl(fd, flags).is_ok()
+}
+
 /// What became of an evicted block's file offered for reuse.
 enum Taken<'a> {
     /// Taken: the put writes into it.
@@ -415,7 +428,10 @@ impl Inner {
             .collect();
         let bytes: usize = todo.iter().map(|(slot, _)| payloads[*slot].1.len()).sum();
         spares.resize_with(todo.len(), || None);
-        let outcomes = if todo.len() >= 2 && bytes >= PARALLEL_PUT_MIN_BYTES && !self.opts.direct {
+        let direct = todo
+            .iter()
+            .all(|(slot, _)| self.put_direct(&payloads[*slot].1));
+        let outcomes = if todo.len() >= 2 && bytes >= PARALLEL_PUT_MIN_BYTES && !direct {
             let (a, b) = todo.split_at(todo.len() / 2);
             let (sa, sb) = spares.split_at_mut(todo.len() / 2);
             std::thread::scope(|scope| {
@@ -695,6 +711,26 @@ impl Inner {
         }
     }
 
+    /// Whether a put of `data` writes with `O_DIRECT`: every put with
+    /// [`StoreConfig::direct_io`](crate::StoreConfig), and host payloads of at least
+    /// [`StoreConfig::direct_puts_from`](crate::StoreConfig) bytes while the filesystem takes
+    /// it.
+    pub(super) fn put_direct(&self, data: &Payload<'_>) -> bool {
+        self.opts.direct
+            || (data.host_parts().is_some()
+                && self.opts.direct_puts_from.is_some_and(|m| data.len() >= m)
+                && self.publish.direct_puts.load(Ordering::Relaxed))
+    }
+
+    /// The filesystem refused `O_DIRECT` for a put that chose it alone: puts are buffered from
+    /// now on.
+    fn refuse_direct_puts(&self, path: &std::path::Path) {
+        if self.publish.direct_puts.swap(false, Ordering::Relaxed) {
+            tracing::info!(path = %path.display(),
+                "the filesystem refuses O_DIRECT: puts are buffered");
+        }
+    }
+
     /// Creates the temp file of one validated, admitted put, or takes `spare`'s.
     fn plan_write<'s>(
         &'s self,
@@ -709,17 +745,26 @@ impl Inner {
         };
         let rel = self.layout.rel_path(&key.hash);
 
-        let direct = self.direct_flag();
+        let mut direct = if self.put_direct(data) {
+            OFlags::DIRECT
+        } else {
+            OFlags::empty()
+        };
         let mode = Mode::from_raw_mode(FILE_MODE);
         let reused = spare.as_ref().map(|s| (s.len, s.leased));
         // A name that exists already (planted, or left by a crash): another sequence number.
         let mut tries = 0;
         let (temp_name, (parent, fd, anonymous)) = if let Some(s) = spare {
+            // Taken with the store's flags: this put's may differ (its size decides).
+            if direct != self.direct_flag() && !set_direct(&s.fd, !direct.is_empty()) {
+                self.refuse_direct_puts(&self.path(rel.as_str()));
+                direct = OFlags::empty();
+            }
             (s.name, (s.parent, s.fd, false))
         } else {
             loop {
                 let name = self.ns.temp_name(rel.file_name());
-                match self.create_temp(&rel, &name, direct, mode) {
+                match self.create_temp(&rel, &name, &mut direct, mode) {
                     Err(Error::Io { source, .. })
                         if source.raw_os_error() == Some(Errno::EXIST.raw_os_error())
                             && tries < 16 =>
@@ -741,7 +786,7 @@ impl Inner {
         };
         let head_page = data
             .host_parts()
-            .filter(|parts| self.opts.direct && aligned(parts))
+            .filter(|parts| !direct.is_empty() && aligned(parts))
             .map(|_| {
                 let mut b = self.bufs.take(PAYLOAD_OFFSET as usize);
                 b[..HEADER_LEN].copy_from_slice(&header);
@@ -750,7 +795,7 @@ impl Inner {
             });
         let bounce = data
             .host_parts()
-            .filter(|_| self.opts.direct && head_page.is_none())
+            .filter(|_| !direct.is_empty() && head_page.is_none())
             .map(|parts| {
                 let total = PAYLOAD_OFFSET as usize + data.len();
                 let mut b = self.bufs.take(total);
@@ -786,22 +831,42 @@ impl Inner {
     /// one `linkat`), else a named temp file. Creates missing shard directories (an error
     /// there keeps its errno: ENOSPC is [`Error::NoSpace`]). Opened for reading too: a
     /// payload written from GPU memory is read back for its checksum.
+    /// `direct` (`O_DIRECT` or nothing) is cleared where the filesystem refuses `O_DIRECT` for
+    /// a put that chose it by its size alone.
     fn create_temp(
         &self,
         rel: &RelPath,
         temp_name: &str,
-        direct: OFlags,
+        direct: &mut OFlags,
         mode: Mode,
     ) -> Result<(Parent<'_>, OwnedFd, bool)> {
+        // EINVAL with O_DIRECT asked by size only: the filesystem may refuse O_DIRECT (or
+        // O_TMPFILE); buffered, it is tried again before anything else is concluded.
+        let by_size = !direct.is_empty() && !self.opts.direct;
         let dir = rel.dir();
         let dir_err =
             |e: Errno| Error::from_io(self.path(if dir.is_empty() { "." } else { dir }), io_err(e));
         let parent = self.block_dir(dir).map_err(dir_err)?;
         loop {
             if self.publish.tmpfile.load(Ordering::Relaxed) {
-                match self.retry_emfile(|| self.ns.tmpfile_in(&parent, OFlags::RDWR | direct, mode))
+                match self
+                    .retry_emfile(|| self.ns.tmpfile_in(&parent, OFlags::RDWR | *direct, mode))
                 {
                     Ok(fd) => return Ok((parent, fd, true)),
+                    Err(Errno::INVAL) if by_size && !direct.is_empty() => {
+                        *direct = OFlags::empty();
+                        match self.retry_emfile(|| self.ns.tmpfile_in(&parent, OFlags::RDWR, mode))
+                        {
+                            Ok(fd) => {
+                                self.refuse_direct_puts(&self.path(rel.as_str()));
+                                return Ok((parent, fd, true));
+                            }
+                            // Not O_DIRECT's fault: O_DIRECT is tried again on the next put.
+                            Err(_) => *direct = OFlags::DIRECT,
+                        }
+                        self.publish.tmpfile.store(false, Ordering::Relaxed);
+                        continue;
+                    }
                     Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {
                         tracing::info!(
                             "the filesystem has no O_TMPFILE: puts use named temp files"
@@ -814,9 +879,16 @@ impl Inner {
             }
             return match self.retry_emfile(|| {
                 self.ns
-                    .create_in(&parent, temp_name, OFlags::RDWR | direct, mode)
+                    .create_in(&parent, temp_name, OFlags::RDWR | *direct, mode)
             }) {
                 Ok(fd) => Ok((parent, fd, false)),
+                Err(Errno::INVAL) if by_size && !direct.is_empty() => {
+                    // O_DIRECT is refused after O_CREAT made the file: our temp name goes.
+                    let _ = self.ns.unlink_in(&parent, temp_name, None);
+                    self.refuse_direct_puts(&self.path(&join(dir, temp_name)));
+                    *direct = OFlags::empty();
+                    continue;
+                }
                 Err(e) => Err(Error::from_io(self.path(&join(dir, temp_name)), io_err(e))),
             };
         }

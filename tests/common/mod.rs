@@ -180,9 +180,19 @@ impl Tmpfs {
 
     /// As [`Tmpfs::mount`], with mount options (e.g. `size=8m,nr_inodes=200`).
     pub fn mount_with(opts: &str, why: &str) -> Option<Tmpfs> {
+        Self::mount_fs("tmpfs", opts, why)
+    }
+
+    /// A ramfs instead (no size limit; it refuses `O_DIRECT`, which tmpfs takes since Linux
+    /// 6.6), unmounted on drop like a tmpfs.
+    pub fn mount_ramfs(why: &str) -> Option<Tmpfs> {
+        Self::mount_fs("ramfs", "mode=0755", why)
+    }
+
+    fn mount_fs(fstype: &str, opts: &str, why: &str) -> Option<Tmpfs> {
         let dir = tempfile::tempdir().unwrap();
         let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", opts, "tierkv-test"])
+            .args(["-t", fstype, "-o", opts, "tierkv-test"])
             .arg(dir.path())
             .stderr(std::process::Stdio::null())
             .status()
@@ -190,7 +200,7 @@ impl Tmpfs {
         if ok {
             return Some(Tmpfs { dir });
         }
-        let msg = format!("cannot mount a tmpfs (needs root) for {why}");
+        let msg = format!("cannot mount a {fstype} (needs root) for {why}");
         assert!(
             std::env::var_os("TIERKV_REQUIRE_PRIVILEGED_TESTS").is_none(),
             "{msg}"
