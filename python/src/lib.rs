@@ -175,7 +175,8 @@ impl PyStore {
     #[new]
     #[pyo3(signature = (
         root, worker, *, capacity_bytes=None, capacity_files=None, policy="adaptive", engine="auto",
-        read_only=false, verify="on-open", direct_io=false, sync_writes=false, fd_cache=None,
+        read_only=false, verify="on-open", direct_io=false,
+        direct_puts_from=Some(tierkv::store::DEFAULT_DIRECT_PUTS_FROM), sync_writes=false, fd_cache=None,
         max_block_size=None, layout=None, publish="rename", watermarks=None, queue_depth=None,
         stats_interval=Some(1.0), keep_temp_files=false, reuse_evicted=true, sharing="exclusive",
         negative_ttl=None
@@ -192,6 +193,7 @@ impl PyStore {
         read_only: bool,
         verify: &str,
         direct_io: bool,
+        direct_puts_from: Option<usize>,
         sync_writes: bool,
         fd_cache: Option<usize>,
         max_block_size: Option<usize>,
@@ -218,6 +220,7 @@ impl PyStore {
             .with_read_only(read_only)
             .with_verify(parse::<VerifyMode>(py, verify)?)
             .with_direct_io(direct_io)
+            .with_direct_puts_from(direct_puts_from)
             .with_sync_writes(sync_writes)
             .with_publish(parse::<Publish>(py, publish)?)
             .with_reuse_evicted(reuse_evicted)

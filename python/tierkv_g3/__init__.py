@@ -87,8 +87,8 @@ class Store(_tierkv.Store):
     """One worker's block store under a root directory.
 
     ``Store(root, worker, *, capacity_bytes=None, capacity_files=None, policy="adaptive",
-    engine="auto", read_only=False, verify="on-open", direct_io=False, sync_writes=False,
-    fd_cache=None, max_block_size=None, layout=None, publish="rename", watermarks=None,
+    engine="auto", read_only=False, verify="on-open", direct_io=False,
+    direct_puts_from=2097152, sync_writes=False, fd_cache=None, max_block_size=None, layout=None, publish="rename", watermarks=None,
     queue_depth=None, stats_interval=1.0, keep_temp_files=False, reuse_evicted=True,
     sharing="exclusive", negative_ttl=None)``
 
@@ -104,6 +104,9 @@ class Store(_tierkv.Store):
     - ``verify``: checksums on reads: ``"on-open"`` (first read of each opened file),
       ``"after-reboot"`` (first read of each opened file written before this boot),
       ``"always"``, ``"never"``. ``direct_io``: O_DIRECT. ``sync_writes``: fdatasync each block.
+    - ``direct_puts_from``: puts of blocks of at least this many bytes write with O_DIRECT
+      (reads stay buffered; None: never, unless ``direct_io``); buffered where the
+      filesystem refuses O_DIRECT.
     - ``fd_cache``: open-file cache size (None: a quarter of the open-file limit, at most
       4096; 0: none). ``max_block_size``: largest block (default 256 MiB).
     - ``layout``: ``(depth, fanout)`` of the shard tree (None: the tree's, else ``(2, 256)``).

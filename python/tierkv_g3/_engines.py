@@ -18,6 +18,7 @@ STORE_OPTIONS = (
     "engine",
     "verify",
     "direct_io",
+    "direct_puts_from",
     "sync_writes",
     "fd_cache",
     "max_block_size",

@@ -181,6 +181,10 @@ struct Args {
     #[arg(long, num_args = 0..=1, default_value = "0", default_missing_value = "1",
           value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
     direct: bool,
+    /// Puts of blocks of at least this size write with O_DIRECT, reads stay buffered
+    /// (tierkv's default: 2m; 0: never, unless --direct).
+    #[arg(long, value_parser = parse_size)]
+    direct_puts_from: Option<u64>,
     /// The nixl engine's POSIX queue: libaio (NIXL's default), uring, or posix-aio.
     #[arg(long)]
     nixl_posix_queue: Option<PosixQueue>,
@@ -670,6 +674,9 @@ fn store_config(args: &Args, bs: usize) -> Result<StoreConfig, BoxError> {
         .with_sync_writes(args.sync_writes)
         .with_publish(args.publish)
         .with_engine(args.ioengine);
+    if let Some(b) = args.direct_puts_from {
+        config = config.with_direct_puts_from((b > 0).then_some(b as usize));
+    }
     if let Some(q) = args.iodepth {
         config = config.with_queue_depth(q);
     }
