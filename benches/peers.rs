@@ -80,10 +80,13 @@ struct Peers {
     store: Store,
     keys: Vec<tierkv::BlockKey>,
     naive: Store,
+    /// tierkv's default store with buffered puts (`with_direct_puts_from(None)`), empty: the
+    /// put rows only.
+    buffered: Store,
     nkeys: Vec<tierkv::BlockKey>,
     cdir: tempfile::TempDir,
     foyer: HybridCache<u64, Vec<u8>>,
-    _dirs: [tempfile::TempDir; 3],
+    _dirs: [tempfile::TempDir; 4],
 }
 
 impl Peers {
@@ -105,6 +108,14 @@ impl Peers {
         for k in &keys {
             store.put(k, &data).unwrap();
         }
+        // tierkv with buffered puts (before direct puts), for the put rows.
+        let bdir = tempfile::tempdir().unwrap();
+        let buffered = Store::open(
+            bdir.path(),
+            WorkerId::new("bench").unwrap(),
+            StoreConfig::default().with_direct_puts_from(None),
+        )
+        .unwrap();
         // The seed's naive mode: one flat directory, open + read + close per get, no checksum.
         let ndir = tempfile::tempdir().unwrap();
         let naive = Store::open(
@@ -113,7 +124,8 @@ impl Peers {
             StoreConfig::default()
                 .with_layout(Layout::new(0, 256).unwrap())
                 .with_fd_cache(0)
-                .with_verify(VerifyMode::Never),
+                .with_verify(VerifyMode::Never)
+                .with_direct_puts_from(None),
         )
         .unwrap();
         let nkeys: Vec<_> = (0..blocks)
@@ -144,9 +156,10 @@ impl Peers {
             keys,
             naive,
             nkeys,
+            buffered,
             cdir,
             foyer,
-            _dirs: [dir, ndir, fdir],
+            _dirs: [dir, ndir, fdir, bdir],
         }
     }
 }
@@ -220,6 +233,7 @@ fn bench_puts(c: &mut Criterion, rt: &tokio::runtime::Runtime, p: &Peers) {
         data,
         store,
         naive,
+        buffered,
         cdir,
         foyer,
         ..
@@ -228,7 +242,11 @@ fn bench_puts(c: &mut Criterion, rt: &tokio::runtime::Runtime, p: &Peers) {
     let mut g = c.benchmark_group(format!("peer_put_{}KiB_x{BATCH}", size / 1024));
     g.throughput(Throughput::Bytes((size * BATCH) as u64));
     g.sample_size(20);
-    for (name, st) in [("tierkv", store), ("naive", naive)] {
+    for (name, st) in [
+        ("tierkv", store),
+        ("tierkv-buffered", buffered),
+        ("naive", naive),
+    ] {
         let mut n = 0u32;
         settle();
         g.bench_function(BenchmarkId::from_parameter(name), |b| {
