@@ -42,6 +42,17 @@ pub const SWITCH_SIGMAS: f64 = 3.0;
 /// the same figures on every sampled cell of docs/eviction.md.
 pub const SAMPLED_SWITCH_SIGMAS: f64 = 2.0;
 
+/// Sampled shadows draw their chains again (another salt for the hash of a chain's root) when,
+/// over a capacity's worth of references, the chains they follow take less than
+/// 1 / (`RESAMPLE_BELOW` x `2^k`) of the traffic: a few roots (shared system prompts) can
+/// carry all of it, and a draw that samples none of them leaves the shadows nothing to compare
+/// (chat at 25,487 blocks, seed 2: three prompts, none sampled at 1 in 2, and the default stayed
+/// with ARC, 0.0197 below LRU).
+pub const RESAMPLE_BELOW: u64 = 8;
+
+/// At most this many draws: traffic that no draw samples stays unsampled, not redrawn forever.
+pub const MAX_DRAWS: u32 = 8;
+
 /// What a candidate (and the real cache, following the leader) does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
@@ -245,8 +256,14 @@ pub struct Adaptive {
     /// Admitted by `admit`, not yet reported inserted: their reference is already counted.
     admitted: HashSet<BlockHash>,
     shadows: Vec<Shadow>,
-    /// Shadows follow the chains whose root's `mix` is 0 modulo `sample` (a power of two).
+    /// Shadows follow the chains whose root's `mix`, salted with `draw`, is 0 modulo `sample`
+    /// (a power of two).
     sample: u64,
+    /// Which draw of the sampled chains this is, and the references (all, and of sampled
+    /// chains) since the draw's share was last checked ([`RESAMPLE_BELOW`]).
+    draw: u32,
+    draw_seen: u64,
+    draw_sampled: u64,
     shadow_blocks: usize,
     half_life: usize,
     door_window: usize,
@@ -306,6 +323,9 @@ impl Adaptive {
             admitted: HashSet::new(),
             shadows: Vec::new(),
             sample: 1,
+            draw: 0,
+            draw_seen: 0,
+            draw_sampled: 0,
             shadow_blocks: shadow_blocks.max(1),
             half_life: half_life_capacities.max(1),
             door_window: door_window_capacities.max(1),
@@ -395,7 +415,18 @@ impl Adaptive {
     }
 
     fn sampled(&self, h: &BlockHash) -> bool {
-        self.sample == 1 || mix(h).rotate_left(17) % self.sample == 0
+        if self.sample == 1 {
+            return true;
+        }
+        let mut x = mix(h);
+        if self.draw > 0 {
+            // Another draw: the root's hash through a salted splitmix64 finalizer.
+            x ^= u64::from(self.draw).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            x ^= x >> 31;
+        }
+        x.rotate_left(17) % self.sample == 0
     }
 
     fn reference(&mut self, h: BlockHash) {
@@ -477,8 +508,21 @@ impl Adaptive {
     /// traffic when a few roots (shared system prompts) carry most of it.
     fn count_share(&mut self) {
         self.seen += 1.0;
+        self.draw_seen += 1;
         if self.chain_sampled {
             self.seen_sampled += 1.0;
+            self.draw_sampled += 1;
+        }
+        if self.draw_seen >= self.cap_hint.max(1) as u64 {
+            let starved = self.draw_sampled * RESAMPLE_BELOW * self.sample < self.draw_seen;
+            (self.draw_seen, self.draw_sampled) = (0, 0);
+            if starved && self.draw + 1 < MAX_DRAWS {
+                // The next chain is drawn anew; the shadows start over on the new sample.
+                self.draw += 1;
+                self.sample = 0;
+                self.rebuild_shadows();
+                return;
+            }
         }
         let cap = self.cap_hint.max(1) as f64;
         if self.seen >= self.half_life as f64 * cap {
@@ -1074,6 +1118,57 @@ mod tests {
             a.admit(&h(*next));
             *next += 1;
         }
+    }
+
+    #[test]
+    fn a_draw_that_samples_no_traffic_is_drawn_again() {
+        let mut a = Adaptive::with_constants(256, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
+        a.set_capacity_hint(1024);
+        assert_eq!((a.sample, a.draw), (4, 0));
+        // All the traffic hangs off one root (a shared system prompt) that the first draw does
+        // not sample, and that a later one does.
+        let root = (0..100_000)
+            .find(|&i| {
+                let mut b = Adaptive::with_constants(256, 4, 4);
+                b.set_capacity_hint(1024);
+                !b.sampled(&h(i)) && {
+                    b.draw = 1;
+                    b.sampled(&h(i))
+                }
+            })
+            .expect("a root the second draw samples");
+        let mut next = 1_000_000;
+        // One capacity of references (1,024) without a sampled one: drawn again.
+        for _ in 0..=1024 / 8 {
+            offer_chain(&mut a, root, &mut next, 8);
+        }
+        assert_eq!(
+            a.draw, 1,
+            "drawn again after a capacity of unsampled traffic"
+        );
+        assert!(a.sampled(&h(root)));
+        // Now the shadows see the traffic, and the draw stays.
+        for _ in 0..4 * 1024 / 8 {
+            offer_chain(&mut a, root, &mut next, 8);
+        }
+        assert_eq!(a.draw, 1);
+        assert!(a.seen_sampled > 0.0 && !a.shadows[0].present.is_empty());
+        // Traffic that no draw samples stops the draws at MAX_DRAWS.
+        let mut b = Adaptive::with_constants(256, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
+        b.set_capacity_hint(1024);
+        let never = (0..100_000)
+            .find(|&i| {
+                (0..MAX_DRAWS).all(|d| {
+                    b.draw = d;
+                    !b.sampled(&h(i))
+                })
+            })
+            .expect("a root no draw samples");
+        b.draw = 0;
+        for _ in 0..(MAX_DRAWS as usize + 2) * 1024 / 8 {
+            offer_chain(&mut b, never, &mut next, 8);
+        }
+        assert_eq!(b.draw, MAX_DRAWS - 1);
     }
 
     #[test]
