@@ -211,7 +211,8 @@ struct Publisher {
     link_empty_path: AtomicBool,
     /// Evicted files are reused (configured, exclusive, and the filesystem grants leases).
     reuse: AtomicBool,
-    /// Large puts write with `O_DIRECT` (until the filesystem refuses it).
+    /// Puts of [`StoreConfig::direct_puts_from`] bytes or more write with `O_DIRECT`: true
+    /// until the filesystem refuses it.
     direct_puts: AtomicBool,
 }
 
@@ -222,7 +223,7 @@ impl Publisher {
             tmpfile: AtomicBool::new(config.publish == Publish::Tmpfile),
             link_empty_path: AtomicBool::new(true),
             reuse: AtomicBool::new(reuse),
-            direct_puts: AtomicBool::new(config.direct_puts_from.is_some()),
+            direct_puts: AtomicBool::new(true),
         }
     }
 }

@@ -46,17 +46,11 @@ pub(super) struct WritePlan<'a> {
     pub reused: Option<(u64, std::time::Instant)>,
 }
 
-/// Turns `O_DIRECT` on or off on a taken evicted file's descriptor; false if refused.
-fn set_direct(fd: &OwnedFd, on: bool) -> bool {
-    let Ok(flags) = rustix::fs::fcntl_getfl(fd) else {
-        return false;
-    };
-    let flags = if on {
-        flags | OFlags::DIRECT
-    } else {
-        flags - OFlags::DIRECT
-    };
-    rustix::fs::fcntl_setfl(fd, flags).is_ok()
+/// Turns `O_DIRECT` on for a taken evicted file's descriptor; false if refused.
+fn add_direct(fd: &OwnedFd) -> bool {
+    rustix::fs::fcntl_getfl(fd)
+        .and_then(|flags| rustix::fs::fcntl_setfl(fd, flags | OFlags::DIRECT))
+        .is_ok()
 }
 
 /// What became of an evicted block's file offered for reuse.
@@ -755,8 +749,8 @@ impl Inner {
         // A name that exists already (planted, or left by a crash): another sequence number.
         let mut tries = 0;
         let (temp_name, (parent, fd, anonymous)) = if let Some(s) = spare {
-            // Taken with the store's flags: this put's may differ (its size decides).
-            if direct != self.direct_flag() && !set_direct(&s.fd, !direct.is_empty()) {
+            // Taken with the store's flags: without O_DIRECT unless the store is direct.
+            if !direct.is_empty() && !self.opts.direct && !add_direct(&s.fd) {
                 self.refuse_direct_puts(&self.path(rel.as_str()));
                 direct = OFlags::empty();
             }
@@ -847,24 +841,23 @@ impl Inner {
         let dir_err =
             |e: Errno| Error::from_io(self.path(if dir.is_empty() { "." } else { dir }), io_err(e));
         let parent = self.block_dir(dir).map_err(dir_err)?;
+        // An O_TMPFILE refused with EINVAL while O_DIRECT was asked by size: tried again
+        // buffered, to tell which flag the filesystem refuses.
+        let mut buffered_retry = false;
         loop {
             if self.publish.tmpfile.load(Ordering::Relaxed) {
                 match self
                     .retry_emfile(|| self.ns.tmpfile_in(&parent, OFlags::RDWR | *direct, mode))
                 {
-                    Ok(fd) => return Ok((parent, fd, true)),
+                    Ok(fd) => {
+                        if buffered_retry {
+                            self.refuse_direct_puts(&self.path(rel.as_str()));
+                        }
+                        return Ok((parent, fd, true));
+                    }
                     Err(Errno::INVAL) if by_size && !direct.is_empty() => {
                         *direct = OFlags::empty();
-                        match self.retry_emfile(|| self.ns.tmpfile_in(&parent, OFlags::RDWR, mode))
-                        {
-                            Ok(fd) => {
-                                self.refuse_direct_puts(&self.path(rel.as_str()));
-                                return Ok((parent, fd, true));
-                            }
-                            // Not O_DIRECT's fault: O_DIRECT is tried again on the next put.
-                            Err(_) => *direct = OFlags::DIRECT,
-                        }
-                        self.publish.tmpfile.store(false, Ordering::Relaxed);
+                        buffered_retry = true;
                         continue;
                     }
                     Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {
@@ -872,6 +865,10 @@ impl Inner {
                             "the filesystem has no O_TMPFILE: puts use named temp files"
                         );
                         self.publish.tmpfile.store(false, Ordering::Relaxed);
+                        if buffered_retry {
+                            // O_TMPFILE's refusal, not O_DIRECT's: the named file takes it.
+                            *direct = OFlags::DIRECT;
+                        }
                         continue;
                     }
                     Err(e) => return Err(Error::from_io(self.path(rel.as_str()), io_err(e))),
