@@ -64,16 +64,6 @@ fn open(dir: &Path, cfg: StoreConfig) -> Store {
     Store::open(dir, worker("w"), cfg.with_stats_interval(None)).unwrap()
 }
 
-fn open_faulty(dir: &Path, cfg: StoreConfig, faults: &Arc<NsFaults>) -> Store {
-    Store::open_with(
-        dir,
-        worker("w"),
-        cfg.with_stats_interval(None),
-        tierkv::Parts::new().with_ns_faults(faults.clone()),
-    )
-    .unwrap()
-}
-
 /// Puts `data` under `hash(i)` and reads it back byte-exact.
 fn put_and_check(store: &Store, i: u64, data: &[u8]) {
     store.put(&store.key(hash(i)), data).unwrap();
@@ -163,7 +153,7 @@ fn a_filesystem_refusing_o_direct_gets_buffered_puts() {
         let dir = disk_dir();
         let faults = Arc::new(NsFaults::new());
         let cfg = StoreConfig::new().with_publish(publish);
-        let store = open_faulty(dir.path(), cfg, &faults);
+        let store = open_with_ns_faults(dir.path(), cfg, &faults);
         faults.fail(NsOp::Create, Errno::INVAL, 0, 1);
         let big = payload(1, 0, BIG);
         put_and_check(&store, 1, &big);
@@ -176,10 +166,25 @@ fn a_filesystem_refusing_o_direct_gets_buffered_puts() {
         assert!(temp_files_under(dir.path()).is_empty(), "{publish:?}");
         assert_eq!(check_all_blocks(dir.path()), 2, "{publish:?}");
     }
+    // EINVAL from O_TMPFILE with O_DIRECT and again without: the filesystem has no O_TMPFILE,
+    // and the named temp file still takes O_DIRECT.
+    let dir = disk_dir();
+    let faults = Arc::new(NsFaults::new());
+    let cfg = StoreConfig::new().with_publish(Publish::Tmpfile);
+    let store = open_with_ns_faults(dir.path(), cfg, &faults);
+    faults.fail(NsOp::Create, Errno::INVAL, 0, 2);
+    let big = payload(1, 0, BIG);
+    let (res, pages) = put_resident(&store, 1, &big);
+    assert_eq!(faults.injected(), 2);
+    assert_eq!(
+        res, 0,
+        "O_DIRECT blamed for O_TMPFILE: {res} of {pages} pages cached"
+    );
+    check(&store, 1, &big);
     // EINVAL on every create: the put fails, naming its path, and leaves nothing.
     let dir = disk_dir();
     let faults = Arc::new(NsFaults::new());
-    let store = open_faulty(dir.path(), StoreConfig::new(), &faults);
+    let store = open_with_ns_faults(dir.path(), StoreConfig::new(), &faults);
     faults.fail(NsOp::Create, Errno::INVAL, 0, u64::MAX);
     match store.put(&store.key(hash(1)), &payload(1, 0, BIG)) {
         Err(tierkv::Error::Io { path, source }) => {

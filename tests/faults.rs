@@ -295,17 +295,6 @@ fn a_large_batch_keeps_each_result_with_its_block_when_writes_fail() {
     }
 }
 
-/// A store whose namespace layer fails what `faults` says.
-fn open_with_ns_faults(dir: &std::path::Path, faults: &Arc<tierkv::ns::NsFaults>) -> Store {
-    Store::open_with(
-        dir,
-        worker("0"),
-        StoreConfig::new().with_stats_interval(None),
-        tierkv::Parts::new().with_ns_faults(faults.clone()),
-    )
-    .unwrap()
-}
-
 /// A temp name that exists already (planted, or left by a crash) is not an error: the put
 /// takes another sequence number, up to 16 more times; any other error of the create is the
 /// put's error, at once.
@@ -317,7 +306,7 @@ fn a_temp_name_taken_already_is_retried_and_other_create_errors_are_not() {
     // Taken once: the next name is used.
     let dir = tempfile::tempdir().unwrap();
     let faults = Arc::new(NsFaults::new());
-    let store = open_with_ns_faults(dir.path(), &faults);
+    let store = open_with_ns_faults(dir.path(), StoreConfig::new(), &faults);
     let k = store.key(hash(1));
     faults.fail(NsOp::Create, Errno::EXIST, 0, 1);
     store.put(&k, &data).unwrap();
@@ -328,7 +317,7 @@ fn a_temp_name_taken_already_is_retried_and_other_create_errors_are_not() {
     // Taken every time: 17 names tried, then the put fails, naming its temp file.
     let dir = tempfile::tempdir().unwrap();
     let faults = Arc::new(NsFaults::new());
-    let store = open_with_ns_faults(dir.path(), &faults);
+    let store = open_with_ns_faults(dir.path(), StoreConfig::new(), &faults);
     faults.fail(NsOp::Create, Errno::EXIST, 0, u64::MAX);
     match store.put(&k, &data) {
         Err(Error::Io { path, source }) => {
@@ -341,7 +330,7 @@ fn a_temp_name_taken_already_is_retried_and_other_create_errors_are_not() {
     // Another error: not retried.
     let dir = tempfile::tempdir().unwrap();
     let faults = Arc::new(NsFaults::new());
-    let store = open_with_ns_faults(dir.path(), &faults);
+    let store = open_with_ns_faults(dir.path(), StoreConfig::new(), &faults);
     faults.fail(NsOp::Create, Errno::ACCESS, 0, 1);
     assert!(store.put(&k, &data).is_err());
     assert_eq!(faults.injected(), 1);

@@ -255,6 +255,21 @@ impl Drop for Tmpfs {
     }
 }
 
+/// A store of `cfg` (no STATS.json) whose namespace layer fails what `faults` says.
+pub fn open_with_ns_faults(
+    dir: &Path,
+    cfg: StoreConfig,
+    faults: &std::sync::Arc<tierkv::ns::NsFaults>,
+) -> Store {
+    Store::open_with(
+        dir,
+        worker("0"),
+        cfg.with_stats_interval(None),
+        tierkv::Parts::new().with_ns_faults(faults.clone()),
+    )
+    .unwrap()
+}
+
 /// A store config that writes no STATS.json.
 pub fn quiet() -> StoreConfig {
     cfg().with_stats_interval(None)
