@@ -519,7 +519,7 @@ impl Adaptive {
             if starved && self.draw + 1 < MAX_DRAWS {
                 // The next chain is drawn anew; the shadows start over on the new sample.
                 self.draw += 1;
-                self.sample = 0;
+                self.shadows.clear();
                 self.rebuild_shadows();
                 return;
             }
@@ -1127,15 +1127,14 @@ mod tests {
         assert_eq!((a.sample, a.draw), (4, 0));
         // All the traffic hangs off one root (a shared system prompt) that the first draw does
         // not sample, and that a later one does.
+        let mut probe = Adaptive::with_constants(256, 4, 4);
+        probe.set_capacity_hint(1024);
+        let mut sampled_in = |draw, i| {
+            probe.draw = draw;
+            probe.sampled(&h(i))
+        };
         let root = (0..100_000)
-            .find(|&i| {
-                let mut b = Adaptive::with_constants(256, 4, 4);
-                b.set_capacity_hint(1024);
-                !b.sampled(&h(i)) && {
-                    b.draw = 1;
-                    b.sampled(&h(i))
-                }
-            })
+            .find(|&i| !sampled_in(0, i) && sampled_in(1, i))
             .expect("a root the second draw samples");
         let mut next = 1_000_000;
         // One capacity of references (1,024) without a sampled one: drawn again.
