@@ -88,9 +88,9 @@ class Store(_tierkv.Store):
 
     ``Store(root, worker, *, capacity_bytes=None, capacity_files=None, policy="adaptive",
     engine="auto", read_only=False, verify="on-open", direct_io=False,
-    direct_puts_from=2097152, sync_writes=False, fd_cache=None, max_block_size=None, layout=None, publish="rename", watermarks=None,
-    queue_depth=None, stats_interval=1.0, keep_temp_files=False, reuse_evicted=True,
-    sharing="exclusive", negative_ttl=None)``
+    direct_puts_from=2097152, sync_writes=False, fd_cache=None, max_block_size=None,
+    layout=None, publish="rename", watermarks=None, queue_depth=None, stats_interval=1.0,
+    keep_temp_files=False, reuse_evicted=True, sharing="exclusive", negative_ttl=None)``
 
     - ``root``: the cache directory (shared by all workers); ``worker``: this worker's id
       (``[A-Za-z0-9_.-]``, 1 to 64 characters; an int TP rank is accepted as its digits).
