@@ -1,5 +1,5 @@
-//! The cost of the eviction policies at 16Ki cached blocks (where the default's shadows are
-//! exact and the real cache mirrors the leader), 64Ki and 1M (where they sample): time per block
+//! The cost of the eviction policies at 16Ki and 32Ki cached blocks (where the default's shadows
+//! are exact and the real cache mirrors the leader), 64Ki and 1M (where they sample): time per block
 //! access (a request of 8 blocks: a 4-block hit prefix, then 4 new blocks, each evicting one),
 //! and the policy's state per cached block (heap bytes live, counted by the allocator), for
 //! every policy side by side in one run. `cargo bench --bench policy`; docs/eviction.md has the
@@ -13,7 +13,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use tierkv::index::policy::{Access, Policy};
 use tierkv::{BlockHash, PolicyKind};
 
-const SIZES: [u64; 3] = [1 << 14, 1 << 16, 1 << 20];
+const SIZES: [u64; 4] = [1 << 14, 1 << 15, 1 << 16, 1 << 20];
 
 fn key(i: u64) -> BlockHash {
     BlockHash::chain(None, &[(i >> 32) as u32, i as u32])

@@ -15,7 +15,7 @@ use crate::key::BlockHash;
 /// of the full-size cache (spatial sampling, Waldspurger et al., "SHARDS", FAST'15). Below it the
 /// shadows are exact; above it their memory stays a constant, not a share of the cache. Sampling
 /// costs accuracy: docs/eviction.md measures sampled shadows against exact ones at 16k blocks.
-pub const SHADOW_BLOCKS: usize = 16384;
+pub const SHADOW_BLOCKS: usize = 32768;
 
 /// The doorkeeper remembers a first offer for between 4 and 8 capacities' worth of other
 /// offers: at least as long as the ghost list of admit-on-second-sight (4x the capacity), so it
