@@ -370,6 +370,21 @@ pub(crate) mod tests {
         generated_seed(shape, &seed)
     }
 
+    /// The shapes `tools/gen-trace.py` makes.
+    pub(crate) fn shape_names() -> Vec<String> {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/gen-trace.py");
+        let list = std::process::Command::new("python3")
+            .args([script, "--list"])
+            .output()
+            .expect("python3");
+        assert!(list.status.success(), "gen-trace.py --list");
+        String::from_utf8(list.stdout)
+            .expect("utf-8")
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
     /// A trace of `tools/gen-trace.py` of 4,000 requests with this seed.
     pub(crate) fn generated_seed(shape: &str, seed: &str) -> Vec<Vec<u64>> {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/gen-trace.py");
@@ -394,18 +409,14 @@ pub(crate) mod tests {
         ignore = "optimised only: cargo test --release --lib policy"
     )]
     fn the_default_is_at_least_the_best_simple_rule_on_every_shape() {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/gen-trace.py");
-        let list = std::process::Command::new("python3")
-            .args([script, "--list"])
-            .output()
-            .expect("python3");
-        let shapes = String::from_utf8(list.stdout).expect("utf-8");
-        assert!(shapes.lines().count() >= 9, "{shapes}");
+        let shapes = shape_names();
+        assert!(shapes.len() >= 9, "{shapes:?}");
         let mut worst = f64::INFINITY;
         // How far below the best each simple rule falls at its worst.
         let mut rule_worst = [0.0f64; 3];
         let mut failures = Vec::new();
-        for shape in shapes.lines() {
+        for shape in &shapes {
+            let shape = shape.as_str();
             let reqs = generated(shape);
             let distinct = reqs.iter().flatten().collect::<HashSet<_>>().len();
             let tail = reqs.len() / 10;
@@ -473,8 +484,7 @@ pub(crate) mod tests {
     /// (`TIERKV_ALL_CELLS=1`: the sampled ones too): one `CELL shape#capacity-index sSEED
     /// ratio difference` line per cell, then a summary. A design tool (docs/eviction.md, "On
     /// other seeds"): a change to the default is judged on all the seeds, not on the one
-    /// the shapes test asserts. `TIERKV_SIMPLE_CACHE=FILE` keeps the simple rules' figures
-    /// between runs.
+    /// the shapes test asserts.
     #[test]
     #[ignore = "a design tool: TIERKV_SEEDS=1,2 cargo test --release --lib shapes_seeds -- --ignored --nocapture"]
     fn shapes_seeds() {
@@ -483,28 +493,7 @@ pub(crate) mod tests {
             .split(',')
             .map(str::to_string)
             .collect();
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/gen-trace.py");
-        let list = std::process::Command::new("python3")
-            .args([script, "--list"])
-            .output()
-            .expect("python3");
-        let shapes: Vec<String> = String::from_utf8(list.stdout)
-            .expect("utf-8")
-            .lines()
-            .map(str::to_string)
-            .collect();
-        let cache_path = std::env::var("TIERKV_SIMPLE_CACHE").ok();
-        let cache: std::collections::HashMap<String, f64> = cache_path
-            .as_ref()
-            .and_then(|p| std::fs::read_to_string(p).ok())
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| {
-                let (k, v) = l.split_once(' ')?;
-                Some((k.to_string(), v.parse().ok()?))
-            })
-            .collect();
-        let cache = std::sync::Mutex::new(cache);
+        let shapes = shape_names();
         let jobs: Vec<(String, String)> = seeds
             .iter()
             .flat_map(|sd| shapes.iter().map(move |sh| (sh.clone(), sd.clone())))
@@ -528,19 +517,13 @@ pub(crate) mod tests {
                             if cap > SHADOW_BLOCKS && std::env::var("TIERKV_ALL_CELLS").is_err() {
                                 continue;
                             }
-                            let key = format!("{shape}-{seed}-{cap}");
-                            let cached = cache.lock().expect("cache").get(&key).copied();
-                            let best = cached.unwrap_or_else(|| {
-                                let b = [
-                                    replay_split(Box::new(Lru::new()), cap, &reqs, tail).1,
-                                    replay_split(Box::new(ArcPolicy::new()), cap, &reqs, tail).1,
-                                    replay_split(Box::new(Admit2::new(4)), cap, &reqs, tail).1,
-                                ]
-                                .into_iter()
-                                .fold(0.0, f64::max);
-                                cache.lock().expect("cache").insert(key.clone(), b);
-                                b
-                            });
+                            let best = [
+                                replay_split(Box::new(Lru::new()), cap, &reqs, tail).1,
+                                replay_split(Box::new(ArcPolicy::new()), cap, &reqs, tail).1,
+                                replay_split(Box::new(Admit2::new(4)), cap, &reqs, tail).1,
+                            ]
+                            .into_iter()
+                            .fold(0.0, f64::max);
                             let ad = replay_split(Box::new(Adaptive::new()), cap, &reqs, tail).1;
                             out.lock().expect("cells").push((
                                 format!("{shape}#{ci} s{seed}"),
@@ -552,16 +535,6 @@ pub(crate) mod tests {
                 });
             }
         });
-        if let Some(p) = cache_path {
-            let text = cache
-                .lock()
-                .expect("cache")
-                .iter()
-                .map(|(k, v)| format!("{k} {v}"))
-                .collect::<Vec<_>>()
-                .join("\n");
-            std::fs::write(p, text).expect("simple-rule cache");
-        }
         let mut out = out.into_inner().expect("cells");
         out.sort_by(|a, b| a.0.cmp(&b.0));
         for (k, r, d) in &out {
