@@ -46,8 +46,8 @@ pub const SAMPLED_SWITCH_SIGMAS: f64 = 2.0;
 /// over a capacity's worth of references, the chains they follow take less than
 /// 1 / (`RESAMPLE_BELOW` x `2^k`) of the traffic: a few roots (shared system prompts) can
 /// carry all of it, and a draw that samples none of them leaves the shadows nothing to compare
-/// (chat at 25,487 blocks, seed 2: three prompts, none sampled at 1 in 2, and the default stayed
-/// with ARC, 0.0197 below LRU).
+/// (chat at 25,487 blocks, seed 2, when the shadows were exact only up to 16,384 blocks: three
+/// prompts, none sampled at 1 in 2, and the default stayed with ARC, 0.0197 below LRU).
 pub const RESAMPLE_BELOW: u64 = 8;
 
 /// At most this many draws: traffic that no draw samples stays unsampled, not redrawn forever.
