@@ -478,6 +478,17 @@ pub(crate) mod tests {
         }
     }
 
+    /// The best hit ratio of LRU, ARC and `admit2` over the requests from `from` on.
+    fn best_simple_from(cap: usize, reqs: &[Vec<u64>], from: usize) -> f64 {
+        [
+            replay_split(Box::new(Lru::new()), cap, reqs, from).1,
+            replay_split(Box::new(ArcPolicy::new()), cap, reqs, from).1,
+            replay_split(Box::new(Admit2::new(4)), cap, reqs, from).1,
+        ]
+        .into_iter()
+        .fold(0.0, f64::max)
+    }
+
     /// Chat's traffic hangs off 3 system prompts, so shadows that sample chains by their root
     /// see 0 to 3 of them. At half of its blocks on seed 2 (25,487 blocks), sampled shadows
     /// misjudged LRU against ARC and the default fell 0.0142 below LRU after the first 10 %
@@ -492,13 +503,7 @@ pub(crate) mod tests {
         let reqs = generated_seed("chat", "2");
         let distinct = reqs.iter().flatten().collect::<HashSet<_>>().len();
         let (cap, tail) = (distinct / 2, reqs.len() / 10);
-        let best = [
-            replay_split(Box::new(Lru::new()), cap, &reqs, tail).1,
-            replay_split(Box::new(ArcPolicy::new()), cap, &reqs, tail).1,
-            replay_split(Box::new(Admit2::new(4)), cap, &reqs, tail).1,
-        ]
-        .into_iter()
-        .fold(0.0, f64::max);
+        let best = best_simple_from(cap, &reqs, tail);
         let ad = replay_split(Box::new(Adaptive::new()), cap, &reqs, tail).1;
         assert!(
             ad >= best - 0.005,
@@ -545,13 +550,7 @@ pub(crate) mod tests {
                             if cap > SHADOW_BLOCKS && std::env::var("TIERKV_ALL_CELLS").is_err() {
                                 continue;
                             }
-                            let best = [
-                                replay_split(Box::new(Lru::new()), cap, &reqs, tail).1,
-                                replay_split(Box::new(ArcPolicy::new()), cap, &reqs, tail).1,
-                                replay_split(Box::new(Admit2::new(4)), cap, &reqs, tail).1,
-                            ]
-                            .into_iter()
-                            .fold(0.0, f64::max);
+                            let best = best_simple_from(cap, &reqs, tail);
                             let ad = replay_split(Box::new(Adaptive::new()), cap, &reqs, tail).1;
                             out.lock().expect("cells").push((
                                 format!("{shape}#{ci} s{seed}"),
