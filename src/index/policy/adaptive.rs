@@ -673,7 +673,11 @@ impl Policy for Adaptive {
         let second = self.door.sight(hash);
         let arc = self.arc.admit(hash);
         // A doorkeeper only spares room: while there is free room, everything is admitted.
-        let full = self.cap_hint > 0 && self.lru.len() >= self.cap_hint;
+        // The index reports a batch's insertions after its evictions, so the blocks admitted
+        // and not yet reported take room too: without them, a block offered after the batch's
+        // first eviction found room that was already spoken for and was stored where the
+        // leader's shadow had declined it.
+        let full = self.cap_hint > 0 && self.lru.len() + self.admitted.len() >= self.cap_hint;
         let declined = match self.leader_shadow().filter(|_| self.mirrors()) {
             // As the leader's shadow did, having just seen this offer.
             Some(l) => full && !l.present.contains_key(hash),
@@ -909,6 +913,112 @@ mod tests {
             assert!(
                 a.shadows.iter().all(|s| s.evicted.is_empty()),
                 "{mode}: evictions kept that no one takes"
+            );
+        }
+    }
+
+    /// Lends an [`Adaptive`] to an [`Index`](crate::index::Index) while the test keeps a
+    /// handle to look at its shadows.
+    #[derive(Debug, Clone)]
+    struct Lent(std::sync::Arc<std::sync::Mutex<Adaptive>>);
+
+    impl Lent {
+        fn get(&self) -> std::sync::MutexGuard<'_, Adaptive> {
+            self.0.lock().expect("adaptive")
+        }
+    }
+
+    impl Policy for Lent {
+        fn name(&self) -> &'static str {
+            "lent"
+        }
+        fn on_access(&mut self, batch: &[Access]) {
+            self.get().on_access(batch);
+        }
+        fn on_chain(&mut self, parent: Option<&BlockHash>) {
+            self.get().on_chain(parent);
+        }
+        fn admit(&mut self, hash: &BlockHash) -> bool {
+            self.get().admit(hash)
+        }
+        fn victim(&mut self, pinned: &dyn Fn(&BlockHash) -> bool) -> Option<BlockHash> {
+            self.get().victim(pinned)
+        }
+        fn on_remove(&mut self, hash: &BlockHash) {
+            self.get().on_remove(hash);
+        }
+        fn set_capacity_hint(&mut self, blocks: usize) {
+            self.get().set_capacity_hint(blocks);
+        }
+    }
+
+    /// Sessions whose requests extend their last prompt by 3 blocks, between one-off
+    /// chains of 6 blocks: most batches offer several new blocks.
+    fn sessions_and_one_offs(n: usize, seed: u64) -> Vec<Vec<u64>> {
+        let mut x = seed;
+        let mut sessions: Vec<Vec<u64>> = vec![Vec::new(); 30];
+        let mut fresh = 0;
+        let mut reqs = Vec::new();
+        while reqs.len() < n {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            if (x >> 61) < 3 {
+                reqs.push((fresh..fresh + 6).collect());
+                fresh += 6;
+                continue;
+            }
+            let s = &mut sessions[((x >> 33) % 30) as usize];
+            if s.len() > 30 {
+                s.clear();
+            }
+            s.extend(fresh..fresh + 3);
+            fresh += 3;
+            reqs.push(s.clone());
+        }
+        reqs
+    }
+
+    /// Through the index, which reports a batch's insertions after its evictions: a block
+    /// admitted after the batch's first eviction finds the cache full all the same (the
+    /// blocks admitted before it count), so the real cache declines what the leader's shadow
+    /// declined and holds exactly what that shadow holds.
+    #[test]
+    fn through_the_index_the_real_cache_holds_what_the_leaders_shadow_holds() {
+        use crate::index::{Index, Limits};
+        let reqs = sessions_and_one_offs(3_000, 11);
+        for mode in ["lru", "lru+door", "arc", "arc+door", "admit2"] {
+            let lent = Lent(std::sync::Arc::new(std::sync::Mutex::new(Adaptive::fixed(
+                mode,
+                DOOR_WINDOW_CAPACITIES,
+            ))));
+            let limits = Limits {
+                max_bytes: None,
+                max_files: Some(100),
+                high: 1.0,
+                low: 1.0,
+            };
+            let index = Index::new(limits, Box::new(lent.clone()));
+            super::super::tests::replay_into(&index, &reqs);
+            let ids: HashSet<u64> = reqs.iter().flatten().copied().collect();
+            let real: HashSet<BlockHash> = ids
+                .iter()
+                .map(|&i| h(i))
+                .filter(|b| index.contains(b))
+                .collect();
+            let a = lent.get();
+            let held: HashSet<BlockHash> = a
+                .leader_shadow()
+                .expect("a leader")
+                .present
+                .keys()
+                .copied()
+                .collect();
+            assert_eq!(real.len(), 100, "{mode}: the cache is full");
+            assert_eq!(
+                real.symmetric_difference(&held).count(),
+                0,
+                "{mode}: the real cache is not the leader's shadow"
             );
         }
     }

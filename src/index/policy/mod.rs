@@ -175,7 +175,7 @@ pub(crate) mod tests {
         cap: usize,
         reqs: &[Vec<u64>],
     ) -> (Vec<(usize, usize)>, String) {
-        use crate::index::{Index, Limits, Offer};
+        use crate::index::{Index, Limits};
         let limits = Limits {
             max_bytes: None,
             max_files: Some(cap as u64),
@@ -183,6 +183,17 @@ pub(crate) mod tests {
             low: 1.0,
         };
         let index = Index::new(limits, policy);
+        let counts = replay_into(&index, reqs);
+        (counts, index.policy_summary())
+    }
+
+    /// Replays `reqs` into `index` as [`replay_counts`] does: each request's hits and
+    /// references.
+    pub(crate) fn replay_into(
+        index: &crate::index::Index,
+        reqs: &[Vec<u64>],
+    ) -> Vec<(usize, usize)> {
+        use crate::index::Offer;
         let mut counts = Vec::with_capacity(reqs.len());
         for r in reqs {
             let n = r.iter().take_while(|&&i| index.contains(&h(i))).count();
@@ -198,7 +209,7 @@ pub(crate) mod tests {
                 }
             }
         }
-        (counts, index.policy_summary())
+        counts
     }
 
     /// As [`replay`], also giving the hit ratio of the requests from `from` on, and the
