@@ -985,21 +985,15 @@ mod tests {
     /// declined and holds exactly what that shadow holds.
     #[test]
     fn through_the_index_the_real_cache_holds_what_the_leaders_shadow_holds() {
-        use crate::index::{Index, Limits};
+        use super::super::tests::{replay_index, replay_into};
         let reqs = sessions_and_one_offs(3_000, 11);
         for mode in ["lru", "lru+door", "arc", "arc+door", "admit2"] {
             let lent = Lent(std::sync::Arc::new(std::sync::Mutex::new(Adaptive::fixed(
                 mode,
                 DOOR_WINDOW_CAPACITIES,
             ))));
-            let limits = Limits {
-                max_bytes: None,
-                max_files: Some(100),
-                high: 1.0,
-                low: 1.0,
-            };
-            let index = Index::new(limits, Box::new(lent.clone()));
-            super::super::tests::replay_into(&index, &reqs);
+            let index = replay_index(Box::new(lent.clone()), 100);
+            replay_into(&index, &reqs);
             let ids: HashSet<u64> = reqs.iter().flatten().copied().collect();
             let real: HashSet<BlockHash> = ids
                 .iter()

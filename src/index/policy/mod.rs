@@ -175,16 +175,20 @@ pub(crate) mod tests {
         cap: usize,
         reqs: &[Vec<u64>],
     ) -> (Vec<(usize, usize)>, String) {
-        use crate::index::{Index, Limits};
-        let limits = Limits {
+        let index = replay_index(policy, cap);
+        let counts = replay_into(&index, reqs);
+        (counts, index.policy_summary())
+    }
+
+    /// The index the replays run: `cap` block files, evicting exactly at the bound.
+    pub(crate) fn replay_index(policy: Box<dyn Policy>, cap: usize) -> crate::index::Index {
+        let limits = crate::index::Limits {
             max_bytes: None,
             max_files: Some(cap as u64),
             high: 1.0,
             low: 1.0,
         };
-        let index = Index::new(limits, policy);
-        let counts = replay_into(&index, reqs);
-        (counts, index.policy_summary())
+        crate::index::Index::new(limits, policy)
     }
 
     /// Replays `reqs` into `index` as [`replay_counts`] does: each request's hits and
