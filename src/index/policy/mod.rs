@@ -493,6 +493,9 @@ pub(crate) mod tests {
         }
     }
 
+    /// The simple rules of [`simple_from`], in its order.
+    const SIMPLE: [&str; 3] = ["lru", "arc", "admit2"];
+
     /// The hit ratios of LRU, ARC and `admit2` over the requests from `from` on.
     fn simple_from(cap: usize, reqs: &[Vec<u64>], from: usize) -> [f64; 3] {
         [
@@ -504,7 +507,12 @@ pub(crate) mod tests {
 
     /// The best hit ratio of LRU, ARC and `admit2` over the requests from `from` on.
     fn best_simple_from(cap: usize, reqs: &[Vec<u64>], from: usize) -> f64 {
-        simple_from(cap, reqs, from).into_iter().fold(0.0, f64::max)
+        best_of(simple_from(cap, reqs, from))
+    }
+
+    /// The best of the simple rules' hit ratios.
+    fn best_of(rules: [f64; 3]) -> f64 {
+        rules.into_iter().fold(0.0, f64::max)
     }
 
     /// Chat's traffic hangs off 3 system prompts, so shadows that sample chains by their root
@@ -585,9 +593,8 @@ pub(crate) mod tests {
         });
         let mut out = out.into_inner().expect("cells");
         out.sort_by(|a, b| (&a.cell, &a.seed).cmp(&(&b.cell, &b.seed)));
-        let best = Cell::best;
         for c in &out {
-            let b = best(c);
+            let b = c.best();
             println!(
                 "CELL {} s{} {:.4} {:+.4}",
                 c.cell,
@@ -597,14 +604,14 @@ pub(crate) mod tests {
             );
         }
         let n = out.len() as f64;
-        let below = out.iter().filter(|c| c.ad < 0.995 * best(c)).count();
-        let absf = out.iter().filter(|c| c.ad < best(c) - 0.005).count();
-        let mean = out.iter().map(|c| c.ad / best(c)).sum::<f64>() / n;
+        let below = out.iter().filter(|c| c.ad < 0.995 * c.best()).count();
+        let absf = out.iter().filter(|c| c.ad < c.best() - 0.005).count();
+        let mean = out.iter().map(|c| c.ad / c.best()).sum::<f64>() / n;
         let worst = out
             .iter()
-            .map(|c| c.ad / best(c))
+            .map(|c| c.ad / c.best())
             .fold(f64::INFINITY, f64::min);
-        let mean_d = out.iter().map(|c| c.ad - best(c)).sum::<f64>() / n;
+        let mean_d = out.iter().map(|c| c.ad - c.best()).sum::<f64>() / n;
         println!(
             "SUMMARY cells {n}, below 0.995x the best {below}, below the best - 0.005 {absf}, \
              worst {worst:.4}x, mean {mean:.4}x, mean difference {mean_d:+.5}"
@@ -632,7 +639,7 @@ pub(crate) mod tests {
                 "FIXED {} {} below 0.995x {fb} below - 0.005 {fa}; adaptive below - 0.005 {ab} \
                  of {}",
                 seeds[0].cell,
-                ["lru", "arc", "admit2"][fixed],
+                SIMPLE[fixed],
                 seeds.len()
             );
             (o_below, o_absf) = (o_below + fb, o_absf + fa);
@@ -655,7 +662,7 @@ pub(crate) mod tests {
     impl Cell {
         /// The best hit ratio of the three rules.
         fn best(&self) -> f64 {
-            self.rules.into_iter().fold(0.0, f64::max)
+            best_of(self.rules)
         }
     }
 
