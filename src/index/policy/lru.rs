@@ -26,11 +26,6 @@ impl Lru {
         self.list.len()
     }
 
-    /// Whether it orders `h`.
-    pub(crate) fn contains(&self, h: &BlockHash) -> bool {
-        self.list.contains(h)
-    }
-
     /// Its blocks, least recent first.
     pub(crate) fn oldest_first(&self) -> impl Iterator<Item = &BlockHash> {
         self.list.iter().rev().map(|(h, _)| h)

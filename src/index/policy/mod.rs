@@ -19,7 +19,7 @@ mod lru;
 
 pub use adaptive::{
     Adaptive, DOOR_WINDOW_CAPACITIES, HALF_LIFE_CAPACITIES, SAMPLED_SWITCH_SIGMAS, SHADOW_BLOCKS,
-    SWITCH_SIGMAS,
+    SWITCH_SIGMAS, VOTE_SIGMAS,
 };
 pub use admit2::Admit2;
 pub use arc::Arc as ArcPolicy;
