@@ -1027,6 +1027,35 @@ mod tests {
     }
 
     #[test]
+    fn a_shadow_weighs_by_how_many_deviations_it_trails_the_leader() {
+        let mut a = Adaptive::new();
+        a.set_capacity_hint(100);
+        let (arc, lru, door, admit2) = (
+            shadow_of(Mode::Arc),
+            shadow_of(Mode::Lru),
+            shadow_of(Mode::LruDoor),
+            shadow_of(Mode::Admit2),
+        );
+        assert_eq!(a.leader(), "arc");
+        a.shadows[arc].hits = 510.0;
+        // LRU: 10 hits behind on 100 discordant references, one deviation: exp(-(1/0.5)^2/2).
+        a.shadows[lru].hits = 500.0;
+        // LRU behind a doorkeeper: 20 ahead, short of the switching margin (30): as the leader.
+        a.shadows[door].hits = 530.0;
+        for i in [lru, door] {
+            a.discordant[arc][i] = 100.0;
+            a.discordant[i][arc] = 100.0;
+        }
+        // admit2: never told apart from ARC (no discordant reference): no vote.
+        a.shadows[admit2].hits = 510.0;
+        let w = a.weights();
+        assert_eq!(w[arc], 1.0);
+        assert!((w[lru] - (-2.0f64).exp()).abs() < 1e-12, "{}", w[lru]);
+        assert_eq!(w[door], 1.0);
+        assert_eq!(w[admit2], 0.0);
+    }
+
+    #[test]
     fn near_a_tie_a_block_is_stored_as_most_shadows_would() {
         let mut a = Adaptive::new();
         a.set_capacity_hint(100);
@@ -1051,6 +1080,45 @@ mod tests {
         a.on_chain(None);
         assert!(a.admit(&h(5001)), "a clear leader stores it");
         assert_eq!(a.leader(), "arc");
+    }
+
+    #[test]
+    fn a_block_half_of_the_vote_stores_is_stored() {
+        let mut a = Adaptive::new();
+        a.set_capacity_hint(100);
+        fill(&mut a, 0..100);
+        // ARC and ARC behind a doorkeeper tie on references that told them apart; the others
+        // have no vote. A first sight: ARC stores it, the doorkeeper turns it away.
+        let (arc, door) = (shadow_of(Mode::Arc), shadow_of(Mode::ArcDoor));
+        a.discordant[arc][door] = 100.0;
+        a.discordant[door][arc] = 100.0;
+        let w = a.weights();
+        assert_eq!(w.iter().sum::<f64>(), 2.0);
+        a.on_chain(None);
+        assert!(a.admit(&h(6000)), "an even vote stores the block");
+    }
+
+    #[test]
+    fn on_an_even_vote_the_block_the_leader_dropped_stays() {
+        let mut a = Adaptive::new();
+        a.set_capacity_hint(100);
+        fill(&mut a, 0..100);
+        // ARC (the leader) and LRU tie and alone have a vote. Block 3 is held by ARC's
+        // shadow alone, block 7 by LRU's alone: the same vote, and the leader's goes last.
+        let (arc, lru) = (shadow_of(Mode::Arc), shadow_of(Mode::Lru));
+        a.discordant[arc][lru] = 100.0;
+        a.discordant[lru][arc] = 100.0;
+        for (i, s) in a.shadows.iter_mut().enumerate() {
+            for (keeper, b) in [(arc, h(3)), (lru, h(7))] {
+                if i != keeper {
+                    s.present.remove(&b);
+                    s.evicted.push(b);
+                }
+            }
+        }
+        a.track(&h(0));
+        assert_eq!(a.victim(&|_| false), Some(h(7)));
+        assert_eq!(a.victim(&|_| false), Some(h(3)));
     }
 
     #[test]
@@ -1084,6 +1152,36 @@ mod tests {
             b.victim(&|_| false),
             Some(h(3)),
             "a clear leader's victim goes"
+        );
+    }
+
+    #[test]
+    fn blocks_stored_while_the_shadows_sampled_are_grouped_when_they_become_exact() {
+        // A byte bound's block count moves with the mean block size: from a sampled count
+        // to an exact one, the shadows are built anew and every real block must be grouped,
+        // or it is never a victim of the vote.
+        let mut a = Adaptive::with_constants(64, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
+        a.set_capacity_hint(1024);
+        assert!(!a.mirrors());
+        fill(&mut a, 0..100);
+        assert!(a.held.is_empty(), "no groups while sampling");
+        a.set_capacity_hint(50);
+        assert!(a.mirrors());
+        let real: HashSet<BlockHash> = (0..100).map(h).collect();
+        assert_eq!(
+            a.held.keys().copied().collect::<HashSet<_>>(),
+            real,
+            "every real block grouped"
+        );
+        assert_eq!(
+            a.by_holders[0].len(),
+            100,
+            "the new shadows hold none of them"
+        );
+        assert_eq!(
+            a.victim(&|_| false),
+            Some(h(0)),
+            "the least recent goes first"
         );
     }
 
