@@ -410,9 +410,28 @@ impl Adaptive {
         }
         let real: Vec<BlockHash> = self.lru.oldest_first().copied().collect();
         for h in real {
-            let m = self.holders(&h);
-            self.held.insert(h, m);
-            self.by_holders[usize::from(m)].put(h, ());
+            self.group(h);
+        }
+    }
+
+    /// The index of the leader's shadow.
+    fn leader_index(&self) -> Option<usize> {
+        self.shadows.iter().position(|s| s.mode == self.leader)
+    }
+
+    /// Puts the real block `h` in the group of the shadows that hold it, last.
+    fn group(&mut self, h: BlockHash) {
+        let m = self.holders(&h);
+        if let Some(old) = self.held.insert(h, m) {
+            self.by_holders[usize::from(old)].pop(&h);
+        }
+        self.by_holders[usize::from(m)].put(h, ());
+    }
+
+    /// Takes `h` out of its group (evicted or removed).
+    fn ungroup(&mut self, h: &BlockHash) {
+        if let Some(m) = self.held.remove(h) {
+            self.by_holders[usize::from(m)].pop(h);
         }
     }
 
@@ -440,7 +459,7 @@ impl Adaptive {
     /// Each shadow's weight in the vote ([`VOTE_SIGMAS`]); a fixed leader's shadow alone votes.
     fn weights(&self) -> [f64; MODES.len()] {
         let mut w = [0.0; MODES.len()];
-        let Some(l) = self.shadows.iter().position(|s| s.mode == self.leader) else {
+        let Some(l) = self.leader_index() else {
             return w;
         };
         for (i, w) in w.iter_mut().enumerate().take(self.shadows.len()) {
@@ -631,7 +650,7 @@ impl Adaptive {
     /// Switches to the shadow with the most recent hits if it leads the current leader by
     /// more than chance explains; on a tie keeps the current one.
     fn follow_the_leader(&mut self) {
-        let Some(cur) = self.shadows.iter().position(|s| s.mode == self.leader) else {
+        let Some(cur) = self.leader_index() else {
             return;
         };
         let cur_hits = self.shadows[cur].hits;
@@ -728,11 +747,7 @@ impl Policy for Adaptive {
                 if self.mirrors() {
                     // Grouped by the shadows that hold it (none, if stored in free room
                     // where they declined it: a first victim).
-                    let m = self.holders(&a.hash);
-                    if let Some(old) = self.held.insert(a.hash, m) {
-                        self.by_holders[usize::from(old)].pop(&a.hash);
-                    }
-                    self.by_holders[usize::from(m)].put(a.hash, ());
+                    self.group(a.hash);
                 }
             } else {
                 self.reference(a.hash);
@@ -777,7 +792,7 @@ impl Policy for Adaptive {
             // The group with the smallest vote first; among equal votes, blocks the leader
             // does not hold, then those fewer shadows hold.
             let w = self.weights();
-            let lead = self.shadows.iter().position(|s| s.mode == self.leader);
+            let lead = self.leader_index();
             let mut groups: Vec<(f64, bool, u32, usize)> = (0..self.by_holders.len())
                 .filter(|&m| !self.by_holders[m].is_empty())
                 .map(|m| {
@@ -805,9 +820,7 @@ impl Policy for Adaptive {
             self.arc.evicted(&v);
             v
         };
-        if let Some(m) = self.held.remove(&v) {
-            self.by_holders[usize::from(m)].pop(&v);
-        }
+        self.ungroup(&v);
         Some(v)
     }
 
@@ -815,9 +828,7 @@ impl Policy for Adaptive {
         self.lru.on_remove(hash);
         self.arc.on_remove(hash);
         self.admitted.remove(hash);
-        if let Some(m) = self.held.remove(hash) {
-            self.by_holders[usize::from(m)].pop(hash);
-        }
+        self.ungroup(hash);
     }
 
     fn summary(&self) -> String {
@@ -993,10 +1004,7 @@ mod tests {
 
     /// The shadow of the candidate the real cache follows.
     fn leader_shadow(a: &Adaptive) -> &Shadow {
-        a.shadows
-            .iter()
-            .find(|s| s.mode == a.leader)
-            .expect("a leader")
+        &a.shadows[a.leader_index().expect("a leader")]
     }
 
     /// The index of a candidate's shadow.
