@@ -16,7 +16,7 @@
 //! file is short exactly as with the other engines.
 
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -191,6 +191,11 @@ pub struct NixlEngine {
     /// neither pins nor maps DRAM (a registration is bookkeeping of address ranges), so a
     /// kept registration of memory the caller has since freed is never dereferenced.
     dram: Mutex<lru::LruCache<(usize, usize), RegistrationHandle>>,
+    /// Descriptors of cached files opened again for cuFile (by the store's descriptor), with
+    /// none of the flags it refuses ([`crate::ns::CUFILE_REFUSED_FLAGS`]); closed by
+    /// `forget_file` after their registration is dropped. Declared after `files`, so that on
+    /// drop the registrations go first.
+    cufile_fds: Mutex<CufileFds>,
     /// `O_DIRECT` mode of cached descriptors.
     meta: Mutex<std::collections::HashMap<RawFd, rustix::fs::OFlags>>,
     /// Registrations made, for the tests and the benchmark.
@@ -206,6 +211,16 @@ struct KeptFile {
     len: usize,
     /// Registered with the GPU-direct backend as well as POSIX.
     gpu: bool,
+}
+
+/// Cached descriptors opened again for cuFile.
+#[derive(Debug, Default)]
+struct CufileFds {
+    /// By the store's descriptor.
+    by_store: std::collections::HashMap<RawFd, OwnedFd>,
+    /// The numbers of the descriptors opened again: used by GPU transfers alone, so they are
+    /// registered with the GPU-direct backend alone.
+    ours: std::collections::HashSet<RawFd>,
 }
 
 /// DRAM registrations kept.
@@ -298,6 +313,7 @@ impl NixlEngine {
             gds: std::sync::OnceLock::new(),
             lock: Mutex::new(()),
             files: Mutex::new(std::collections::HashMap::new()),
+            cufile_fds: Mutex::new(CufileFds::default()),
             meta: Mutex::new(std::collections::HashMap::new()),
             dram: Mutex::new(lru::LruCache::new(
                 std::num::NonZeroUsize::new(DRAM_REGISTRATIONS_KEPT).expect("non-zero"),
@@ -455,6 +471,18 @@ impl NixlEngine {
         backend: &Backend,
         regs: &mut Vec<RegistrationHandle>,
     ) -> Result<(), String> {
+        // Descriptors opened again for cuFile: GPU transfers alone use them. (Looked up
+        // before `files` is locked; no path holds both locks at once.)
+        let gpu_only: Vec<RawFd> = if gpu {
+            let c = self.cufile_fds.lock().unwrap_or_else(|e| e.into_inner());
+            plan.file_extent
+                .iter()
+                .map(|&(fd, _, _)| fd)
+                .filter(|fd| c.ours.contains(fd))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
         let mut seen: Vec<RawFd> = Vec::new();
         for &(fd, _, cached) in &plan.file_extent {
@@ -493,7 +521,9 @@ impl NixlEngine {
             if !fits {
                 let had_gpu = files.remove(&fd).is_some_and(|k| k.gpu);
                 let with_gpu = gpu || had_gpu;
-                let backends: Vec<&Backend> = if with_gpu {
+                let backends: Vec<&Backend> = if gpu_only.contains(&fd) {
+                    vec![self.gds()?]
+                } else if with_gpu {
                     vec![&self.posix, self.gds()?]
                 } else {
                     vec![&self.posix]
@@ -675,16 +705,25 @@ impl IoEngine for NixlEngine {
     }
 
     fn forget_file(&self, fd: std::os::fd::BorrowedFd<'_>) {
-        let gone = self
-            .files
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&fd.as_raw_fd());
+        let reopened = {
+            let mut c = self.cufile_fds.lock().unwrap_or_else(|e| e.into_inner());
+            let f = c.by_store.remove(&fd.as_raw_fd());
+            if let Some(f) = &f {
+                c.ours.remove(&f.as_raw_fd());
+            }
+            f
+        };
+        let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        let gone = files.remove(&fd.as_raw_fd());
+        let gone_gpu = reopened.as_ref().and_then(|f| files.remove(&f.as_raw_fd()));
+        drop(files);
         self.meta
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&fd.as_raw_fd());
         drop(gone); // deregisters
+        drop(gone_gpu);
+        drop(reopened); // closed once no registration names it
     }
 
     fn moves_device_memory(&self) -> bool {
@@ -698,66 +737,20 @@ impl IoEngine for NixlEngine {
         for (write, location) in groups {
             let mut idx = Vec::new();
             let mut reqs = Vec::new();
+            // Descriptors opened again for cuFile for this batch alone (uncached files):
+            // closed after the transfer and its registrations are done.
+            let mut held: Vec<OwnedFd> = Vec::new();
             for (i, r) in batch.iter_mut().enumerate() {
                 if r.is_write() != write || location_of(r) != location {
                     continue;
                 }
-                let fd = r.fd.as_raw_fd();
-                let segments: Vec<(usize, usize)> = match &mut r.kind {
-                    IoKind::Read(b) => b
-                        .iter_mut()
-                        .map(|s| (s.as_mut_ptr() as usize, s.len()))
-                        .collect(),
-                    IoKind::Write(b) => b.iter().map(|s| (s.as_ptr() as usize, s.len())).collect(),
-                    IoKind::ReadDevice(m) | IoKind::WriteDevice(m) => {
-                        vec![(m.addr() as usize, m.len())]
+                match self.plan_request(r, write, location, &mut held) {
+                    Ok(req) => {
+                        idx.push(i);
+                        reqs.push(req);
                     }
-                };
-                // The file's length: given by the store for cached, validated files (it
-                // checks their size on every read), else looked up.
-                let len = match r.file_len {
-                    Some(n) => n,
-                    None => match file_len(fd) {
-                        Ok(n) => n,
-                        Err(e) => {
-                            results[i] = Some(Err(e));
-                            continue;
-                        }
-                    },
-                };
-                let flags = match self.fd_flags(r) {
-                    Ok(f) => f,
-                    Err(e) => {
-                        results[i] = Some(Err(e));
-                        continue;
-                    }
-                };
-                // A descriptor that cannot do this transfer fails here, alone: NIXL would
-                // fail the whole post, with no way to wait for the rest of the batch.
-                let mode = flags & rustix::fs::OFlags::RWMODE;
-                let refused = if write {
-                    mode == rustix::fs::OFlags::RDONLY
-                } else {
-                    mode == rustix::fs::OFlags::WRONLY
-                };
-                if refused {
-                    results[i] = Some(Err(io::Error::from_raw_os_error(libc::EBADF)));
-                    continue;
+                    Err(e) => results[i] = Some(Err(e)),
                 }
-                // O_DIRECT descriptors need aligned host transfers (cuFile handles alignment
-                // of GPU ones itself).
-                let direct =
-                    location == BufferLocation::Dram && flags.contains(rustix::fs::OFlags::DIRECT);
-                let file_len = (!write).then_some(len);
-                idx.push(i);
-                reqs.push(PlanRequest {
-                    fd,
-                    offset: r.offset,
-                    segments,
-                    file_len,
-                    align: if direct { 4096 } else { 1 },
-                    cached: r.cached,
-                });
             }
             if reqs.is_empty() {
                 continue;
@@ -793,12 +786,98 @@ impl IoEngine for NixlEngine {
                     }
                 }
             }
+            drop(held);
         }
         results.into_iter().map(|r| r.unwrap_or(Ok(0))).collect()
     }
 }
 
 impl NixlEngine {
+    /// One request of a transfer group as the planner sees it, or why it cannot be part
+    /// of the transfer (it fails alone: NIXL would fail the whole post, with no way to wait
+    /// for the rest of the batch). Descriptors opened again for cuFile for this batch alone
+    /// go to `held`.
+    fn plan_request(
+        &self,
+        r: &mut IoRequest<'_>,
+        write: bool,
+        location: BufferLocation,
+        held: &mut Vec<OwnedFd>,
+    ) -> io::Result<PlanRequest> {
+        let segments: Vec<(usize, usize)> = match &mut r.kind {
+            IoKind::Read(b) => b
+                .iter_mut()
+                .map(|s| (s.as_mut_ptr() as usize, s.len()))
+                .collect(),
+            IoKind::Write(b) => b.iter().map(|s| (s.as_ptr() as usize, s.len())).collect(),
+            IoKind::ReadDevice(m) | IoKind::WriteDevice(m) => {
+                vec![(m.addr() as usize, m.len())]
+            }
+        };
+        // The file's length: given by the store for cached, validated files (it checks
+        // their size on every read), else looked up.
+        let len = match r.file_len {
+            Some(n) => n,
+            None => file_len(r.fd.as_raw_fd())?,
+        };
+        let flags = self.fd_flags(r)?;
+        // A descriptor that cannot do this transfer.
+        let mode = flags & rustix::fs::OFlags::RWMODE;
+        let refused = if write {
+            mode == rustix::fs::OFlags::RDONLY
+        } else {
+            mode == rustix::fs::OFlags::WRONLY
+        };
+        if refused {
+            return Err(io::Error::from_raw_os_error(libc::EBADF));
+        }
+        // cuFile refuses descriptors with some status flags, which every block file the
+        // store opens has (O_NOFOLLOW): GPU transfers use the file opened again.
+        let fd = if location != BufferLocation::Dram
+            && flags.intersects(crate::ns::CUFILE_REFUSED_FLAGS)
+        {
+            self.cufile_fd(r, held)?
+        } else {
+            r.fd.as_raw_fd()
+        };
+        // O_DIRECT descriptors need aligned host transfers (cuFile handles alignment of GPU
+        // ones itself).
+        let direct = location == BufferLocation::Dram && flags.contains(rustix::fs::OFlags::DIRECT);
+        Ok(PlanRequest {
+            fd,
+            offset: r.offset,
+            segments,
+            file_len: (!write).then_some(len),
+            align: if direct { 4096 } else { 1 },
+            cached: r.cached,
+        })
+    }
+
+    /// The descriptor a GPU transfer of `r` gives cuFile: its file opened again without the
+    /// flags cuFile refuses ([`crate::ns::reopen_plain`]). Kept with a cached descriptor until
+    /// `forget_file`; else pushed to `held`, for this batch alone.
+    fn cufile_fd(&self, r: &IoRequest<'_>, held: &mut Vec<OwnedFd>) -> io::Result<RawFd> {
+        let reopen = || {
+            crate::ns::reopen_plain(r.fd.as_fd())
+                .map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))
+        };
+        if !r.cached {
+            let f = reopen()?;
+            let raw = f.as_raw_fd();
+            held.push(f);
+            return Ok(raw);
+        }
+        let mut fds = self.cufile_fds.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = fds.by_store.get(&r.fd.as_raw_fd()) {
+            return Ok(f.as_raw_fd());
+        }
+        let f = reopen()?;
+        let raw = f.as_raw_fd();
+        fds.by_store.insert(r.fd.as_raw_fd(), f);
+        fds.ours.insert(raw);
+        Ok(raw)
+    }
+
     /// The status flags of the request's descriptor (access mode, `O_DIRECT`); remembered for
     /// cached descriptors, whose mode never changes.
     fn fd_flags(&self, r: &IoRequest<'_>) -> io::Result<rustix::fs::OFlags> {

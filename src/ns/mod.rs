@@ -139,6 +139,37 @@ pub fn io_err(e: Errno) -> std::io::Error {
     std::io::Error::from_raw_os_error(e.raw_os_error())
 }
 
+/// The status flags a descriptor handed to cuFile (NIXL's GDS backends) must not carry:
+/// `cuFileHandleRegister` refuses them with `CU_FILE_INVALID_FILE_OPEN_FLAG` (seen with
+/// libcufile 1.14 on an H200, 2026-12-04). Every block file the store opens carries
+/// `O_NOFOLLOW`; reads are opened `O_NONBLOCK` first, and puts may be `O_TMPFILE` inodes.
+pub const CUFILE_REFUSED_FLAGS: OFlags = OFlags::NOFOLLOW
+    .union(OFlags::NONBLOCK)
+    .union(OFlags::TMPFILE)
+    .union(OFlags::APPEND);
+
+/// The open file behind `fd`, opened again through its `/proc/self/fd` entry with `fd`'s
+/// access mode and `O_DIRECT` and no other status flag (see [`CUFILE_REFUSED_FLAGS`]). The
+/// entry names the very file `fd` has open (an unlinked or `O_TMPFILE` inode too), so no path
+/// in the tree is resolved again; the new descriptor is checked to be the same inode, so a
+/// `/proc` that is not procfs cannot hand over another file (`EXDEV`).
+pub fn reopen_plain(fd: BorrowedFd<'_>) -> rustix::io::Result<OwnedFd> {
+    let flags = rustix::fs::fcntl_getfl(fd)?;
+    let keep = flags & (OFlags::RWMODE | OFlags::DIRECT);
+    let link = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+    let again = rustix::fs::openat(
+        rustix::fs::CWD,
+        link.as_str(),
+        keep | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    )?;
+    let (a, b) = (rustix::fs::fstat(fd)?, rustix::fs::fstat(&again)?);
+    if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino) {
+        return Err(Errno::XDEV);
+    }
+    Ok(again)
+}
+
 /// One worker directory and every file operation beneath it. See the module docs.
 #[derive(Debug)]
 pub struct BlockDir {
@@ -698,6 +729,56 @@ pub(crate) mod tests {
             rustix::fs::flock(&f, FlockOperation::NonBlockingLockExclusive),
             Err(Errno::WOULDBLOCK)
         )
+    }
+
+    #[test]
+    fn a_file_reopened_for_cufile_is_the_same_inode_without_the_refused_flags() {
+        let (_t, d) = bd();
+        std::fs::write(d.path().join("f"), b"block").unwrap();
+        // A read as the store opens one: O_NOFOLLOW, and O_NONBLOCK left set here.
+        let fd = d
+            .open_raw(
+                "f",
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK,
+                Mode::empty(),
+            )
+            .unwrap();
+        assert!(
+            rustix::fs::fcntl_getfl(&fd)
+                .unwrap()
+                .intersects(CUFILE_REFUSED_FLAGS)
+        );
+        let again = reopen_plain(fd.as_fd()).unwrap();
+        let flags = rustix::fs::fcntl_getfl(&again).unwrap();
+        assert!(!flags.intersects(CUFILE_REFUSED_FLAGS), "{flags:?}");
+        assert_eq!(flags & OFlags::RWMODE, OFlags::RDONLY);
+        assert_eq!(
+            Inode::of(&rustix::fs::fstat(&again).unwrap()),
+            Inode::of(&rustix::fs::fstat(&fd).unwrap())
+        );
+        // The access mode is kept: a read-only file stays read-only.
+        assert_eq!(rustix::io::write(&again, b"x").unwrap_err(), Errno::BADF);
+        // An O_TMPFILE inode (a put before it is published) is reopened read-write, and
+        // writes through the new descriptor land in it.
+        let parent = d.parent("").unwrap();
+        let tmp = d
+            .tmpfile_in(&parent, OFlags::RDWR, Mode::from_raw_mode(0o644))
+            .unwrap();
+        assert!(
+            rustix::fs::fcntl_getfl(&tmp)
+                .unwrap()
+                .intersects(CUFILE_REFUSED_FLAGS)
+        );
+        let w = reopen_plain(tmp.as_fd()).unwrap();
+        assert!(
+            !rustix::fs::fcntl_getfl(&w)
+                .unwrap()
+                .intersects(CUFILE_REFUSED_FLAGS)
+        );
+        rustix::io::pwrite(&w, b"payload", 0).unwrap();
+        let mut back = [0u8; 7];
+        rustix::io::pread(&tmp, &mut back, 0).unwrap();
+        assert_eq!(&back, b"payload");
     }
 
     #[test]
