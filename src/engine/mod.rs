@@ -373,6 +373,9 @@ pub struct EngineOptions {
     /// NIXL: the directory of `libnixl_capi.so` (default: `$TIERKV_NIXL_DIR`, then
     /// `.nixl/lib`, then the loader's search path).
     pub nixl_lib_dir: Option<std::path::PathBuf>,
+    /// NIXL: GPU buffer registrations kept between transfers (0: each transfer registers its
+    /// GPU buffers and drops them; see `NixlConfig::gpu_registrations_kept`, feature `nixl`).
+    pub nixl_gpu_registrations_kept: usize,
 }
 
 impl Default for EngineOptions {
@@ -381,6 +384,7 @@ impl Default for EngineOptions {
             queue_depth: DEFAULT_QUEUE_DEPTH,
             nixl_posix_queue: PosixQueue::Default,
             nixl_lib_dir: None,
+            nixl_gpu_registrations_kept: 0,
         }
     }
 }
@@ -411,6 +415,7 @@ impl EngineKind {
             EngineKind::Nixl => Ok(Arc::new(nixl::NixlEngine::new(&nixl::NixlConfig {
                 lib_dir: opts.nixl_lib_dir.clone(),
                 posix_queue: opts.nixl_posix_queue,
+                gpu_registrations_kept: opts.nixl_gpu_registrations_kept,
             })?)),
             #[cfg(not(feature = "nixl"))]
             EngineKind::Nixl => Err(Error::Config(

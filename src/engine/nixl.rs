@@ -51,6 +51,15 @@ pub struct NixlConfig {
     pub lib_dir: Option<PathBuf>,
     /// The POSIX backend's queue.
     pub posix_queue: super::PosixQueue,
+    /// GPU buffer registrations kept between transfers, least recently used dropped first
+    /// (default 0: each transfer registers its GPU buffers and drops them). Registering a
+    /// GPU buffer and dropping it cost about 6 ms (cuFile compat mode on an H200,
+    /// docs/engines.md), so a batch of 32 blocks spent 0.2 s on them; kept, a read into a
+    /// buffer seen before (same address, length and device) registers nothing. Only for GPU
+    /// buffers that stay allocated while the engine lives (an engine's KV pool, which
+    /// NIXL's own users register once): before such a buffer is freed, its registration
+    /// must be dropped with [`NixlEngine::forget_gpu_registrations`].
+    pub gpu_registrations_kept: usize,
 }
 
 /// One transfer descriptor: (address or file offset, length, device id).
@@ -191,6 +200,9 @@ pub struct NixlEngine {
     /// neither pins nor maps DRAM (a registration is bookkeeping of address ranges), so a
     /// kept registration of memory the caller has since freed is never dereferenced.
     dram: Mutex<lru::LruCache<(usize, usize), RegistrationHandle>>,
+    /// GPU buffer registrations kept, by (address, length, device), when
+    /// [`NixlConfig::gpu_registrations_kept`] is not 0.
+    vram: Option<Mutex<lru::LruCache<Desc, RegistrationHandle>>>,
     /// Descriptors of cached files opened again for cuFile (by the store's descriptor), with
     /// none of the flags it refuses ([`crate::ns::CUFILE_REFUSED_FLAGS`]); closed by
     /// `forget_file` after their registration is dropped. Declared after `files`, so that on
@@ -318,6 +330,8 @@ impl NixlEngine {
             dram: Mutex::new(lru::LruCache::new(
                 std::num::NonZeroUsize::new(DRAM_REGISTRATIONS_KEPT).expect("non-zero"),
             )),
+            vram: std::num::NonZeroUsize::new(cfg.gpu_registrations_kept)
+                .map(|n| Mutex::new(lru::LruCache::new(n))),
             registrations: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -327,7 +341,24 @@ impl NixlEngine {
         self.files.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    /// FILE and DRAM registrations made so far.
+    /// GPU buffer registrations kept now (see [`NixlConfig::gpu_registrations_kept`]).
+    pub fn kept_gpu_registrations(&self) -> usize {
+        self.vram
+            .as_ref()
+            .map_or(0, |v| v.lock().unwrap_or_else(|e| e.into_inner()).len())
+    }
+
+    /// Drops every kept GPU buffer registration: call it before freeing GPU memory that
+    /// was given to the store while [`NixlConfig::gpu_registrations_kept`] is not 0. It
+    /// waits for the transfer in progress, if any.
+    pub fn forget_gpu_registrations(&self) {
+        let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = &self.vram {
+            v.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
+    }
+
+    /// FILE, DRAM and GPU registrations made so far.
     pub fn registrations(&self) -> u64 {
         self.registrations
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -439,6 +470,27 @@ impl NixlEngine {
                     // of this very batch (batches of more than DRAM_REGISTRATIONS_KEPT
                     // segments): it lives until the transfer has completed.
                     if let Some((_, evicted)) = dram.push((addr, len), h) {
+                        regs.push(evicted);
+                    }
+                }
+            }
+        } else if let Some(vram) = &self.vram {
+            // Kept between transfers, each exactly as its descriptor (NIXL 1.5's GDS_MT
+            // takes a descriptor's address as the buffer base).
+            let mut vram = vram.lock().unwrap_or_else(|e| e.into_inner());
+            for &(addr, len, dev) in &plan.local {
+                if vram.get(&(addr, len, dev)).is_none() {
+                    let h = self.register(
+                        &Region {
+                            addr,
+                            len,
+                            mem: MemType::Vram,
+                            dev,
+                        },
+                        &[backend],
+                    )?;
+                    // As with DRAM: what this evicts may be a buffer of this very batch.
+                    if let Some((_, evicted)) = vram.push((addr, len, dev), h) {
                         regs.push(evicted);
                     }
                 }

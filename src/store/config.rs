@@ -392,6 +392,16 @@ impl StoreConfig {
         self
     }
 
+    /// Keeps up to `n` GPU buffer registrations between transfers (nixl engine only; default
+    /// 0). Only for GPU buffers that stay allocated while the store is open, such as an
+    /// engine's KV pool: they are dropped when the store closes (to free such memory sooner,
+    /// build the engine and call its `forget_gpu_registrations`). See
+    /// `NixlConfig::gpu_registrations_kept` (feature `nixl`).
+    pub fn with_nixl_gpu_registrations_kept(mut self, n: usize) -> Self {
+        self.engine_options.nixl_gpu_registrations_kept = n;
+        self
+    }
+
     /// Bounds the worker's block files to `bytes` on disk (default unbounded).
     pub fn with_capacity_bytes(mut self, bytes: u64) -> Self {
         self.capacity_bytes = Some(bytes);
