@@ -11,6 +11,13 @@
 #   DIR: a directory on the filesystem to test (default: a temporary one under /tmp).
 #   GDS_BIN: a prebuilt gds-roundtrip binary (for a machine without a Rust toolchain; build
 #   it with `cargo build --release -p tierkv-tools --features nixl --bin gds-roundtrip`).
+#   TIERKV_NIXL_DIR: the NIXL and CUDA libraries already there (for a machine without PyPI:
+#   copy .nixl/lib's files, and the nixl_cu12.libs beside it that they load); else
+#   tools/fetch-nixl.sh --gpu fetches them into .nixl/lib.
+#   GDS_UDEV_STUB=1: cuFile looks up the filesystem's block device in the udev database,
+#   even in compat mode; where udev does not run (a VM or container) every file registration
+#   fails (CU_FILE_INTERNAL_ERROR; cufile.log: "udev property not found: ID_FS_USAGE"). This
+#   writes the entry udev would have written for DIR's device into /run/udev/data (root only).
 #   Prints the tool's JSON (backend used, rates); exit status 0 when every block matched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +29,7 @@ else
   build_bin gds-roundtrip nixl
   BIN=$B
 fi
-bash tools/fetch-nixl.sh --gpu
+[ -n "${TIERKV_NIXL_DIR:-}" ] || bash tools/fetch-nixl.sh --gpu
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 if lsmod 2>/dev/null | grep -q '^nvidia_fs'; then echo "nvidia-fs: loaded (GDS DMA)"; else echo "nvidia-fs: absent (cuFile compat mode)"; fi
 W=$(mktemp -d /tmp/tierkv-gds.XXXXXX); trap 'rm -rf "$W"' EXIT
@@ -40,6 +47,16 @@ cat > "$W/cufile.json" <<JSON
 JSON
 export CUFILE_ENV_PATH_JSON="$W/cufile.json"
 [ -n "$DIR" ] || DIR="$W/store"
+if [ "${GDS_UDEV_STUB:-0}" = 1 ]; then
+  mkdir -p "$DIR"
+  DEV=$(mountpoint -d "$(df --output=target "$DIR" | tail -1)")
+  ENTRY=/run/udev/data/b$DEV
+  if [ ! -e "$ENTRY" ]; then
+    mkdir -p /run/udev/data
+    printf 'E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=%s\n' "$(df --output=fstype "$DIR" | tail -1)" > "$ENTRY"
+    echo "udev stub: wrote $ENTRY"
+  fi
+fi
 status=0
 RUST_LOG=${RUST_LOG:-info} "$BIN" --dir "$DIR" "$@" || status=$?
 if [ $status != 0 ] && [ -f "$W/cufile.log" ]; then

@@ -6,7 +6,8 @@
 //! time from `libcuda.so.1`), fill the sources from host patterns, `put_many_device` them,
 //! read the files back through the host (`get_many`, checksums verified), `get_many_device`
 //! them into the destinations and copy those back to the host, and do the same for blocks
-//! written from host memory. Prints what it did and the rates; exits 1 on any mismatch.
+//! written from host memory. Then times the same hot reads into GPU memory and into host
+//! memory. Prints what it did and the rates; exits 1 on any mismatch.
 
 use std::ffi::{CStr, CString, c_void};
 use std::path::PathBuf;
@@ -44,6 +45,9 @@ struct Args {
     /// Batches of reads after the checks (for a rate).
     #[arg(long, default_value_t = 20)]
     loops: usize,
+    /// GPU buffer registrations the engine keeps between transfers (0: none).
+    #[arg(long, default_value_t = 0)]
+    keep_gpu_registrations: usize,
 }
 
 fn main() -> ExitCode {
@@ -224,7 +228,10 @@ fn run(args: &Args) -> Result<bool, BoxError> {
     };
     let bs = usize::try_from(args.bs)?;
     let n = args.blocks;
-    let engine = Arc::new(NixlEngine::new(&NixlConfig::default())?);
+    let engine = Arc::new(NixlEngine::new(&NixlConfig {
+        gpu_registrations_kept: args.keep_gpu_registrations,
+        ..NixlConfig::default()
+    })?);
     let store = Store::open_with_engine(
         &root,
         WorkerId::new(&format!("gpu{}", args.device))?,
@@ -247,6 +254,7 @@ fn run(args: &Args) -> Result<bool, BoxError> {
     };
 
     // 1. GPU -> files.
+    tracing::info!("GPU -> files");
     for (i, b) in src.iter().enumerate() {
         b.upload(&pattern(i, bs, 0))?;
     }
@@ -261,6 +269,7 @@ fn run(args: &Args) -> Result<bool, BoxError> {
     }
     let put_s = t.elapsed().as_secs_f64();
     // 2. The files, read through the host (checksums verified).
+    tracing::info!("files -> host, checked");
     let mut host = vec![vec![0u8; bs]; n];
     for (i, r) in store.get_many(&dev_keys, &mut host).into_iter().enumerate() {
         if r? != Lookup::Hit(bs) || host[i] != pattern(i, bs, 0) {
@@ -268,6 +277,7 @@ fn run(args: &Args) -> Result<bool, BoxError> {
         }
     }
     // 3. Files -> GPU, for GPU-written and host-written blocks.
+    tracing::info!("files -> GPU, checked");
     let host_items: Vec<_> = (0..n)
         .map(|i| (host_keys[i].clone(), pattern(i, bs, 0x5a)))
         .collect();
@@ -285,29 +295,76 @@ fn run(args: &Args) -> Result<bool, BoxError> {
             }
         }
     }
-    // 4. Rate of hot reads into GPU memory.
-    let mems: Vec<DeviceMem> = dst.iter().map(|b| b.mem(args.device)).collect();
-    let t = Instant::now();
-    for _ in 0..args.loops {
-        for r in store.get_many_device(&dev_keys, &mems) {
-            if r? != Lookup::Hit(bs) {
-                ok = false;
-            }
-        }
-    }
-    let get_s = t.elapsed().as_secs_f64();
+    // 4 and 5. Rates of hot reads into GPU memory and into host memory.
+    let (get_s, host_s) = timed_reads(args, &store, &dev_keys, &dst, &mut host, &mut mismatch)?;
     let mib = |blocks: usize, s: f64| (blocks * bs) as f64 / s.max(1e-9) / 1048576.0;
     let doc = json!({
         "ok": ok,
         "backend": engine.gds_backend(),
+        "gpu_registrations_kept": engine.kept_gpu_registrations(),
         "device": args.device,
         "blocks": n,
         "bs": bs,
         "dir": root.display().to_string(),
         "put_device_mib_per_sec": mib(n, put_s),
         "get_device_mib_per_sec": mib(n * args.loops, get_s),
+        "get_host_mib_per_sec": mib(n * args.loops, host_s),
+        "device_vs_host_get": host_s / get_s.max(1e-9),
         "store": store.stats(),
     });
     println!("{}", serde_json::to_string_pretty(&doc)?);
     Ok(ok)
+}
+
+/// Times `args.loops` batches of hot reads of `keys` into the GPU buffers `dst`, then the same
+/// into the host buffers `host` (a ratio measured in the same run). The destinations are
+/// cleared first and checked after, so the timed reads are known to have landed. Returns
+/// the seconds each took.
+fn timed_reads(
+    args: &Args,
+    store: &Store,
+    keys: &[tierkv::BlockKey],
+    dst: &[GpuBuf<'_>],
+    host: &mut [Vec<u8>],
+    mismatch: &mut impl FnMut(&str, usize),
+) -> Result<(f64, f64), BoxError> {
+    let bs = usize::try_from(args.bs)?;
+    tracing::info!("timed reads into GPU memory");
+    for b in dst {
+        b.clear()?;
+    }
+    let mems: Vec<DeviceMem> = dst.iter().map(|b| b.mem(args.device)).collect();
+    let t = Instant::now();
+    for _ in 0..args.loops {
+        for r in store.get_many_device(keys, &mems) {
+            if r? != Lookup::Hit(bs) {
+                mismatch("a timed read's outcome and a hit", 0);
+            }
+        }
+    }
+    let get_s = t.elapsed().as_secs_f64();
+    for (i, b) in dst.iter().enumerate() {
+        if args.loops > 0 && b.download()? != pattern(i, bs, 0) {
+            mismatch("GPU read (timed) and the source", i);
+        }
+    }
+    tracing::info!("timed reads into host memory");
+    for h in host.iter_mut() {
+        h.fill(0);
+    }
+    let t = Instant::now();
+    for _ in 0..args.loops {
+        for r in store.get_many(keys, host) {
+            if r? != Lookup::Hit(bs) {
+                mismatch("a timed read's outcome and a hit", 0);
+            }
+        }
+    }
+    let host_s = t.elapsed().as_secs_f64();
+    for (i, h) in host.iter().enumerate() {
+        if args.loops > 0 && *h != pattern(i, bs, 0) {
+            mismatch("host read (timed) and the source", i);
+        }
+    }
+    Ok((get_s, host_s))
 }
