@@ -24,7 +24,7 @@ pub use adaptive::{
 pub use admit2::Admit2;
 pub use arc::Arc as ArcPolicy;
 pub use belady::{Belady, Oracle};
-pub use door::Doorkeeper;
+pub use door::{Doorkeeper, EXACT_DOOR_WINDOW};
 pub use lru::Lru;
 
 /// One access of a batch.
