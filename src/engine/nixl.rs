@@ -474,32 +474,21 @@ impl NixlEngine {
                     }
                 }
             }
-        } else if let Some(vram) = &self.vram {
-            // Kept between transfers, each exactly as its descriptor (NIXL 1.5's GDS_MT
-            // takes a descriptor's address as the buffer base).
-            let mut vram = vram.lock().unwrap_or_else(|e| e.into_inner());
-            for &(addr, len, dev) in &plan.local {
-                if vram.get(&(addr, len, dev)).is_none() {
-                    let h = self.register(
-                        &Region {
-                            addr,
-                            len,
-                            mem: MemType::Vram,
-                            dev,
-                        },
-                        &[backend],
-                    )?;
-                    // As with DRAM: what this evicts may be a buffer of this very batch.
-                    if let Some((_, evicted)) = vram.push((addr, len, dev), h) {
-                        regs.push(evicted);
-                    }
-                }
-            }
         } else {
-            // GPU buffers are registered for this transfer only, each exactly as its
-            // descriptor (NIXL 1.5's GDS_MT takes a descriptor's address as the buffer base).
+            // GPU buffers are registered each exactly as its descriptor (NIXL 1.5's GDS_MT
+            // takes a descriptor's address as the buffer base): kept between transfers where
+            // the engine keeps them, else for this transfer only.
+            let mut kept = self
+                .vram
+                .as_ref()
+                .map(|v| v.lock().unwrap_or_else(|e| e.into_inner()));
             for &(addr, len, dev) in &plan.local {
-                regs.push(self.register(
+                if let Some(k) = kept.as_mut()
+                    && k.get(&(addr, len, dev)).is_some()
+                {
+                    continue;
+                }
+                let h = self.register(
                     &Region {
                         addr,
                         len,
@@ -507,7 +496,12 @@ impl NixlEngine {
                         dev,
                     },
                     &[backend],
-                )?);
+                )?;
+                match kept.as_mut() {
+                    // As with DRAM: what this evicts may be a buffer of this very batch.
+                    Some(k) => regs.extend(k.push((addr, len, dev), h).map(|(_, old)| old)),
+                    None => regs.push(h),
+                }
             }
         }
         Ok(())
