@@ -903,10 +903,7 @@ impl NixlEngine {
     /// flags cuFile refuses ([`crate::ns::reopen_plain`]). Kept with a cached descriptor until
     /// `forget_file`; else pushed to `held`, for this batch alone.
     fn cufile_fd(&self, r: &IoRequest<'_>, held: &mut Vec<OwnedFd>) -> io::Result<RawFd> {
-        let reopen = || {
-            crate::ns::reopen_plain(r.fd.as_fd())
-                .map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))
-        };
+        let reopen = || crate::ns::reopen_plain(r.fd.as_fd()).map_err(crate::ns::io_err);
         if !r.cached {
             let f = reopen()?;
             let raw = f.as_raw_fd();
