@@ -33,68 +33,71 @@ pub(crate) fn mix(h: &BlockHash) -> u64 {
     x ^ (x >> 29)
 }
 
-/// One generation of sightings: a set of [`mix`] values for windows up to [`EXACT_DOOR_WINDOW`],
-/// else a Bloom filter of `bits.len() * 64` bits.
+/// One generation of sightings: how many, and the blocks sighted.
 #[derive(Debug, Clone)]
 struct Generation {
-    bits: Vec<u64>,
-    exact: Option<HashSet<u64>>,
+    seen: Seen,
     inserted: usize,
+}
+
+/// The blocks a generation has sighted.
+#[derive(Debug, Clone)]
+enum Seen {
+    /// Their [`mix`] values: windows up to [`EXACT_DOOR_WINDOW`].
+    Exact(HashSet<u64>),
+    /// A Bloom filter of `len * 64` bits: larger windows.
+    Bloom(Vec<u64>),
+}
+
+/// The (word, bit) of each probe of `h` in a Bloom filter of `words` words.
+fn probes(words: usize, h: &BlockHash) -> [(usize, u64); PROBES] {
+    let m = (words * 64) as u64;
+    let x = mix(h);
+    let (h1, h2) = (x & 0xFFFF_FFFF, (x >> 32) | 1);
+    std::array::from_fn(|i| {
+        // Lemire's reduction of a 32-bit value onto 0..m.
+        let bit = ((h1.wrapping_add((i as u64).wrapping_mul(h2)) & 0xFFFF_FFFF) * m) >> 32;
+        ((bit / 64) as usize, 1u64 << (bit % 64))
+    })
 }
 
 impl Generation {
     fn new(keys: usize) -> Self {
-        if keys <= EXACT_DOOR_WINDOW {
-            return Generation {
-                bits: Vec::new(),
-                exact: Some(HashSet::new()),
-                inserted: 0,
-            };
-        }
-        let words = (keys * BITS_PER_KEY).div_ceil(64);
-        Generation {
-            bits: vec![0; words],
-            exact: None,
-            inserted: 0,
-        }
-    }
-
-    /// The (word, bit) of each probe of `h`.
-    fn probes(&self, h: &BlockHash) -> [(usize, u64); PROBES] {
-        let m = (self.bits.len() * 64) as u64;
-        let x = mix(h);
-        let (h1, h2) = (x & 0xFFFF_FFFF, (x >> 32) | 1);
-        std::array::from_fn(|i| {
-            // Lemire's reduction of a 32-bit value onto 0..m.
-            let bit = ((h1.wrapping_add((i as u64).wrapping_mul(h2)) & 0xFFFF_FFFF) * m) >> 32;
-            ((bit / 64) as usize, 1u64 << (bit % 64))
-        })
+        let seen = if keys <= EXACT_DOOR_WINDOW {
+            Seen::Exact(HashSet::new())
+        } else {
+            Seen::Bloom(vec![0; (keys * BITS_PER_KEY).div_ceil(64)])
+        };
+        Generation { seen, inserted: 0 }
     }
 
     fn contains(&self, h: &BlockHash) -> bool {
-        if let Some(set) = &self.exact {
-            return set.contains(&mix(h));
+        match &self.seen {
+            Seen::Exact(set) => set.contains(&mix(h)),
+            Seen::Bloom(bits) => probes(bits.len(), h).iter().all(|&(w, b)| bits[w] & b != 0),
         }
-        self.probes(h).iter().all(|&(w, b)| self.bits[w] & b != 0)
     }
 
     fn insert(&mut self, h: &BlockHash) {
         self.inserted += 1;
-        if let Some(set) = &mut self.exact {
-            set.insert(mix(h));
-            return;
-        }
-        for (w, b) in self.probes(h) {
-            self.bits[w] |= b;
+        match &mut self.seen {
+            Seen::Exact(set) => {
+                set.insert(mix(h));
+            }
+            Seen::Bloom(bits) => {
+                for (w, b) in probes(bits.len(), h) {
+                    bits[w] |= b;
+                }
+            }
         }
     }
 
-    /// Heap bytes held: the filter's words, or the set's buckets (a 64-bit value and a
-    /// control byte each, as hashbrown lays them out).
+    /// Heap bytes held: the set's buckets (a 64-bit value and a control byte each, as
+    /// hashbrown lays them out), or the filter's words.
     fn heap_bytes(&self) -> usize {
-        match &self.exact {
-            Some(set) => set.capacity() * (std::mem::size_of::<u64>() + 1),
-            None => self.bits.len() * 8,
+        match &self.seen {
+            Seen::Exact(set) => set.capacity() * (std::mem::size_of::<u64>() + 1),
+            Seen::Bloom(bits) => bits.len() * 8,
         }
     }
 }
