@@ -1129,6 +1129,56 @@ mod tests {
     }
 
     #[test]
+    fn on_an_even_vote_any_leaders_block_stays() {
+        // As above with another leader, ARC behind the doorkeeper, whose shadow comes before
+        // LRU's in the groups' order: the order alone would take its block first.
+        let mut a = Adaptive::new();
+        a.set_capacity_hint(100);
+        fill(&mut a, 0..100);
+        let (door, lru) = (shadow_of(Mode::ArcDoor), shadow_of(Mode::Lru));
+        a.leader = Mode::ArcDoor;
+        a.discordant[door][lru] = 100.0;
+        a.discordant[lru][door] = 100.0;
+        for (i, s) in a.shadows.iter_mut().enumerate() {
+            for (keeper, b) in [(door, h(3)), (lru, h(7))] {
+                if i != keeper {
+                    s.present.remove(&b);
+                    s.evicted.push(b);
+                }
+            }
+        }
+        a.track(&h(0));
+        assert_eq!(a.victim(&|_| false), Some(h(7)));
+        assert_eq!(a.victim(&|_| false), Some(h(3)));
+    }
+
+    #[test]
+    fn sampled_the_real_doorkeeper_remembers_four_capacities_of_offers() {
+        // Above the shadows' size the real cache applies the leader's rule itself: behind a
+        // doorkeeper, a block offered again after 3 capacities of other offers is stored.
+        let mut a = Adaptive::with_constants(4, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
+        a.set_capacity_hint(16);
+        assert!(a.sample > 1 && !a.mirrors());
+        a.leader = Mode::LruDoor;
+        a.fixed = true;
+        for i in 0..16 {
+            a.on_access(&[Access {
+                hash: h(i),
+                inserted: true,
+            }]);
+        }
+        let b = h(100);
+        a.on_chain(None);
+        assert!(!a.admit(&b), "a first sight, the cache full: declined");
+        for i in 0..48 {
+            a.on_chain(None);
+            assert!(!a.admit(&h(1_000 + i)));
+        }
+        a.on_chain(None);
+        assert!(a.admit(&b), "seen 49 offers ago, within 4 capacities (64)");
+    }
+
+    #[test]
     fn near_a_tie_the_block_most_shadows_dropped_goes_first() {
         let mut a = Adaptive::new();
         a.set_capacity_hint(100);
@@ -1654,6 +1704,98 @@ mod tests {
         a.discordant_chains[lru][arc] = 200.0;
         a.follow_the_leader();
         assert_eq!((a.leader, a.switches), (Mode::Lru, 1));
+    }
+
+    #[test]
+    fn a_chain_continued_after_its_prefix_is_still_one_observation() {
+        // An engine reads a chain's cached prefix, then offers the rest after its last block:
+        // one chain, so one observation of the sampled duel, not one per call.
+        let mut a = Adaptive::with_constants(64, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
+        a.set_capacity_hint(1024);
+        let root = (0..).find(|&i| a.sampled(&h(i))).expect("a sampled root");
+        let chain: Vec<BlockHash> = std::iter::once(h(root))
+            .chain((1..5).map(|i| h(1_000_000 + i)))
+            .collect();
+        let mut parent = None;
+        for &b in &chain {
+            assert!(a.shadows[0].insert(b, parent));
+            parent = Some(b);
+        }
+        let read = |a: &mut Adaptive, blocks: &[BlockHash]| {
+            for &b in blocks {
+                a.on_access(&[Access {
+                    hash: b,
+                    inserted: false,
+                }]);
+            }
+        };
+        a.on_chain(None);
+        read(&mut a, &chain[..3]);
+        a.on_chain(Some(&chain[2])); // the same chain goes on
+        read(&mut a, &chain[3..]);
+        a.on_chain(None); // the chain ends
+        assert_eq!(a.shadows[0].hits, 5.0);
+        assert_eq!(
+            a.discordant_chains[0][1], 25.0,
+            "one chain 5 hits apart (3 and 2 apart, as two, would be 13)"
+        );
+    }
+
+    #[test]
+    fn a_chain_offered_after_another_parent_is_a_new_one() {
+        // Exact shadows: a chain that goes on after a block other than the last one seen is
+        // not the chain the shadows were following: no prefix hits on it, but every offer is
+        // still seen.
+        let mut a = Adaptive::new();
+        a.set_capacity_hint(64);
+        assert_eq!(a.sample, 1);
+        let (x0, x1) = (h(1), h(2));
+        assert!(a.shadows[0].insert(x0, None));
+        assert!(a.shadows[0].insert(x1, Some(x0)));
+        let read = |a: &mut Adaptive, b: BlockHash| {
+            a.on_access(&[Access {
+                hash: b,
+                inserted: false,
+            }])
+        };
+        a.on_chain(None);
+        read(&mut a, x0);
+        read(&mut a, x1);
+        assert_eq!(a.shadows[0].hits, 2.0);
+        a.on_chain(Some(&h(999)));
+        read(&mut a, x0);
+        assert_eq!(
+            a.shadows[0].hits, 2.0,
+            "not a prefix hit: the chain did not start here"
+        );
+        let new = h(3);
+        a.admit(&new);
+        assert!(
+            a.shadows[2].present.contains_key(&new),
+            "LRU's shadow saw the offer"
+        );
+
+        // Sampled shadows: the jump ends the chain being followed, one observation.
+        let mut a = Adaptive::with_constants(64, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
+        a.set_capacity_hint(1024);
+        let root = (0..).find(|&i| a.sampled(&h(i))).expect("a sampled root");
+        let chain: Vec<BlockHash> = std::iter::once(h(root))
+            .chain((1..5).map(|i| h(1_000_000 + i)))
+            .collect();
+        let mut parent = None;
+        for &b in &chain {
+            assert!(a.shadows[0].insert(b, parent));
+            parent = Some(b);
+        }
+        a.on_chain(None);
+        for &b in &chain {
+            read(&mut a, b);
+        }
+        a.on_chain(Some(&h(2_000_000)));
+        assert_eq!(
+            a.discordant_chains[0][1], 25.0,
+            "the chain ended at the jump"
+        );
     }
 
     #[test]
