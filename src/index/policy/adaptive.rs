@@ -14,7 +14,7 @@ use crate::key::BlockHash;
 /// whole and its prefix hits can be counted) at capacity / `2^k`, which estimates the hit ratio
 /// of the full-size cache (spatial sampling, Waldspurger et al., "SHARDS", FAST'15). Below it the
 /// shadows are exact; above it their memory stays a constant, not a share of the cache. Sampling
-/// costs accuracy: docs/eviction.md measures sampled shadows against exact ones at 16k blocks.
+/// costs accuracy: docs/eviction-log.md measures sampled shadows against exact ones at 16k blocks.
 pub const SHADOW_BLOCKS: usize = 32768;
 
 /// The doorkeeper remembers a first offer for between 4 and 8 capacities' worth of other
@@ -38,7 +38,7 @@ pub const SWITCH_SIGMAS: f64 = 3.0;
 /// two, 0.14; three, 0.011; one that no reference has yet told apart from the leader (one hit
 /// where the other missed), 0. So with a clear leader the real cache is the leader's shadow,
 /// and near a tie it keeps what most of the close shadows keep instead of what one of them,
-/// perhaps by chance, keeps. Over the 216 cells of 8 seeds in docs/eviction.md, 1 leaves the
+/// perhaps by chance, keeps. Over the 216 cells of 8 seeds in docs/eviction-log.md, 1 leaves the
 /// fewest cells below the best simple rule by more than 0.005 of the widths tried (7 at 1,
 /// 8 at 0.5, 9 at 1.5, 10 at 2), with 33 below 0.995x the best (36 at 0.5).
 pub const VOTE_SIGMAS: f64 = 1.0;
@@ -258,7 +258,7 @@ impl Shadow {
 /// ([`VOTE_SIGMAS`]), and evicts first the blocks whose holders carry the least, which with a
 /// clear leader is the leader's shadow block for block; with sampled ones it applies the
 /// leader's rule to its own orders. No constant is fitted to a trace; each is fixed
-/// with its reason beside it, and docs/eviction.md shows their sensitivity.
+/// with its reason beside it, and docs/eviction-log.md shows their sensitivity.
 ///
 /// Chain order is the index's: eviction takes only blocks without present children, whichever
 /// order chooses among them.
@@ -327,7 +327,7 @@ impl Adaptive {
         Self::with_constants(SHADOW_BLOCKS, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES)
     }
 
-    /// With other constants (for the sensitivity tables of docs/eviction.md).
+    /// With other constants (for the sensitivity tables of docs/eviction-log.md).
     pub fn with_constants(
         shadow_blocks: usize,
         half_life_capacities: usize,
