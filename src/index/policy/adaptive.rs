@@ -1105,18 +1105,18 @@ mod tests {
         assert!(a.admit(&h(6000)), "an even vote stores the block");
     }
 
-    #[test]
-    fn on_an_even_vote_the_block_the_leader_dropped_stays() {
+    /// A full cache where `leader` and `other` tie and alone have a vote, block 3 held by the
+    /// leader's shadow alone and block 7 by the other's: the same vote. Returns the victims.
+    fn even_vote_victims(leader: Mode, other: Mode) -> [Option<BlockHash>; 2] {
         let mut a = Adaptive::new();
         a.set_capacity_hint(100);
         fill(&mut a, 0..100);
-        // ARC (the leader) and LRU tie and alone have a vote. Block 3 is held by ARC's
-        // shadow alone, block 7 by LRU's alone: the same vote, and the leader's goes last.
-        let (arc, lru) = (shadow_of(Mode::Arc), shadow_of(Mode::Lru));
-        a.discordant[arc][lru] = 100.0;
-        a.discordant[lru][arc] = 100.0;
+        let (l, o) = (shadow_of(leader), shadow_of(other));
+        a.leader = leader;
+        a.discordant[l][o] = 100.0;
+        a.discordant[o][l] = 100.0;
         for (i, s) in a.shadows.iter_mut().enumerate() {
-            for (keeper, b) in [(arc, h(3)), (lru, h(7))] {
+            for (keeper, b) in [(l, h(3)), (o, h(7))] {
                 if i != keeper {
                     s.present.remove(&b);
                     s.evicted.push(b);
@@ -1124,32 +1124,22 @@ mod tests {
             }
         }
         a.track(&h(0));
-        assert_eq!(a.victim(&|_| false), Some(h(7)));
-        assert_eq!(a.victim(&|_| false), Some(h(3)));
+        [a.victim(&|_| false), a.victim(&|_| false)]
     }
 
     #[test]
-    fn on_an_even_vote_any_leaders_block_stays() {
-        // As above with another leader, ARC behind the doorkeeper, whose shadow comes before
-        // LRU's in the groups' order: the order alone would take its block first.
-        let mut a = Adaptive::new();
-        a.set_capacity_hint(100);
-        fill(&mut a, 0..100);
-        let (door, lru) = (shadow_of(Mode::ArcDoor), shadow_of(Mode::Lru));
-        a.leader = Mode::ArcDoor;
-        a.discordant[door][lru] = 100.0;
-        a.discordant[lru][door] = 100.0;
-        for (i, s) in a.shadows.iter_mut().enumerate() {
-            for (keeper, b) in [(door, h(3)), (lru, h(7))] {
-                if i != keeper {
-                    s.present.remove(&b);
-                    s.evicted.push(b);
-                }
-            }
-        }
-        a.track(&h(0));
-        assert_eq!(a.victim(&|_| false), Some(h(7)));
-        assert_eq!(a.victim(&|_| false), Some(h(3)));
+    fn on_an_even_vote_the_block_the_leader_dropped_stays() {
+        // The leader's block goes last.
+        assert_eq!(
+            even_vote_victims(Mode::Arc, Mode::Lru),
+            [Some(h(7)), Some(h(3))]
+        );
+        // Whichever shadow leads: ARC behind the doorkeeper's group comes before LRU's in the
+        // groups' order, which alone would take its block first.
+        assert_eq!(
+            even_vote_victims(Mode::ArcDoor, Mode::Lru),
+            [Some(h(7)), Some(h(3))]
+        );
     }
 
     #[test]
@@ -1657,13 +1647,13 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_sampled_duel_counts_a_chain_as_one_observation() {
+    /// Shadows sampling 1 in 16 chains, and a sampled chain of 5 blocks that only the first
+    /// shadow (ARC, the leader) holds.
+    fn sampled_with_a_chain_arc_holds() -> (Adaptive, Vec<BlockHash>) {
         let mut a = Adaptive::with_constants(64, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
         a.set_capacity_hint(1024);
         assert_eq!(a.sample, 16);
         let root = (0..).find(|&i| a.sampled(&h(i))).expect("a sampled root");
-        // Only the first shadow (ARC, the leader) holds a chain of 5 blocks.
         let chain: Vec<BlockHash> = std::iter::once(h(root))
             .chain((1..5).map(|i| h(1_000_000 + i)))
             .collect();
@@ -1672,13 +1662,24 @@ mod tests {
             assert!(a.shadows[0].insert(b, parent));
             parent = Some(b);
         }
-        a.on_chain(None);
-        for &b in &chain {
+        (a, chain)
+    }
+
+    /// The engine reads `blocks` (hits of the real cache).
+    fn read(a: &mut Adaptive, blocks: &[BlockHash]) {
+        for &b in blocks {
             a.on_access(&[Access {
                 hash: b,
                 inserted: false,
             }]);
         }
+    }
+
+    #[test]
+    fn a_sampled_duel_counts_a_chain_as_one_observation() {
+        let (mut a, chain) = sampled_with_a_chain_arc_holds();
+        a.on_chain(None);
+        read(&mut a, &chain);
         a.on_chain(None); // the chain ends
         assert_eq!(a.shadows[0].hits, 5.0);
         assert_eq!(a.discordant[0][1], 5.0, "five discordant references");
@@ -1710,25 +1711,7 @@ mod tests {
     fn a_chain_continued_after_its_prefix_is_still_one_observation() {
         // An engine reads a chain's cached prefix, then offers the rest after its last block:
         // one chain, so one observation of the sampled duel, not one per call.
-        let mut a = Adaptive::with_constants(64, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
-        a.set_capacity_hint(1024);
-        let root = (0..).find(|&i| a.sampled(&h(i))).expect("a sampled root");
-        let chain: Vec<BlockHash> = std::iter::once(h(root))
-            .chain((1..5).map(|i| h(1_000_000 + i)))
-            .collect();
-        let mut parent = None;
-        for &b in &chain {
-            assert!(a.shadows[0].insert(b, parent));
-            parent = Some(b);
-        }
-        let read = |a: &mut Adaptive, blocks: &[BlockHash]| {
-            for &b in blocks {
-                a.on_access(&[Access {
-                    hash: b,
-                    inserted: false,
-                }]);
-            }
-        };
+        let (mut a, chain) = sampled_with_a_chain_arc_holds();
         a.on_chain(None);
         read(&mut a, &chain[..3]);
         a.on_chain(Some(&chain[2])); // the same chain goes on
@@ -1752,18 +1735,11 @@ mod tests {
         let (x0, x1) = (h(1), h(2));
         assert!(a.shadows[0].insert(x0, None));
         assert!(a.shadows[0].insert(x1, Some(x0)));
-        let read = |a: &mut Adaptive, b: BlockHash| {
-            a.on_access(&[Access {
-                hash: b,
-                inserted: false,
-            }])
-        };
         a.on_chain(None);
-        read(&mut a, x0);
-        read(&mut a, x1);
+        read(&mut a, &[x0, x1]);
         assert_eq!(a.shadows[0].hits, 2.0);
         a.on_chain(Some(&h(999)));
-        read(&mut a, x0);
+        read(&mut a, &[x0]);
         assert_eq!(
             a.shadows[0].hits, 2.0,
             "not a prefix hit: the chain did not start here"
@@ -1776,21 +1752,9 @@ mod tests {
         );
 
         // Sampled shadows: the jump ends the chain being followed, one observation.
-        let mut a = Adaptive::with_constants(64, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
-        a.set_capacity_hint(1024);
-        let root = (0..).find(|&i| a.sampled(&h(i))).expect("a sampled root");
-        let chain: Vec<BlockHash> = std::iter::once(h(root))
-            .chain((1..5).map(|i| h(1_000_000 + i)))
-            .collect();
-        let mut parent = None;
-        for &b in &chain {
-            assert!(a.shadows[0].insert(b, parent));
-            parent = Some(b);
-        }
+        let (mut a, chain) = sampled_with_a_chain_arc_holds();
         a.on_chain(None);
-        for &b in &chain {
-            read(&mut a, b);
-        }
+        read(&mut a, &chain);
         a.on_chain(Some(&h(2_000_000)));
         assert_eq!(
             a.discordant_chains[0][1], 25.0,
