@@ -549,8 +549,9 @@ pub(crate) mod tests {
     /// The default against the best of LRU, ARC and `admit2` after the first 10 % of each trace,
     /// on many seeds of every shape (`TIERKV_SEEDS`, default 1 to 8), at the capacities of
     /// [`the_default_is_at_least_the_best_simple_rule_on_every_shape`] up to [`SHADOW_BLOCKS`]
-    /// (`TIERKV_ALL_CELLS=1`: the sampled ones too): one `CELL shape#capacity-index sSEED
-    /// ratio difference` line per cell, then a summary; then, per shape and capacity, the
+    /// (`TIERKV_ALL_CELLS=1`: the sampled ones too), or at other percentages of each shape's
+    /// distinct blocks (`TIERKV_PCTS=2,3.5,7`: the capacities between the tested ones): one
+    /// `CELL shape#capacity-index sSEED ratio difference` line per cell, then a summary; then, per shape and capacity, the
     /// floor the seeds set (`FIXED` lines): the simple rule with the best mean over the seeds,
     /// fixed, against each seed's best rule. A design tool (docs/eviction.md, "On other
     /// seeds"): a change to the default is judged on all the seeds, not on the one the shapes
@@ -582,8 +583,15 @@ pub(crate) mod tests {
                         let reqs = generated_seed(shape, seed);
                         let distinct = reqs.iter().flatten().collect::<HashSet<_>>().len();
                         let tail = reqs.len() / 10;
-                        for (ci, &pct) in test_capacities(shape).iter().enumerate() {
-                            let cap = distinct * pct / 100;
+                        let pcts: Vec<f64> = match std::env::var("TIERKV_PCTS") {
+                            Ok(list) => list
+                                .split(',')
+                                .map(|p| p.trim().parse().expect("TIERKV_PCTS: percentages"))
+                                .collect(),
+                            Err(_) => test_capacities(shape).iter().map(|&p| p as f64).collect(),
+                        };
+                        for (ci, &pct) in pcts.iter().enumerate() {
+                            let cap = (distinct as f64 * pct / 100.0) as usize;
                             if cap > SHADOW_BLOCKS && std::env::var("TIERKV_ALL_CELLS").is_err() {
                                 continue;
                             }
