@@ -551,11 +551,11 @@ pub(crate) mod tests {
     /// [`the_default_is_at_least_the_best_simple_rule_on_every_shape`] up to [`SHADOW_BLOCKS`]
     /// (`TIERKV_ALL_CELLS=1`: the sampled ones too), or at other percentages of each shape's
     /// distinct blocks (`TIERKV_PCTS=2,3.5,7`: the capacities between the tested ones): one
-    /// `CELL shape#capacity-index sSEED ratio difference` line per cell, then a summary; then, per shape and capacity, the
-    /// floor the seeds set (`FIXED` lines): the simple rule with the best mean over the seeds,
-    /// fixed, against each seed's best rule. A design tool (docs/eviction.md, "On other
-    /// seeds"): a change to the default is judged on all the seeds, not on the one the shapes
-    /// test asserts.
+    /// `CELL shape#capacity-index sSEED ratio difference` line per cell, then a summary;
+    /// then, per shape and capacity, the floor the seeds set (`FIXED` lines): the simple rule
+    /// with the best mean over the seeds, fixed, against each seed's best rule. A design tool
+    /// (docs/eviction.md, "On other seeds"): a change to the default is judged on all the
+    /// seeds, not on the one the shapes test asserts.
     #[test]
     #[ignore = "a design tool: TIERKV_SEEDS=1,2 cargo test --release --lib shapes_seeds -- --ignored --nocapture"]
     fn shapes_seeds() {
@@ -564,6 +564,13 @@ pub(crate) mod tests {
             .split(',')
             .map(str::to_string)
             .collect();
+        // Other capacities than the shapes test's, the same for every shape.
+        let pcts: Option<Vec<f64>> = std::env::var("TIERKV_PCTS").ok().map(|list| {
+            list.split(',')
+                .map(|p| p.trim().parse().expect("TIERKV_PCTS: percentages"))
+                .collect()
+        });
+        let all_cells = std::env::var("TIERKV_ALL_CELLS").is_ok();
         let shapes = shape_names();
         let jobs: Vec<(String, String)> = seeds
             .iter()
@@ -583,16 +590,12 @@ pub(crate) mod tests {
                         let reqs = generated_seed(shape, seed);
                         let distinct = reqs.iter().flatten().collect::<HashSet<_>>().len();
                         let tail = reqs.len() / 10;
-                        let pcts: Vec<f64> = match std::env::var("TIERKV_PCTS") {
-                            Ok(list) => list
-                                .split(',')
-                                .map(|p| p.trim().parse().expect("TIERKV_PCTS: percentages"))
-                                .collect(),
-                            Err(_) => test_capacities(shape).iter().map(|&p| p as f64).collect(),
-                        };
+                        let pcts = pcts.clone().unwrap_or_else(|| {
+                            test_capacities(shape).iter().map(|&p| p as f64).collect()
+                        });
                         for (ci, &pct) in pcts.iter().enumerate() {
                             let cap = (distinct as f64 * pct / 100.0) as usize;
-                            if cap > SHADOW_BLOCKS && std::env::var("TIERKV_ALL_CELLS").is_err() {
+                            if cap > SHADOW_BLOCKS && !all_cells {
                                 continue;
                             }
                             let rules = simple_from(cap, &reqs, tail);
