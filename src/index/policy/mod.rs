@@ -686,6 +686,55 @@ pub(crate) mod tests {
         }
     }
 
+    /// Hit ratios tenth by tenth of one generated trace (`TIERKV_SHAPE`, default `phases`;
+    /// `TIERKV_SHAPE_SEED`, default 1; `TIERKV_PCT`, the capacity in percent of its distinct
+    /// blocks, default 2): the default's, and each of its five candidates' followed alone (as
+    /// its shadow would keep the store), with the hit ratio after the first 10 % and the rule
+    /// followed at the end. Where the default loses to a candidate, it shows in which part of
+    /// the trace (docs/eviction.md, "Where following the leader loses").
+    #[test]
+    #[ignore = "a design tool: TIERKV_SHAPE=phases TIERKV_PCT=7 cargo test --release --lib tenths -- --ignored --nocapture"]
+    fn tenths() {
+        let var = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.into());
+        let shape = var("TIERKV_SHAPE", "phases");
+        let seed = var("TIERKV_SHAPE_SEED", "1");
+        let pct: f64 = var("TIERKV_PCT", "2")
+            .parse()
+            .expect("TIERKV_PCT: a percentage");
+        let reqs = generated_seed(&shape, &seed);
+        let distinct = reqs.iter().flatten().collect::<HashSet<_>>().len();
+        let cap = ((distinct as f64 * pct / 100.0) as usize).max(1);
+        let tenth = reqs.len().div_ceil(10);
+        let refs = |c: &[Vec<u64>]| c.iter().map(Vec::len).sum::<usize>();
+        let ends: Vec<usize> = (1..=reqs.len().div_ceil(tenth))
+            .map(|i| refs(&reqs[..(i * tenth).min(reqs.len())]))
+            .collect();
+        println!(
+            "{shape}, seed {seed}, {cap} blocks ({pct} % of {distinct}); each tenth ends at \
+             reference {ends:?}"
+        );
+        let ratio = |c: &[(usize, usize)]| {
+            let (h, r) = c.iter().fold((0, 0), |(h, r), &(h1, r1)| (h + h1, r + r1));
+            h as f64 / r.max(1) as f64
+        };
+        for name in ["default", "arc", "arc+door", "lru", "lru+door", "admit2"] {
+            let policy: Box<dyn Policy> = match name {
+                "default" => Box::new(Adaptive::new()),
+                _ => Box::new(Adaptive::fixed(name, DOOR_WINDOW_CAPACITIES)),
+            };
+            let (counts, summary) = replay_counts(policy, cap, &reqs);
+            let per: Vec<String> = counts
+                .chunks(tenth)
+                .map(|c| format!("{:.3}", ratio(c)))
+                .collect();
+            println!(
+                "{name:9} after the first 10 % {:.4} | by tenths {} | {summary}",
+                ratio(&counts[tenth.min(counts.len())..]),
+                per.join(" ")
+            );
+        }
+    }
+
     /// Hit ratios of every policy on every trace of `$TIERKV_TRACES` (a directory of .jsonl
     /// files), through the index: the quick table used while designing `Adaptive`
     /// (`tools/replay-table.sh` gives the same figures through a real store).
