@@ -162,8 +162,12 @@ pub(crate) mod tests {
     /// block-count capacity, in the calls the store makes for `tierkv-bench --rw replay`: the
     /// hit prefix is read (`get_many`), the rest offered (`offer_many`).
     pub(crate) fn replay(policy: Box<dyn Policy>, cap: usize, reqs: &[Vec<u64>]) -> f64 {
-        let (hits, refs) = replay_counts(policy, cap, reqs)
-            .0
+        hit_ratio(&replay_counts(policy, cap, reqs).0)
+    }
+
+    /// The hit ratio of requests given as (hits, references) each.
+    pub(crate) fn hit_ratio(counts: &[(usize, usize)]) -> f64 {
+        let (hits, refs) = counts
             .iter()
             .fold((0, 0), |(h, r), &(h1, r1)| (h + h1, r + r1));
         hits as f64 / refs as f64
@@ -225,11 +229,7 @@ pub(crate) mod tests {
         from: usize,
     ) -> (f64, f64, String) {
         let (counts, summary) = replay_counts(policy, cap, reqs);
-        let sum = |c: &[(usize, usize)]| {
-            let (h, r) = c.iter().fold((0, 0), |(h, r), &(h1, r1)| (h + h1, r + r1));
-            h as f64 / r as f64
-        };
-        (sum(&counts), sum(&counts[from..]), summary)
+        (hit_ratio(&counts), hit_ratio(&counts[from..]), summary)
     }
 
     /// The reference simulation of tests/data/README.md, written without the index or the
@@ -713,10 +713,6 @@ pub(crate) mod tests {
             "{shape}, seed {seed}, {cap} blocks ({pct} % of {distinct}); each tenth ends at \
              reference {ends:?}"
         );
-        let ratio = |c: &[(usize, usize)]| {
-            let (h, r) = c.iter().fold((0, 0), |(h, r), &(h1, r1)| (h + h1, r + r1));
-            h as f64 / r.max(1) as f64
-        };
         for name in ["default", "arc", "arc+door", "lru", "lru+door", "admit2"] {
             let policy: Box<dyn Policy> = match name {
                 "default" => Box::new(Adaptive::new()),
@@ -725,11 +721,11 @@ pub(crate) mod tests {
             let (counts, summary) = replay_counts(policy, cap, &reqs);
             let per: Vec<String> = counts
                 .chunks(tenth)
-                .map(|c| format!("{:.3}", ratio(c)))
+                .map(|c| format!("{:.3}", hit_ratio(c)))
                 .collect();
             println!(
                 "{name:9} after the first 10 % {:.4} | by tenths {} | {summary}",
-                ratio(&counts[tenth.min(counts.len())..]),
+                hit_ratio(&counts[tenth.min(counts.len())..]),
                 per.join(" ")
             );
         }
