@@ -370,45 +370,57 @@ struct Regimes {
     rate: f64,
     /// The regime the workload is in.
     current: usize,
-    /// Each regime's mean rate (averaged over [`REGIME_MEAN_CAPACITIES`] while in it), and the
-    /// duel it left, for the regimes known.
-    means: Vec<f64>,
-    saved: Vec<Option<Duel>>,
+    /// The regimes known, in the order they were first entered.
+    known: Vec<Regime>,
     /// References since the current regime was entered.
     stay: usize,
     changes: u64,
 }
 
+/// A regime: its mean rate (averaged over [`REGIME_MEAN_CAPACITIES`] while in it), and the duel
+/// it left when the workload last moved out of it (none while the workload is in it).
+#[derive(Debug)]
+struct Regime {
+    mean: f64,
+    saved: Option<Duel>,
+}
+
 impl Regimes {
+    /// Opens a regime whose mean is the rate now; returns its index.
+    fn open(&mut self) -> usize {
+        self.known.push(Regime {
+            mean: self.rate,
+            saved: None,
+        });
+        self.known.len() - 1
+    }
+
     /// Counts a reference (`any`: some shadow hit it) with shadows of `cap` blocks; returns the
     /// regime left and the regime entered, if the workload has moved.
     fn observe(&mut self, any: bool, cap: usize) -> Option<(usize, usize)> {
         let cap = cap.max(REGIME_MIN_REFERENCES) as f64;
         self.rate += (f64::from(u8::from(any)) - self.rate) / (REGIME_RATE_CAPACITIES as f64 * cap);
-        if self.means.is_empty() {
-            self.means.push(self.rate);
-            self.saved.push(None);
+        if self.known.is_empty() {
+            self.open();
         }
         let slow = REGIME_MEAN_CAPACITIES as f64 * cap;
         let c = self.current;
-        self.means[c] += (self.rate - self.means[c]) / slow;
+        self.known[c].mean += (self.rate - self.known[c].mean) / slow;
         self.stay += 1;
-        if (self.stay as f64) < slow || (self.rate - self.means[c]).abs() <= REGIME_SHIFT {
+        let far = |r: &Regime| (self.rate - r.mean).abs();
+        if (self.stay as f64) < slow || far(&self.known[c]) <= REGIME_SHIFT {
             return None;
         }
-        let far = |m: f64| (self.rate - m).abs();
-        let next = if self.means.len() < REGIMES {
-            self.means.push(self.rate);
-            self.saved.push(None);
-            self.means.len() - 1
+        let next = if self.known.len() < REGIMES {
+            self.open()
         } else {
             // The known regime nearest the rate now, if nearer than the current one: a rate
             // still on its way (from a regime entered half way through a move) is no move back.
-            let j = (0..self.means.len())
+            let j = (0..self.known.len())
                 .filter(|&j| j != c)
-                .min_by(|&a, &b| far(self.means[a]).total_cmp(&far(self.means[b])))
+                .min_by(|&a, &b| far(&self.known[a]).total_cmp(&far(&self.known[b])))
                 .expect("another regime");
-            if far(self.means[j]) >= far(self.means[c]) {
+            if far(&self.known[j]) >= far(&self.known[c]) {
                 return None;
             }
             j
@@ -512,14 +524,13 @@ impl Adaptive {
         for (h, s) in hits.iter_mut().zip(&self.shadows) {
             *h = s.hits;
         }
-        self.regimes.saved[left] = Some(Duel {
+        self.regimes.known[left].saved = Some(Duel {
             hits,
             discordant: self.discordant,
             refs: self.refs,
             leader: self.leader,
         });
-        let prev = self.regimes.saved[next].take();
-        let Some(d) = prev else {
+        let Some(d) = self.regimes.known[next].saved.take() else {
             return;
         };
         for (s, h) in self.shadows.iter_mut().zip(d.hits) {
