@@ -154,8 +154,6 @@ struct Shadow {
     /// Present blocks: their chain parent and how many present children they have.
     present: HashMap<BlockHash, (Option<BlockHash>, u32)>,
     cap: usize,
-    /// Prefix hits, halved every half-life.
-    hits: f64,
     /// Every block of the current chain so far was a hit.
     run: bool,
     /// A block of the current chain was not admitted.
@@ -183,7 +181,6 @@ impl Shadow {
             door: Doorkeeper::new(door_window * cap),
             present: HashMap::new(),
             cap,
-            hits: 0.0,
             run: false,
             declined: false,
             chain: HashSet::new(),
@@ -207,9 +204,6 @@ impl Shadow {
     fn reference(&mut self, h: BlockHash) -> bool {
         let prev = self.prev.replace(h);
         if self.present.contains_key(&h) && !self.declined {
-            if self.run {
-                self.hits += 1.0;
-            }
             self.evict.on_access(&[Access {
                 hash: h,
                 inserted: false,
@@ -318,28 +312,20 @@ pub struct Adaptive {
     half_life: usize,
     door_window: usize,
     cap_hint: usize,
-    /// References seen by the shadows since the last halving.
-    refs: usize,
     /// With sampled shadows: every reference, and those of the sampled chains, halved every
     /// half-life of the real cache's references. Their ratio (the share of the traffic the
     /// shadows see, which chains sharing a root make far from 1 in `sample`) sizes the shadows.
     seen: f64,
     seen_sampled: f64,
-    /// With sampled shadows: each shadow's hits in the current chain so far, and for each
-    /// pair of shadows the sum over chains of the square of the difference of their hits in
-    /// the chain, halved with the hits: what the difference of their hits varies by when
-    /// whole chains are the sampled units.
+    /// With sampled shadows: each shadow's hits in the current chain so far.
     chain_hits: [f64; MODES.len()],
-    discordant_chains: [[f64; MODES.len()]; MODES.len()],
-    /// For each pair of shadows (in [`MODES`] order), the references on which exactly one of
-    /// the two hit, halved with the hits: what the difference of their hits varies by.
-    discordant: [[f64; MODES.len()]; MODES.len()],
+    /// The shadows' recent hits and the leader they chose.
+    duel: Duel,
     /// The last block referenced, and whether its chain is one the shadows follow.
     last_ref: Option<BlockHash>,
     chain_sampled: bool,
     /// A chain started at its root: its first block decides whether it is sampled.
     at_root: bool,
-    leader: Mode,
     switches: u64,
     fixed: bool,
     /// With exact shadows: for each real block, the shadows that hold it (bit `i` for the
@@ -353,13 +339,65 @@ pub struct Adaptive {
     regimes: Regimes,
 }
 
-/// A duel's state, kept for a regime while the workload is in another.
+/// The duel between the shadows: their recent hits, what the differences between them vary
+/// by, and the leader they chose. A regime the workload leaves keeps its duel ([`Regimes`]).
 #[derive(Clone, Debug)]
 struct Duel {
+    /// Each shadow's prefix hits (in [`MODES`] order), halved every half-life.
     hits: [f64; MODES.len()],
+    /// For each pair of shadows, the references on which exactly one of the two hit, halved
+    /// with the hits: what the difference of their hits varies by.
     discordant: [[f64; MODES.len()]; MODES.len()],
+    /// With sampled shadows: for each pair of shadows the sum over chains of the square of the
+    /// difference of their hits in the chain, halved with the hits: what the difference of
+    /// their hits varies by when whole chains are the sampled units.
+    discordant_chains: [[f64; MODES.len()]; MODES.len()],
+    /// References seen by the shadows since the last halving.
     refs: usize,
+    /// The shadow the real cache follows.
     leader: Mode,
+}
+
+impl Duel {
+    fn new(leader: Mode) -> Self {
+        Duel {
+            hits: [0.0; MODES.len()],
+            discordant: [[0.0; MODES.len()]; MODES.len()],
+            discordant_chains: [[0.0; MODES.len()]; MODES.len()],
+            refs: 0,
+            leader,
+        }
+    }
+
+    /// Counts the hits and the discordant pairs of a reference that each shadow hit or
+    /// missed.
+    fn count(&mut self, hit: &[bool; MODES.len()]) {
+        for (h, &hit) in self.hits.iter_mut().zip(hit) {
+            *h += f64::from(u8::from(hit));
+        }
+        for i in 0..MODES.len() {
+            for j in 0..i {
+                if hit[i] != hit[j] {
+                    self.discordant[i][j] += 1.0;
+                    self.discordant[j][i] += 1.0;
+                }
+            }
+        }
+    }
+
+    /// Halves what the duel remembers (a half-life has passed).
+    fn halve(&mut self) {
+        self.refs = 0;
+        for h in &mut self.hits {
+            *h *= 0.5;
+        }
+        for d in self.discordant.iter_mut().flatten() {
+            *d *= 0.5;
+        }
+        for d in self.discordant_chains.iter_mut().flatten() {
+            *d *= 0.5;
+        }
+    }
 }
 
 /// The workload's regimes, told apart by the share of references that some shadow hits
@@ -464,16 +502,13 @@ impl Adaptive {
             half_life: half_life_capacities.max(1),
             door_window: door_window_capacities.max(1),
             cap_hint: 0,
-            refs: 0,
             seen: 0.0,
             seen_sampled: 0.0,
             chain_hits: [0.0; MODES.len()],
-            discordant_chains: [[0.0; MODES.len()]; MODES.len()],
-            discordant: [[0.0; MODES.len()]; MODES.len()],
+            duel: Duel::new(Mode::Arc),
             last_ref: None,
             chain_sampled: false,
             at_root: false,
-            leader: Mode::Arc,
             switches: 0,
             fixed: false,
             held: HashMap::new(),
@@ -490,14 +525,14 @@ impl Adaptive {
     pub fn fixed(mode: &str, door_window_capacities: usize) -> Self {
         let mut a =
             Self::with_constants(SHADOW_BLOCKS, HALF_LIFE_CAPACITIES, door_window_capacities);
-        a.leader = *MODES.iter().find(|m| m.name() == mode).expect("mode");
+        a.duel.leader = *MODES.iter().find(|m| m.name() == mode).expect("mode");
         a.fixed = true;
         a
     }
 
     /// The candidate the real cache follows now.
     pub fn leader(&self) -> &'static str {
-        self.leader.name()
+        self.duel.leader.name()
     }
 
     /// How many times the leader changed.
@@ -520,28 +555,14 @@ impl Adaptive {
         let Some((left, next)) = self.regimes.observe(any, self.shadows[0].cap) else {
             return;
         };
-        let mut hits = [0.0; MODES.len()];
-        for (h, s) in hits.iter_mut().zip(&self.shadows) {
-            *h = s.hits;
-        }
-        self.regimes.known[left].saved = Some(Duel {
-            hits,
-            discordant: self.discordant,
-            refs: self.refs,
-            leader: self.leader,
-        });
-        let Some(d) = self.regimes.known[next].saved.take() else {
-            return;
+        let left_duel = match self.regimes.known[next].saved.take() {
+            Some(d) => std::mem::replace(&mut self.duel, d),
+            None => self.duel.clone(),
         };
-        for (s, h) in self.shadows.iter_mut().zip(d.hits) {
-            s.hits = h;
-        }
-        self.discordant = d.discordant;
-        self.refs = d.refs;
-        if d.leader != self.leader {
-            self.leader = d.leader;
+        if left_duel.leader != self.duel.leader {
             self.switches += 1;
         }
+        self.regimes.known[left].saved = Some(left_duel);
     }
 
     /// The real cache holds what the shadows vote for, block for block: they are exact.
@@ -572,7 +593,7 @@ impl Adaptive {
 
     /// The index of the leader's shadow.
     fn leader_index(&self) -> Option<usize> {
-        self.shadows.iter().position(|s| s.mode == self.leader)
+        self.shadows.iter().position(|s| s.mode == self.duel.leader)
     }
 
     /// Puts the real block `h` in the group of the shadows that hold it, last.
@@ -621,15 +642,15 @@ impl Adaptive {
         for (i, w) in w.iter_mut().enumerate().take(self.shadows.len()) {
             *w = if i == l {
                 1.0
-            } else if self.fixed || self.discordant[l][i] == 0.0 {
+            } else if self.fixed || self.duel.discordant[l][i] == 0.0 {
                 // No reference has yet told the two apart (one hit where the other missed):
                 // nothing to go on, so the leader decides (a small store that has read back
                 // every block it was given keeps storing new ones, as ARC, the first leader,
                 // does).
                 0.0
             } else {
-                let behind = (self.shadows[l].hits - self.shadows[i].hits).max(0.0);
-                let z = behind / self.discordant[l][i].max(1.0).sqrt() / VOTE_SIGMAS;
+                let behind = (self.duel.hits[l] - self.duel.hits[i]).max(0.0);
+                let z = behind / self.duel.discordant[l][i].max(1.0).sqrt() / VOTE_SIGMAS;
                 (-0.5 * z * z).exp()
             };
         }
@@ -697,14 +718,7 @@ impl Adaptive {
         for (s, hit) in self.shadows.iter_mut().zip(&mut hit) {
             *hit = s.reference(h);
         }
-        for i in 0..MODES.len() {
-            for j in 0..i {
-                if hit[i] != hit[j] {
-                    self.discordant[i][j] += 1.0;
-                    self.discordant[j][i] += 1.0;
-                }
-            }
-        }
+        self.duel.count(&hit);
         if self.sample > 1 {
             for (c, hit) in self.chain_hits.iter_mut().zip(hit) {
                 *c += f64::from(u8::from(hit));
@@ -714,19 +728,10 @@ impl Adaptive {
             self.track(&h);
         }
         self.regime(hit.contains(&true));
-        self.refs += 1;
-        let shadow_cap = self.shadows[0].cap;
-        if self.refs >= self.half_life * shadow_cap {
-            self.refs = 0;
-            for s in &mut self.shadows {
-                s.hits *= 0.5;
-            }
-            for d in self.discordant.iter_mut().flatten() {
-                *d *= 0.5;
-            }
-            for d in self.discordant_chains.iter_mut().flatten() {
-                *d *= 0.5;
-            }
+        // Toward the half-life of the duel now current (after a move, the one taken up).
+        self.duel.refs += 1;
+        if self.duel.refs >= self.half_life * self.shadows[0].cap {
+            self.duel.halve();
         }
         if !self.fixed {
             self.follow_the_leader();
@@ -743,8 +748,8 @@ impl Adaptive {
         for i in 0..MODES.len() {
             for j in 0..i {
                 let d = (c[i] - c[j]) * (c[i] - c[j]);
-                self.discordant_chains[i][j] += d;
-                self.discordant_chains[j][i] += d;
+                self.duel.discordant_chains[i][j] += d;
+                self.duel.discordant_chains[j][i] += d;
             }
         }
     }
@@ -810,21 +815,22 @@ impl Adaptive {
         let Some(cur) = self.leader_index() else {
             return;
         };
-        let cur_hits = self.shadows[cur].hits;
+        let hits = &self.duel.hits;
         // Both shadows see the same references, so their hit counts differ only on the
         // references where one hit and the other did not (McNemar's test): a difference of
         // SWITCH_SIGMAS standard deviations of those discordant counts is not chance.
         let best = (0..self.shadows.len())
             .filter(|&i| {
-                let lead = self.shadows[i].hits - cur_hits;
+                let lead = hits[i] - hits[cur];
                 if self.sample > 1 {
-                    return lead > SAMPLED_SWITCH_SIGMAS * self.discordant_chains[i][cur].sqrt();
+                    return lead
+                        > SAMPLED_SWITCH_SIGMAS * self.duel.discordant_chains[i][cur].sqrt();
                 }
-                lead > SWITCH_SIGMAS * self.discordant[i][cur].sqrt()
+                lead > SWITCH_SIGMAS * self.duel.discordant[i][cur].sqrt()
             })
-            .max_by(|&a, &b| self.shadows[a].hits.total_cmp(&self.shadows[b].hits));
+            .max_by(|&a, &b| hits[a].total_cmp(&hits[b]));
         if let Some(best) = best {
-            self.leader = self.shadows[best].mode;
+            self.duel.leader = self.shadows[best].mode;
             self.switches += 1;
         }
     }
@@ -850,10 +856,8 @@ impl Adaptive {
             .iter()
             .map(|&m| Shadow::new(m, shadow_cap, w))
             .collect();
-        self.refs = 0;
         self.chain_hits = [0.0; MODES.len()];
-        self.discordant_chains = [[0.0; MODES.len()]; MODES.len()];
-        self.discordant = [[0.0; MODES.len()]; MODES.len()];
+        self.duel = Duel::new(self.duel.leader);
         self.regimes = Regimes::default();
         self.remask();
     }
@@ -932,7 +936,7 @@ impl Policy for Adaptive {
             let w = self.weights();
             full && Self::vote(&w, self.holders(hash)) < 0.5 * w.iter().sum::<f64>()
         } else {
-            self.leader.second_sight() && !second && full
+            self.duel.leader.second_sight() && !second && full
         };
         if declined {
             // Not stored: ARC forgets the ghost hit it noted for the insertion.
@@ -969,7 +973,7 @@ impl Policy for Adaptive {
                 }
             }
         }
-        let v = if self.leader.arc() {
+        let v = if self.duel.leader.arc() {
             let v = self.arc.victim(pinned)?;
             self.lru.on_remove(&v);
             v
@@ -992,7 +996,7 @@ impl Policy for Adaptive {
     fn summary(&self) -> String {
         format!(
             "following {} after {} switches, {} regime changes",
-            self.leader.name(),
+            self.duel.leader.name(),
             self.switches,
             self.regimes.changes
         )
@@ -1079,16 +1083,17 @@ mod tests {
     #[test]
     fn shadows_count_prefix_hits_and_keep_chains_whole() {
         let mut s = Shadow::new(Mode::Lru, 4, 4);
+        let mut hits = 0;
         s.start_chain(true);
         for i in 1..=3 {
-            s.reference(h(i));
+            hits += u32::from(s.reference(h(i)));
         }
-        assert_eq!(s.hits, 0.0);
+        assert_eq!(hits, 0);
         s.start_chain(true);
         for i in 1..=3 {
-            s.reference(h(i));
+            hits += u32::from(s.reference(h(i)));
         }
-        assert_eq!(s.hits, 3.0, "a whole prefix is three hits");
+        assert_eq!(hits, 3, "a whole prefix is three hits");
         // A chain of 3 more: room is made from leaves only (3, then 2), so the root stays.
         s.start_chain(true);
         for i in 10..=12 {
@@ -1109,9 +1114,8 @@ mod tests {
         assert!((20..=23).all(|i| has(&s, i)) && !has(&s, 24));
         // A present block after a missing one is no hit.
         s.start_chain(true);
-        s.reference(h(99));
-        s.reference(h(20));
-        assert_eq!(s.hits, 3.0);
+        assert!(!s.reference(h(99)));
+        assert!(!s.reference(h(20)), "present, after a missing block");
     }
 
     /// Drives the policy as the index does, with one-block chains (so that prefix closure
@@ -1173,10 +1177,8 @@ mod tests {
 
     /// Makes every shadow tie with every other, on 100 references that told them apart.
     fn tie(a: &mut Adaptive) {
-        for s in &mut a.shadows {
-            s.hits = 500.0;
-        }
-        for d in a.discordant.iter_mut().flatten() {
+        a.duel.hits = [500.0; MODES.len()];
+        for d in a.duel.discordant.iter_mut().flatten() {
             *d = 100.0;
         }
     }
@@ -1184,11 +1186,11 @@ mod tests {
     /// Makes `leader` lead every other shadow by 100 deviations.
     fn lead_clearly(a: &mut Adaptive, leader: Mode) {
         let l = shadow_of(leader);
-        a.shadows[l].hits = 1000.0;
+        a.duel.hits[l] = 1000.0;
         for i in 0..MODES.len() {
             if i != l {
-                a.discordant[l][i] = 100.0;
-                a.discordant[i][l] = 100.0;
+                a.duel.discordant[l][i] = 100.0;
+                a.duel.discordant[i][l] = 100.0;
             }
         }
     }
@@ -1204,17 +1206,17 @@ mod tests {
             shadow_of(Mode::Admit2),
         );
         assert_eq!(a.leader(), "arc");
-        a.shadows[arc].hits = 510.0;
+        a.duel.hits[arc] = 510.0;
         // LRU: 10 hits behind on 100 discordant references, one deviation: exp(-(1/1)^2/2).
-        a.shadows[lru].hits = 500.0;
+        a.duel.hits[lru] = 500.0;
         // LRU behind a doorkeeper: 20 ahead, short of the switching margin (30): as the leader.
-        a.shadows[door].hits = 530.0;
+        a.duel.hits[door] = 530.0;
         for i in [lru, door] {
-            a.discordant[arc][i] = 100.0;
-            a.discordant[i][arc] = 100.0;
+            a.duel.discordant[arc][i] = 100.0;
+            a.duel.discordant[i][arc] = 100.0;
         }
         // admit2: never told apart from ARC (no discordant reference): no vote.
-        a.shadows[admit2].hits = 510.0;
+        a.duel.hits[admit2] = 510.0;
         let w = a.weights();
         assert_eq!(w[arc], 1.0);
         assert!((w[lru] - (-0.5f64).exp()).abs() < 1e-12, "{}", w[lru]);
@@ -1257,8 +1259,8 @@ mod tests {
         // ARC and ARC behind a doorkeeper tie on references that told them apart; the others
         // have no vote. A first sight: ARC stores it, the doorkeeper turns it away.
         let (arc, door) = (shadow_of(Mode::Arc), shadow_of(Mode::ArcDoor));
-        a.discordant[arc][door] = 100.0;
-        a.discordant[door][arc] = 100.0;
+        a.duel.discordant[arc][door] = 100.0;
+        a.duel.discordant[door][arc] = 100.0;
         let w = a.weights();
         assert_eq!(w.iter().sum::<f64>(), 2.0);
         a.on_chain(None);
@@ -1272,9 +1274,9 @@ mod tests {
         a.set_capacity_hint(100);
         fill(&mut a, 0..100);
         let (l, o) = (shadow_of(leader), shadow_of(other));
-        a.leader = leader;
-        a.discordant[l][o] = 100.0;
-        a.discordant[o][l] = 100.0;
+        a.duel.leader = leader;
+        a.duel.discordant[l][o] = 100.0;
+        a.duel.discordant[o][l] = 100.0;
         for (i, s) in a.shadows.iter_mut().enumerate() {
             for (keeper, b) in [(l, h(3)), (o, h(7))] {
                 if i != keeper {
@@ -1309,7 +1311,7 @@ mod tests {
         let mut a = Adaptive::with_constants(4, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
         a.set_capacity_hint(16);
         assert!(a.sample > 1 && !a.mirrors());
-        a.leader = Mode::LruDoor;
+        a.duel.leader = Mode::LruDoor;
         a.fixed = true;
         for i in 0..16 {
             a.on_access(&[Access {
@@ -1522,7 +1524,7 @@ mod tests {
         a.set_capacity_hint(100);
         let mut real = HashSet::new();
         drive(&mut a, 100, &hot_and_runs(5_000, 3), &mut real);
-        a.leader = Mode::Admit2;
+        a.duel.leader = Mode::Admit2;
         let held = |a: &Adaptive| -> HashSet<BlockHash> {
             leader_shadow(a).present.keys().copied().collect()
         };
@@ -1549,24 +1551,24 @@ mod tests {
         let (arc, lru) = (0, 2);
         assert_eq!(a.shadows[arc].mode, Mode::Arc);
         assert_eq!(a.shadows[lru].mode, Mode::Lru);
-        a.shadows[arc].hits = 100.0;
-        a.shadows[lru].hits = 130.0;
+        a.duel.hits[arc] = 100.0;
+        a.duel.hits[lru] = 130.0;
         // A lead of 30 on 200 discordant references: under 3 standard deviations (42).
-        a.discordant[arc][lru] = 200.0;
-        a.discordant[lru][arc] = 200.0;
+        a.duel.discordant[arc][lru] = 200.0;
+        a.duel.discordant[lru][arc] = 200.0;
         a.follow_the_leader();
-        assert_eq!((a.leader, a.switches), (Mode::Arc, 0));
+        assert_eq!((a.duel.leader, a.switches), (Mode::Arc, 0));
         // The same lead on 90 discordant references: over 3 standard deviations (28.5).
-        a.discordant[arc][lru] = 90.0;
-        a.discordant[lru][arc] = 90.0;
+        a.duel.discordant[arc][lru] = 90.0;
+        a.duel.discordant[lru][arc] = 90.0;
         a.follow_the_leader();
-        assert_eq!((a.leader, a.switches), (Mode::Lru, 1));
+        assert_eq!((a.duel.leader, a.switches), (Mode::Lru, 1));
         // A lead of exactly 3 standard deviations is not enough.
-        a.shadows[arc].hits = 130.0 + 30.0;
-        a.discordant[arc][lru] = 100.0;
-        a.discordant[lru][arc] = 100.0;
+        a.duel.hits[arc] = 130.0 + 30.0;
+        a.duel.discordant[arc][lru] = 100.0;
+        a.duel.discordant[lru][arc] = 100.0;
         a.follow_the_leader();
-        assert_eq!((a.leader, a.switches), (Mode::Lru, 1));
+        assert_eq!((a.duel.leader, a.switches), (Mode::Lru, 1));
     }
 
     /// Feeds `n` references to the regimes' rate, the `i`th hit by some shadow if `any(i)`;
@@ -1595,29 +1597,27 @@ mod tests {
             None,
             "one regime while the rate holds"
         );
-        a.leader = Mode::LruDoor;
+        a.duel.leader = Mode::LruDoor;
         lead_clearly(&mut a, Mode::LruDoor);
-        a.refs = 37; // since the last halving
-        let door_duel = (a.shadows[shadow_of(Mode::LruDoor)].hits, a.discordant);
+        a.duel.refs = 37; // since the last halving
+        let door_duel = (a.duel.hits[shadow_of(Mode::LruDoor)], a.duel.discordant);
         // Every reference hits: once the rate has moved by REGIME_SHIFT (within a span), a
         // second regime, which starts from the duel as it is.
         let took = rate(&mut a, true, 10 * span).expect("a second regime");
         assert!(took <= span, "the second regime took {took} references");
         assert_eq!(
-            a.leader,
+            a.duel.leader,
             Mode::LruDoor,
             "a new regime starts from the duel as it is"
         );
         // The rate goes on rising past the new regime's mean: no move back to the first.
         assert_eq!(rate(&mut a, true, 10 * span), None, "moved back on the way");
         // There LRU comes to lead.
-        a.leader = Mode::Lru;
-        for s in &mut a.shadows {
-            s.hits = 0.0;
-        }
+        a.duel.leader = Mode::Lru;
+        a.duel.hits = [0.0; MODES.len()];
         lead_clearly(&mut a, Mode::Lru);
-        a.refs = 5;
-        let lru_duel = (a.shadows[shadow_of(Mode::Lru)].hits, a.discordant);
+        a.duel.refs = 5;
+        let lru_duel = (a.duel.hits[shadow_of(Mode::Lru)], a.duel.discordant);
         let switches = a.switches();
         // Nothing hits again: back to the first regime, its duel and its leader, as soon as
         // the rate is nearer that regime's mean.
@@ -1626,23 +1626,23 @@ mod tests {
             took <= span,
             "the first regime came back after {took} references"
         );
-        assert_eq!(a.leader, Mode::LruDoor);
+        assert_eq!(a.duel.leader, Mode::LruDoor);
         assert_eq!(
             a.switches(),
             switches + 1,
             "taking up another leader is a switch"
         );
         assert_eq!(
-            (a.shadows[shadow_of(Mode::LruDoor)].hits, a.discordant),
+            (a.duel.hits[shadow_of(Mode::LruDoor)], a.duel.discordant),
             door_duel
         );
-        assert_eq!(a.refs, 37, "the halving goes on where it was");
+        assert_eq!(a.duel.refs, 37, "the halving goes on where it was");
         assert_eq!(rate(&mut a, false, 10 * span), None);
         // And to the second, which kept its own.
         rate(&mut a, true, 10 * span).expect("back to the second regime");
-        assert_eq!(a.leader, Mode::Lru);
+        assert_eq!(a.duel.leader, Mode::Lru);
         assert_eq!(
-            (a.shadows[shadow_of(Mode::Lru)].hits, a.discordant),
+            (a.duel.hits[shadow_of(Mode::Lru)], a.duel.discordant),
             lru_duel
         );
         assert_eq!(a.regime_changes(), 3);
@@ -1735,7 +1735,7 @@ mod tests {
     fn above_the_exact_size_the_real_cache_applies_the_leaders_rule() {
         for (mode, first_sight) in [("admit2", false), ("lru+door", false), ("lru", true)] {
             let mut a = Adaptive::with_constants(64, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
-            a.leader = *MODES.iter().find(|m| m.name() == mode).expect("mode");
+            a.duel.leader = *MODES.iter().find(|m| m.name() == mode).expect("mode");
             a.fixed = true;
             a.set_capacity_hint(1024);
             assert!(a.sample > 1 && !a.mirrors());
@@ -1761,16 +1761,21 @@ mod tests {
         assert!(a.shadows[0].insert(h(5), None));
         a.on_chain(None);
         a.reference(h(5));
-        assert_eq!(a.shadows[0].hits, 1.0);
-        assert_eq!((a.discordant[0][1], a.discordant[1][0]), (1.0, 1.0));
-        assert_eq!(a.discordant[1][2], 0.0, "both missed");
+        assert_eq!(a.duel.hits[0], 1.0);
+        assert_eq!(
+            (a.duel.discordant[0][1], a.duel.discordant[1][0]),
+            (1.0, 1.0)
+        );
+        assert_eq!(a.duel.discordant[1][2], 0.0, "both missed");
         // A half-life is 4 capacities of references: the 40th halves the counts.
-        a.refs = 4 * 10 - 1;
+        a.duel.refs = 4 * 10 - 1;
+        a.duel.discordant_chains[0][1] = 2.0; // as sampled shadows would have counted
         a.on_chain(None);
         a.reference(h(99));
-        assert_eq!(a.refs, 0);
-        assert_eq!(a.shadows[0].hits, 0.5);
-        assert_eq!(a.discordant[0][1], 0.5);
+        assert_eq!(a.duel.refs, 0);
+        assert_eq!(a.duel.hits[0], 0.5);
+        assert_eq!(a.duel.discordant[0][1], 0.5);
+        assert_eq!(a.duel.discordant_chains[0][1], 1.0);
     }
 
     #[test]
@@ -1952,30 +1957,33 @@ mod tests {
         a.on_chain(None);
         read(&mut a, &chain);
         a.on_chain(None); // the chain ends
-        assert_eq!(a.shadows[0].hits, 5.0);
-        assert_eq!(a.discordant[0][1], 5.0, "five discordant references");
+        assert_eq!(a.duel.hits[0], 5.0);
+        assert_eq!(a.duel.discordant[0][1], 5.0, "five discordant references");
         assert_eq!(
-            (a.discordant_chains[0][1], a.discordant_chains[1][0]),
+            (
+                a.duel.discordant_chains[0][1],
+                a.duel.discordant_chains[1][0]
+            ),
             (25.0, 25.0),
             "one chain, 5 hits apart"
         );
-        assert_eq!(a.discordant_chains[1][2], 0.0);
+        assert_eq!(a.duel.discordant_chains[1][2], 0.0);
         // A lead of 30 that per reference would be 3.2 standard deviations (90 discordant
         // references) but is 1.5 of the chains' (400): no switch.
         let (arc, lru) = (0, 2);
-        a.shadows[arc].hits = 100.0;
-        a.shadows[lru].hits = 130.0;
-        a.discordant[arc][lru] = 90.0;
-        a.discordant[lru][arc] = 90.0;
-        a.discordant_chains[arc][lru] = 400.0;
-        a.discordant_chains[lru][arc] = 400.0;
+        a.duel.hits[arc] = 100.0;
+        a.duel.hits[lru] = 130.0;
+        a.duel.discordant[arc][lru] = 90.0;
+        a.duel.discordant[lru][arc] = 90.0;
+        a.duel.discordant_chains[arc][lru] = 400.0;
+        a.duel.discordant_chains[lru][arc] = 400.0;
         a.follow_the_leader();
-        assert_eq!((a.leader, a.switches), (Mode::Arc, 0));
+        assert_eq!((a.duel.leader, a.switches), (Mode::Arc, 0));
         // Over 2 of the chains' standard deviations (200: 28.3): a switch.
-        a.discordant_chains[arc][lru] = 200.0;
-        a.discordant_chains[lru][arc] = 200.0;
+        a.duel.discordant_chains[arc][lru] = 200.0;
+        a.duel.discordant_chains[lru][arc] = 200.0;
         a.follow_the_leader();
-        assert_eq!((a.leader, a.switches), (Mode::Lru, 1));
+        assert_eq!((a.duel.leader, a.switches), (Mode::Lru, 1));
     }
 
     #[test]
@@ -1988,9 +1996,9 @@ mod tests {
         a.on_chain(Some(&chain[2])); // the same chain goes on
         read(&mut a, &chain[3..]);
         a.on_chain(None); // the chain ends
-        assert_eq!(a.shadows[0].hits, 5.0);
+        assert_eq!(a.duel.hits[0], 5.0);
         assert_eq!(
-            a.discordant_chains[0][1], 25.0,
+            a.duel.discordant_chains[0][1], 25.0,
             "one chain 5 hits apart (3 and 2 apart, as two, would be 13)"
         );
     }
@@ -2008,11 +2016,11 @@ mod tests {
         assert!(a.shadows[0].insert(x1, Some(x0)));
         a.on_chain(None);
         read(&mut a, &[x0, x1]);
-        assert_eq!(a.shadows[0].hits, 2.0);
+        assert_eq!(a.duel.hits[0], 2.0);
         a.on_chain(Some(&h(999)));
         read(&mut a, &[x0]);
         assert_eq!(
-            a.shadows[0].hits, 2.0,
+            a.duel.hits[0], 2.0,
             "not a prefix hit: the chain did not start here"
         );
         let new = h(3);
@@ -2028,7 +2036,7 @@ mod tests {
         read(&mut a, &chain);
         a.on_chain(Some(&h(2_000_000)));
         assert_eq!(
-            a.discordant_chains[0][1], 25.0,
+            a.duel.discordant_chains[0][1], 25.0,
             "the chain ended at the jump"
         );
     }
