@@ -1097,7 +1097,7 @@ mod tests {
         // A chain of 3 more: room is made from leaves only (3, then 2), so the root stays.
         s.start_chain(true);
         for i in 10..=12 {
-            s.reference(h(i));
+            hits += u32::from(s.reference(h(i)));
         }
         let has = |s: &Shadow, i| s.present.contains_key(&h(i));
         assert!(
@@ -1109,13 +1109,14 @@ mod tests {
         // is declined.
         s.start_chain(true);
         for i in 20..=24 {
-            s.reference(h(i));
+            hits += u32::from(s.reference(h(i)));
         }
         assert!((20..=23).all(|i| has(&s, i)) && !has(&s, 24));
         // A present block after a missing one is no hit.
         s.start_chain(true);
         assert!(!s.reference(h(99)));
         assert!(!s.reference(h(20)), "present, after a missing block");
+        assert_eq!(hits, 3, "no hit since the whole prefix");
     }
 
     /// Drives the policy as the index does, with one-block chains (so that prefix closure
