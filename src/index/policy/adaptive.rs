@@ -385,6 +385,18 @@ impl Duel {
         }
     }
 
+    /// Counts a sampled chain that has ended, `c` being each shadow's hits in it: one
+    /// observation of each pair's difference (its square joins the pair's variance).
+    fn count_chain(&mut self, c: &[f64; MODES.len()]) {
+        for i in 0..MODES.len() {
+            for j in 0..i {
+                let d = (c[i] - c[j]) * (c[i] - c[j]);
+                self.discordant_chains[i][j] += d;
+                self.discordant_chains[j][i] += d;
+            }
+        }
+    }
+
     /// Halves what the duel remembers (a half-life has passed).
     fn halve(&mut self) {
         self.refs = 0;
@@ -745,13 +757,7 @@ impl Adaptive {
         if c.iter().all(|&x| x == 0.0) {
             return;
         }
-        for i in 0..MODES.len() {
-            for j in 0..i {
-                let d = (c[i] - c[j]) * (c[i] - c[j]);
-                self.duel.discordant_chains[i][j] += d;
-                self.duel.discordant_chains[j][i] += d;
-            }
-        }
+        self.duel.count_chain(&c);
     }
 
     /// Counts a reference toward the share of the traffic the sampled shadows see, and sizes
