@@ -99,6 +99,24 @@ pub const RESAMPLE_BELOW: u64 = 8;
 /// At most this many draws: traffic that no draw samples stays unsampled, not redrawn forever.
 pub const MAX_DRAWS: u32 = 8;
 
+/// Sampled shadows decide whether they follow a chain by one of its blocks: at first its root,
+/// and deeper (its second block, its third, ...) when the chains sharing the blocks up to that
+/// depth carry too much of the traffic for the shadows to hold their share of the capacity, or
+/// too little of it ([`RESAMPLE_BELOW`]). Real traces put a system prompt before every request:
+/// every request of Mooncake's conversation trace starts with the same block, so a sample by
+/// root takes all of the traffic or none of it, and a shadow of at most [`SHADOW_BLOCKS`] then
+/// models a smaller cache than the real one (at 36,558 blocks the default ended 0.0139 below
+/// LRU). The shadows measure the share each depth up to this one would give, and take the
+/// shallowest that fits: the shallower, the likelier that every turn of a conversation (each
+/// extending the last) is decided by the same block.
+pub const MAX_SAMPLE_DEPTH: usize = 64;
+
+/// With sampled shadows, whether the sampled chains' share of the traffic fits is checked every
+/// this many capacities' worth of references (and at least [`REGIME_MIN_REFERENCES`]): a
+/// shared root shows within the first few hundred requests, so the shadows take the right depth
+/// within the first 10 % of a trace, and learn from there.
+pub const SAMPLE_DEPTH_CHECK: f64 = 0.125;
+
 /// What a candidate (and the real cache, following the leader) does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
@@ -324,8 +342,22 @@ pub struct Adaptive {
     /// The last block referenced, and whether its chain is one the shadows follow.
     last_ref: Option<BlockHash>,
     chain_sampled: bool,
-    /// A chain started at its root: its first block decides whether it is sampled.
+    /// A chain started at its root: its block at `depth` (or its last, if it is shorter)
+    /// decides whether it is sampled ([`MAX_SAMPLE_DEPTH`]).
     at_root: bool,
+    /// With sampled shadows: the depth of the block that decides whether a chain is followed,
+    /// whether the current chain is decided yet, and its blocks before the deciding one (the
+    /// shadows see them once it is decided).
+    depth: usize,
+    decided: bool,
+    pending: Vec<BlockHash>,
+    /// With sampled shadows: the current chain's first [`MAX_SAMPLE_DEPTH`] blocks and its
+    /// length, and, since the depth was last chosen, the references of all chains and of
+    /// those each depth would sample.
+    chain_head: Vec<BlockHash>,
+    chain_len: u64,
+    depth_seen: u64,
+    depth_sampled: Vec<u64>,
     switches: u64,
     fixed: bool,
     /// With exact shadows: for each real block, the shadows that hold it (bit `i` for the
@@ -521,6 +553,13 @@ impl Adaptive {
             last_ref: None,
             chain_sampled: false,
             at_root: false,
+            depth: 0,
+            decided: true,
+            pending: Vec::new(),
+            chain_head: Vec::new(),
+            chain_len: 0,
+            depth_seen: 0,
+            depth_sampled: vec![0; MAX_SAMPLE_DEPTH],
             switches: 0,
             fixed: false,
             held: HashMap::new(),
@@ -711,17 +750,77 @@ impl Adaptive {
 
     fn reference(&mut self, h: BlockHash) {
         if self.at_root {
-            // Chains are sampled whole, by their root, so a shadow sees every block of the
-            // chains it follows and can tell prefix hits.
+            // Chains are sampled whole, by one of their first blocks, so a shadow sees every
+            // block of the chains it follows and can tell prefix hits.
             self.at_root = false;
-            self.chain_sampled = self.sampled(&h);
+            self.decided = false;
+            self.pending.clear();
+            self.chain_head.clear();
+            self.chain_len = 0;
         }
         self.last_ref = Some(h);
         if self.shadows.is_empty() {
             return;
         }
         if self.sample > 1 {
-            self.count_share();
+            self.chain_len += 1;
+            if self.chain_head.len() < MAX_SAMPLE_DEPTH {
+                self.chain_head.push(h);
+            }
+        }
+        if !self.decided {
+            self.pending.push(h);
+            if self.sample == 1 || self.pending.len() > self.depth {
+                self.decide(h);
+            }
+            return;
+        }
+        self.follow(h);
+    }
+
+    /// The current chain's block `key` decides whether the shadows follow it; they see the
+    /// blocks before it now.
+    fn decide(&mut self, key: BlockHash) {
+        self.decided = true;
+        self.chain_sampled = self.sampled(&key);
+        let mut pending = std::mem::take(&mut self.pending);
+        for &p in &pending {
+            self.follow(p);
+        }
+        pending.clear();
+        self.pending = pending;
+    }
+
+    /// A chain ends (another starts, or one the shadows did not see from its root): a chain
+    /// shorter than the deciding depth is decided by its last block, and each depth's share of
+    /// the traffic counts its references.
+    fn end_chain(&mut self) {
+        if !self.decided {
+            if let Some(&last) = self.pending.last() {
+                self.decide(last);
+            }
+            self.decided = true;
+        }
+        if self.sample > 1 && self.chain_len > 0 && !self.chain_head.is_empty() {
+            self.depth_seen += self.chain_len;
+            let n = self.chain_head.len();
+            for d in 0..MAX_SAMPLE_DEPTH {
+                if self.sampled(&self.chain_head[d.min(n - 1)]) {
+                    self.depth_sampled[d] += self.chain_len;
+                }
+            }
+        }
+        self.chain_head.clear();
+        self.chain_len = 0;
+    }
+
+    /// A reference of the current chain, once decided: counted toward the sampled share, and
+    /// replayed on the shadows if they follow the chain.
+    fn follow(&mut self, h: BlockHash) {
+        if self.sample > 1 && self.count_share() {
+            // Another draw or depth: the shadows start over, from the next chain.
+            self.chain_sampled = false;
+            return;
         }
         if !self.chain_sampled {
             return;
@@ -765,22 +864,41 @@ impl Adaptive {
     /// shadow estimates the full cache when it holds the share of the capacity that its chains
     /// take of the traffic. Sampling by root gives 1 in `sample` of the chains, but not of the
     /// traffic when a few roots (shared system prompts) carry most of it.
-    fn count_share(&mut self) {
+    fn count_share(&mut self) -> bool {
         self.seen += 1.0;
         self.draw_seen += 1;
         if self.chain_sampled {
             self.seen_sampled += 1.0;
             self.draw_sampled += 1;
         }
-        if self.draw_seen >= self.cap_hint.max(1) as u64 {
+        let cap_refs = self.cap_hint.max(1) as u64;
+        let check =
+            ((cap_refs as f64 * SAMPLE_DEPTH_CHECK) as u64).max(REGIME_MIN_REFERENCES as u64);
+        if self.draw_seen % check == 0 || self.draw_seen >= cap_refs {
             let starved = self.draw_sampled * RESAMPLE_BELOW * self.sample < self.draw_seen;
-            (self.draw_seen, self.draw_sampled) = (0, 0);
-            if starved && self.draw + 1 < MAX_DRAWS {
-                // The next chain is drawn anew; the shadows start over on the new sample.
-                self.draw += 1;
-                self.shadows.clear();
-                self.rebuild_shadows();
-                return;
+            let crowded = self.draw_sampled as f64 * self.cap_hint as f64
+                > self.shadow_blocks as f64 * self.draw_seen as f64;
+            if starved || crowded {
+                if let Some(d) = self.fitting_depth() {
+                    // The chains are decided by their blocks at another depth from the next
+                    // one on; the shadows start over, sized to the share measured there.
+                    self.depth = d;
+                    let share = self.depth_sampled[d] as f64 / self.depth_seen as f64;
+                    self.restart_sample();
+                    self.seen = self.cap_hint as f64;
+                    self.seen_sampled = share * self.cap_hint as f64;
+                    self.resize_shadows(self.shadow_cap());
+                    return true;
+                }
+            }
+            if self.draw_seen >= cap_refs {
+                (self.draw_seen, self.draw_sampled) = (0, 0);
+                if starved && self.draw + 1 < MAX_DRAWS {
+                    // The next chain is drawn anew; the shadows start over on the new sample.
+                    self.draw += 1;
+                    self.restart_sample();
+                    return true;
+                }
             }
         }
         let cap = self.cap_hint.max(1) as f64;
@@ -793,6 +911,35 @@ impl Adaptive {
         if target.abs_diff(now) > now / 16 {
             self.resize_shadows(target);
         }
+        false
+    }
+
+    /// The shallowest depth whose block, deciding which chains are sampled, gives the sampled
+    /// chains a share of the traffic the shadows can hold (at most [`SHADOW_BLOCKS`] of the
+    /// capacity) and not a starved one ([`RESAMPLE_BELOW`]), as measured since the depth was
+    /// last chosen; `None` if it is the current one or none fits.
+    fn fitting_depth(&self) -> Option<usize> {
+        if self.depth_seen == 0 {
+            return None;
+        }
+        let seen = self.depth_seen as f64;
+        (0..MAX_SAMPLE_DEPTH)
+            .find(|&d| {
+                let share = self.depth_sampled[d] as f64 / seen;
+                share * RESAMPLE_BELOW as f64 * self.sample as f64 >= 1.0
+                    && share * self.cap_hint as f64 <= self.shadow_blocks as f64
+            })
+            .filter(|&d| d != self.depth)
+    }
+
+    /// The shadows start over on another sample (another draw or depth).
+    fn restart_sample(&mut self) {
+        self.draw_seen = 0;
+        self.draw_sampled = 0;
+        self.depth_seen = 0;
+        self.depth_sampled.fill(0);
+        self.shadows.clear();
+        self.rebuild_shadows();
     }
 
     /// The size of each shadow: the capacity, or with sampling its share of the capacity as
@@ -856,6 +1003,11 @@ impl Adaptive {
         }
         self.seen = 0.0;
         self.seen_sampled = 0.0;
+        if !same_sample {
+            // Each depth's share was measured at another rate.
+            self.depth_seen = 0;
+            self.depth_sampled.fill(0);
+        }
         let shadow_cap = self.shadow_cap();
         let w = self.door_window;
         self.shadows = MODES
@@ -875,8 +1027,11 @@ impl Policy for Adaptive {
     }
 
     fn on_chain(&mut self, parent: Option<&BlockHash>) {
-        if self.sample > 1 && (parent.is_none() || self.last_ref.as_ref() != parent) {
-            self.end_sampled_chain();
+        if parent.is_none() || self.last_ref.as_ref() != parent {
+            self.end_chain();
+            if self.sample > 1 {
+                self.end_sampled_chain();
+            }
         }
         match parent {
             None => {
@@ -890,6 +1045,7 @@ impl Policy for Adaptive {
                 // A chain the shadows did not see from its root: followed only unsampled, and
                 // not as hits.
                 self.at_root = false;
+                self.decided = true;
                 self.chain_sampled = self.sample == 1;
                 for s in &mut self.shadows {
                     s.start_chain(false);
@@ -1854,8 +2010,9 @@ mod tests {
         let mut a = Adaptive::with_constants(256, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
         a.set_capacity_hint(1024);
         assert_eq!((a.sample, a.draw), (4, 0));
-        // All the traffic hangs off one root (a shared system prompt) that the first draw does
-        // not sample, and that a later one does.
+        // All the traffic is one block (a shared system prompt read again and again, so no
+        // block below it can decide the sample instead) that the first draw does not sample,
+        // and that a later one does.
         let mut probe = Adaptive::with_constants(256, 4, 4);
         probe.set_capacity_hint(1024);
         let mut sampled_in = |draw, i| {
@@ -1867,8 +2024,8 @@ mod tests {
             .expect("a root the second draw samples");
         let mut next = 1_000_000;
         // One capacity of references (1,024) without a sampled one: drawn again.
-        for _ in 0..=1024 / 8 {
-            offer_chain(&mut a, root, &mut next, 8);
+        for _ in 0..=1024 {
+            offer_chain(&mut a, root, &mut next, 1);
         }
         assert_eq!(
             a.draw, 1,
@@ -1876,10 +2033,10 @@ mod tests {
         );
         assert!(a.sampled(&h(root)));
         // Now the shadows see the traffic, and the draw stays.
-        for _ in 0..4 * 1024 / 8 {
-            offer_chain(&mut a, root, &mut next, 8);
+        for _ in 0..4 * 1024 {
+            offer_chain(&mut a, root, &mut next, 1);
         }
-        assert_eq!(a.draw, 1);
+        assert_eq!((a.draw, a.depth), (1, 0));
         assert!(a.seen_sampled > 0.0 && !a.shadows[0].present.is_empty());
         // Traffic that no draw samples stops the draws at MAX_DRAWS.
         let mut b = Adaptive::with_constants(256, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
@@ -1893,10 +2050,74 @@ mod tests {
             })
             .expect("a root no draw samples");
         b.draw = 0;
-        for _ in 0..(MAX_DRAWS as usize + 2) * 1024 / 8 {
-            offer_chain(&mut b, never, &mut next, 8);
+        for _ in 0..(MAX_DRAWS as usize + 2) * 1024 {
+            offer_chain(&mut b, never, &mut next, 1);
         }
-        assert_eq!(b.draw, MAX_DRAWS - 1);
+        assert_eq!((b.draw, b.depth), (MAX_DRAWS - 1, 0));
+    }
+
+    #[test]
+    fn a_root_that_carries_the_traffic_is_sampled_below_it() {
+        // 1 in 4 of a 1,000-block cache, shadows of at most 300 blocks.
+        let fresh = || {
+            let mut a = Adaptive::with_constants(300, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
+            a.set_capacity_hint(1000);
+            assert_eq!((a.sample, a.depth), (4, 0));
+            a
+        };
+        let probe = fresh();
+        let sampled_root = (0..)
+            .find(|&i| probe.sampled(&h(i)))
+            .expect("a sampled root");
+        let other_root = (0..)
+            .find(|&i| !probe.sampled(&h(i)))
+            .expect("another root");
+        for (root, why) in [(sampled_root, "all of it"), (other_root, "none of it")] {
+            // Every chain starts with the same block (a system prompt, as in Mooncake's
+            // conversation trace): sampled by it, the shadows see all of the traffic (more than
+            // 300 blocks' share of the capacity) or none of it.
+            let mut a = fresh();
+            let mut next = 1_000_000;
+            for _ in 0..200 {
+                offer_chain(&mut a, root, &mut next, 8);
+            }
+            assert_eq!(
+                (a.depth, a.draw),
+                (1, 0),
+                "with a root that samples {why}, chains are decided by their second block"
+            );
+            for _ in 0..2000 {
+                offer_chain(&mut a, root, &mut next, 8);
+            }
+            assert_eq!(a.depth, 1, "{why}: the depth stays");
+            let share = a.seen_sampled / a.seen;
+            assert!(
+                (0.18..0.32).contains(&share),
+                "{why}: the shadows see {share:.3} of the traffic, about 1 in 4"
+            );
+            let cap = a.shadows[0].cap;
+            assert!((190..=300).contains(&cap), "{why}: shadows of {cap} blocks");
+            // A followed chain is seen whole, its shared root included.
+            let s = &a.shadows[0];
+            assert!(s.present.contains_key(&h(root)), "{why}: the root is held");
+            let last = h(next - 1);
+            if a.sampled(&last) {
+                assert!(
+                    s.present.contains_key(&h(next - 7)),
+                    "{why}: its first fresh block"
+                );
+            }
+        }
+        // A chain shorter than the deciding depth is decided by its last block.
+        let mut a = fresh();
+        a.depth = 3;
+        a.on_chain(None);
+        a.admit(&h(sampled_root));
+        a.admit(&h(other_root));
+        assert!(!a.decided, "two blocks of a chain decided by its fourth");
+        a.on_chain(None);
+        assert!(a.decided);
+        assert_eq!(a.chain_sampled, a.sampled(&h(other_root)));
     }
 
     #[test]
