@@ -801,7 +801,7 @@ impl Adaptive {
             }
             self.decided = true;
         }
-        if self.sample > 1 && self.chain_len > 0 && !self.chain_head.is_empty() {
+        if self.sample > 1 && !self.chain_head.is_empty() {
             self.depth_seen += self.chain_len;
             let n = self.chain_head.len();
             for d in 0..MAX_SAMPLE_DEPTH {
@@ -2057,6 +2057,37 @@ mod tests {
     }
 
     #[test]
+    fn the_depth_is_chosen_within_an_eighth_of_a_capacity() {
+        // 1 in 4 of a 10,000-block cache: an eighth of a capacity is 1,250 references.
+        let mut a = Adaptive::with_constants(3000, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
+        a.set_capacity_hint(10_000);
+        assert_eq!(a.sample, 4);
+        let root = (0..)
+            .find(|&i| !a.sampled(&h(i)))
+            .expect("a root not sampled");
+        let mut next = 1_000_000;
+        for _ in 0..150 {
+            offer_chain(&mut a, root, &mut next, 8);
+        }
+        assert_eq!(a.depth, 0, "1,200 references: not checked yet");
+        for _ in 0..10 {
+            offer_chain(&mut a, root, &mut next, 8);
+        }
+        assert_eq!(
+            a.depth, 1,
+            "checked at 1,250 references, long before a capacity"
+        );
+        // The shadows start over sized to the share measured at that depth, about 1 in 4.
+        let cap = a.shadows[0].cap;
+        assert!((2000..=2900).contains(&cap), "shadows of {cap} blocks");
+        // Each depth's share counted so far was at 1 in 4: at another rate it starts again.
+        offer_chain(&mut a, root, &mut next, 8);
+        assert!(a.depth_seen > 0);
+        a.set_capacity_hint(20_000);
+        assert_eq!((a.sample, a.depth_seen), (8, 0));
+    }
+
+    #[test]
     fn a_root_that_carries_the_traffic_is_sampled_below_it() {
         // 1 in 4 of a 1,000-block cache, shadows of at most 300 blocks.
         let fresh = || {
@@ -2108,16 +2139,42 @@ mod tests {
                 );
             }
         }
-        // A chain shorter than the deciding depth is decided by its last block.
+        // A chain is decided by its block at the depth, and one shorter than the depth by its
+        // last block; the shadows see its blocks once it is decided.
+        let (yes, no) = (
+            (10..)
+                .find(|&x| probe.sampled(&h(x)))
+                .expect("a sampled block"),
+            (10..).find(|&x| !probe.sampled(&h(x))).expect("another"),
+        );
+        for (fourth, sampled) in [(yes, true), (no, false)] {
+            let mut a = fresh();
+            a.depth = 3;
+            a.on_chain(None);
+            for x in 2_000_000..2_000_003 {
+                a.admit(&h(x));
+            }
+            assert!(!a.decided, "three blocks of a chain decided by its fourth");
+            assert!(a.shadows[0].present.is_empty(), "not yet seen");
+            a.admit(&h(fourth));
+            assert!(a.decided);
+            assert_eq!(a.chain_sampled, sampled, "decided by its fourth block");
+            let seen = a.shadows[0].present.contains_key(&h(2_000_000));
+            assert_eq!(seen, sampled, "its first block seen once it is decided");
+        }
         let mut a = fresh();
         a.depth = 3;
         a.on_chain(None);
-        a.admit(&h(sampled_root));
-        a.admit(&h(other_root));
+        a.admit(&h(yes));
+        a.admit(&h(no));
         assert!(!a.decided, "two blocks of a chain decided by its fourth");
         a.on_chain(None);
         assert!(a.decided);
-        assert_eq!(a.chain_sampled, a.sampled(&h(other_root)));
+        assert_eq!(
+            a.chain_sampled,
+            a.sampled(&h(no)),
+            "decided by its last block"
+        );
     }
 
     #[test]
