@@ -792,8 +792,9 @@ impl Adaptive {
     }
 
     /// A chain ends (another starts, or one the shadows did not see from its root): a chain
-    /// shorter than the deciding depth is decided by its last block, and each depth's share of
-    /// the traffic counts its references.
+    /// shorter than the deciding depth is decided by its last block; with sampled shadows each
+    /// depth's share of the traffic counts its references, and its hits join the duel's
+    /// variance as one observation (the square of each pair's difference).
     fn end_chain(&mut self) {
         if !self.decided {
             if let Some(&last) = self.pending.last() {
@@ -801,13 +802,22 @@ impl Adaptive {
             }
             self.decided = true;
         }
-        if self.sample > 1 && !self.chain_head.is_empty() {
-            self.depth_seen += self.chain_len;
-            let n = self.chain_head.len();
-            for d in 0..MAX_SAMPLE_DEPTH {
-                if self.sampled(&self.chain_head[d.min(n - 1)]) {
-                    self.depth_sampled[d] += self.chain_len;
+        if self.sample > 1 {
+            if let Some((last, head)) = self.chain_head.split_last() {
+                self.depth_seen += self.chain_len;
+                // Each block of the head decides one depth; the last decides the depths past
+                // a short chain's end too.
+                let last_sampled = self.sampled(last);
+                for d in 0..MAX_SAMPLE_DEPTH {
+                    let sampled = head.get(d).map_or(last_sampled, |b| self.sampled(b));
+                    if sampled {
+                        self.depth_sampled[d] += self.chain_len;
+                    }
                 }
+            }
+            let c = std::mem::take(&mut self.chain_hits);
+            if c.iter().any(|&x| x != 0.0) {
+                self.duel.count_chain(&c);
             }
         }
         self.chain_head.clear();
@@ -849,16 +859,6 @@ impl Adaptive {
         }
     }
 
-    /// With sampled shadows, a chain ends: its hits join the duel's variance as one
-    /// observation (the square of each pair's difference).
-    fn end_sampled_chain(&mut self) {
-        let c = std::mem::take(&mut self.chain_hits);
-        if c.iter().all(|&x| x == 0.0) {
-            return;
-        }
-        self.duel.count_chain(&c);
-    }
-
     /// Counts a reference toward the share of the traffic the sampled shadows see, and sizes
     /// the shadows to that share of the capacity (at most [`SHADOW_BLOCKS`]): a sampled
     /// shadow estimates the full cache when it holds the share of the capacity that its chains
@@ -875,9 +875,7 @@ impl Adaptive {
         let check =
             ((cap_refs as f64 * SAMPLE_DEPTH_CHECK) as u64).max(REGIME_MIN_REFERENCES as u64);
         if self.draw_seen % check == 0 || self.draw_seen >= cap_refs {
-            let starved = self.draw_sampled * RESAMPLE_BELOW * self.sample < self.draw_seen;
-            let crowded = self.draw_sampled as f64 * self.cap_hint as f64
-                > self.shadow_blocks as f64 * self.draw_seen as f64;
+            let (starved, crowded) = self.misfit(self.draw_sampled, self.draw_seen);
             if starved || crowded {
                 if let Some(d) = self.fitting_depth() {
                     // The chains are decided by their blocks at another depth from the next
@@ -922,22 +920,25 @@ impl Adaptive {
         if self.depth_seen == 0 {
             return None;
         }
-        let seen = self.depth_seen as f64;
         (0..MAX_SAMPLE_DEPTH)
-            .find(|&d| {
-                let share = self.depth_sampled[d] as f64 / seen;
-                share * RESAMPLE_BELOW as f64 * self.sample as f64 >= 1.0
-                    && share * self.cap_hint as f64 <= self.shadow_blocks as f64
-            })
+            .find(|&d| self.misfit(self.depth_sampled[d], self.depth_seen) == (false, false))
             .filter(|&d| d != self.depth)
+    }
+
+    /// Whether sampled chains taking `sampled` of `seen` references are *starved* (less than
+    /// 1 / ([`RESAMPLE_BELOW`] x `2^k`) of them) and whether they are *crowded* (a share of
+    /// the capacity larger than the shadows may hold).
+    fn misfit(&self, sampled: u64, seen: u64) -> (bool, bool) {
+        let starved = sampled * RESAMPLE_BELOW * self.sample < seen;
+        let crowded =
+            sampled as f64 * self.cap_hint as f64 > self.shadow_blocks as f64 * seen as f64;
+        (starved, crowded)
     }
 
     /// The shadows start over on another sample (another draw or depth).
     fn restart_sample(&mut self) {
         self.draw_seen = 0;
         self.draw_sampled = 0;
-        self.depth_seen = 0;
-        self.depth_sampled.fill(0);
         self.shadows.clear();
         self.rebuild_shadows();
     }
@@ -1003,11 +1004,9 @@ impl Adaptive {
         }
         self.seen = 0.0;
         self.seen_sampled = 0.0;
-        if !same_sample {
-            // Each depth's share was measured at another rate.
-            self.depth_seen = 0;
-            self.depth_sampled.fill(0);
-        }
+        // Each depth's share starts again with the shadows (another draw, depth or rate).
+        self.depth_seen = 0;
+        self.depth_sampled.fill(0);
         let shadow_cap = self.shadow_cap();
         let w = self.door_window;
         self.shadows = MODES
@@ -1029,9 +1028,6 @@ impl Policy for Adaptive {
     fn on_chain(&mut self, parent: Option<&BlockHash>) {
         if parent.is_none() || self.last_ref.as_ref() != parent {
             self.end_chain();
-            if self.sample > 1 {
-                self.end_sampled_chain();
-            }
         }
         match parent {
             None => {
