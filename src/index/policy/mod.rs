@@ -352,9 +352,7 @@ pub(crate) mod tests {
             );
             // ... and the index's policies, which keep chains prefix-closed (cut from the
             // tail), do no worse than the plain rules they refine.
-            let lru = replay(Box::new(Lru::new()), cap, &reqs);
-            let admit = replay(Box::new(Admit2::new(4)), cap, &reqs);
-            let arc = replay(Box::new(ArcPolicy::new()), cap, &reqs);
+            let [lru, arc, admit] = simple_from(cap, &reqs, 0);
             let adaptive = replay(Box::new(Adaptive::new()), cap, &reqs);
             eprintln!(
                 "cap {cap}: lru {lru:.4} admit2 {admit:.4} arc {arc:.4} adaptive {adaptive:.4}"
@@ -406,16 +404,14 @@ pub(crate) mod tests {
             (4000, 0.0865, 0.1500, 0.0978),
             (16000, 0.2627, 0.2117, 0.2704),
         ] {
-            let lru = replay(Box::new(Lru::new()), cap, &reqs);
-            let admit = replay(Box::new(Admit2::new(4)), cap, &reqs);
-            let arc = replay(Box::new(ArcPolicy::new()), cap, &reqs);
+            let rules @ [lru, arc, admit] = simple_from(cap, &reqs, 0);
             assert_eq!(
                 [round(lru), round(admit), round(arc)],
                 [lru_t, admit_t, arc_t],
                 "the rules at {cap} blocks"
             );
             let (ad, _, summary) = replay_split(Box::new(Adaptive::new()), cap, &reqs, 0);
-            let best = lru.max(admit).max(arc);
+            let best = best_of(rules);
             eprintln!(
                 "conversation trace at {cap}: adaptive {ad:.4} ({:+.4}, {:.4}x the best; {summary})",
                 ad - best,
@@ -795,8 +791,14 @@ pub(crate) mod tests {
             .parse()
             .expect("TIERKV_PCT: a percentage");
         let (shape, reqs) = match std::env::var("TIERKV_TRACE") {
-            Ok(path) => (path.clone(), read_trace(&path)),
-            Err(_) => (shape.clone(), generated_seed(&shape, &seed)),
+            Ok(path) => {
+                let reqs = read_trace(&path);
+                (path, reqs)
+            }
+            Err(_) => {
+                let reqs = generated_seed(&shape, &seed);
+                (shape, reqs)
+            }
         };
         let distinct = reqs.iter().flatten().collect::<HashSet<_>>().len();
         let cap = ((distinct as f64 * pct / 100.0) as usize).max(1);
