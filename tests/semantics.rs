@@ -869,3 +869,32 @@ fn an_offer_under_another_workers_parent_is_an_invalid_key() {
     assert_eq!(store.get(&ks[1], &mut b).unwrap(), Lookup::Hit(2));
     assert_eq!(&b, b"xy");
 }
+
+#[test]
+fn a_read_only_shared_store_sees_blocks_put_after_it_opened() {
+    // Issue 50, finding 1: an engine's scheduler looks its prefixes up in a read-only store of
+    // the tree its workers write; it must see what they stored after it opened.
+    let dir = tempfile::tempdir().unwrap();
+    let shared = tierkv::StoreConfig::new()
+        .with_sharing(tierkv::Sharing::Shared)
+        .with_stats_interval(None);
+    let writer = Store::open(dir.path(), worker("w"), shared.clone()).unwrap();
+    let reader = Store::open(
+        dir.path(),
+        worker("w"),
+        shared
+            .with_read_only(true)
+            .with_negative_ttl(std::time::Duration::ZERO),
+    )
+    .unwrap();
+    let ks = chain_keys(&writer, 5, 3);
+    assert_eq!(reader.contains_prefix(&ks).unwrap(), 0);
+    let data = [payload(1, 0, 64), payload(2, 0, 64), payload(3, 0, 64)];
+    for r in writer.put_many(&items(&ks, &data)) {
+        r.unwrap();
+    }
+    assert_eq!(reader.contains_prefix(&ks).unwrap(), 3);
+    let mut buf = vec![0u8; 64];
+    assert_eq!(reader.get(&ks[2], &mut buf).unwrap(), Lookup::Hit(64));
+    assert_eq!(buf, data[2]);
+}

@@ -110,7 +110,9 @@ pub enum Sharing {
     /// are kept for [`StoreConfig::negative_ttl`]); puts never replace a present block (keys
     /// are content addresses: the first file published wins); the capacity is one for the
     /// tree, kept in the `USAGE` ledger file under a lock; temp files carry their owner's
-    /// node and pid, and a sweep removes only those whose owner is gone.
+    /// node and pid, and a sweep removes only those whose owner is gone. A read-only store in
+    /// this mode looks up the tree the same way (it sees the blocks that writers put after it
+    /// opened), and has no ledger.
     Shared,
 }
 
@@ -242,7 +244,9 @@ pub struct StoreConfig {
     /// Open the tree read-only (default off): for a replica that only reads a tree another
     /// store writes, or a tree on a read-only mount. Takes no worker lock, creates, sweeps,
     /// evicts and removes nothing, writes no `STATS.json`; puts fail with
-    /// [`Error::ReadOnly`]. The index holds the blocks present when the store opened.
+    /// [`Error::ReadOnly`]. The index holds the blocks present when the store opened; with
+    /// [`Sharing::Shared`], a key it does not hold is looked up in the tree, so blocks put
+    /// since are found too.
     pub read_only: bool,
     /// Alone or shared with other stores (default [`Sharing::Exclusive`]).
     pub sharing: Sharing,

@@ -146,8 +146,12 @@ struct Inner {
     ns: BlockDir,
     /// Every data transfer goes through it.
     engine: Arc<dyn IoEngine>,
-    /// Shared mode's ledger and negative answers (`None`: exclusive).
+    /// Shared mode's ledger (`None`: exclusive, or read-only).
     shared: Option<shared::Shared>,
+    /// A store of a shared tree (writable or read-only): its remembered "absent" answers. Its
+    /// presence means that a key the index does not hold is asked of the tree (`None`: the
+    /// index is all there is, as in an exclusive store).
+    tree: Option<shared::Negative>,
     /// Open descriptors of block files.
     fds: FdCache,
     /// What is stored, capacity, chains, the policy.
@@ -477,14 +481,7 @@ fn open_ledger(
     report: &sweep::SweepReport,
     alone: bool,
 ) -> Result<shared::Shared> {
-    shared::Shared::new(
-        ns,
-        limits,
-        config.negative_ttl,
-        config.temp_lease,
-        config.ledger_wait,
-    )
-    .and_then(|sh| {
+    shared::Shared::new(ns, limits, config.temp_lease, config.ledger_wait).and_then(|sh| {
         let found = shared::Usage {
             bytes: report.entries.iter().map(|e| e.bytes).sum(),
             files: report.entries.len() as u64,
@@ -657,6 +654,8 @@ impl Store {
             ns,
             engine,
             shared,
+            tree: (config.sharing == Sharing::Shared)
+                .then(|| shared::Negative::new(config.negative_ttl)),
             fds: FdCache::new(fd_cap),
             index,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
@@ -1439,8 +1438,8 @@ impl Inner {
             }
             Ok(_) | Err(Errno::LOOP | Errno::XDEV) => Ok(false),
             Err(Errno::NOENT | Errno::NOTDIR | Errno::STALE) => {
-                if let Some(sh) = &self.shared {
-                    sh.absent(key.hash);
+                if let Some(neg) = &self.tree {
+                    neg.absent(key.hash);
                 }
                 Ok(false)
             }

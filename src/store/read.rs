@@ -284,13 +284,14 @@ impl Inner {
         (found, pinned)
     }
 
-    /// Shared mode, a key the index does not hold: true if the tree must be asked (it is not
-    /// remembered as absent). Exclusive: false (the index owns the tree).
+    /// A store of a shared tree (writable or read-only), a key the index does not hold: true
+    /// if the tree must be asked (it is not remembered as absent). Exclusive: false (the index
+    /// owns the tree).
     pub(super) fn ask_tree(&self, hash: &BlockHash) -> bool {
-        let Some(sh) = &self.shared else {
+        let Some(neg) = &self.tree else {
             return false;
         };
-        if sh.known_absent(hash) {
+        if neg.known_absent(hash) {
             Counters::add(&self.counters.negative_hits, 1);
             return false;
         }
@@ -426,8 +427,8 @@ impl Inner {
                 // Deleted behind the store's back (or, shared, never put or evicted by
                 // another store).
                 self.forget_if_missing(&key.hash, &rel);
-                if let Some(sh) = &self.shared {
-                    sh.absent(key.hash);
+                if let Some(neg) = &self.tree {
+                    neg.absent(key.hash);
                 }
                 ReadPlan::Done(Ok(Lookup::Miss))
             }
@@ -594,7 +595,7 @@ impl Inner {
     /// and its descriptor goes into the open-file cache.
     fn adopt_fresh(&self, hash: BlockHash, fd: OwnedFd, header: crate::format::Header, size: u64) {
         let verified = self.opts.verify != VerifyMode::Never;
-        if self.shared.is_some() && !self.index.contains(&hash) {
+        if self.tree.is_some() && !self.index.contains(&hash) {
             // Put by another store: the index learns it (as just used).
             Counters::add(&self.counters.tree_hits, 1);
             self.index.load(hash, align_up(size as usize) as u64);

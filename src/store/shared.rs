@@ -69,8 +69,6 @@ pub(crate) struct Shared {
     ledger: Ledger,
     limits: Limits,
     pending: Mutex<Delta>,
-    negative: Mutex<lru::LruCache<BlockHash, Instant>>,
-    negative_ttl: Duration,
     /// Another node's temp files older than this are abandoned.
     pub temp_lease: Duration,
     /// When the tree was last scanned for blocks other stores put (to find victims).
@@ -88,7 +86,6 @@ impl Shared {
     pub fn new(
         ns: &BlockDir,
         limits: Limits,
-        negative_ttl: Duration,
         temp_lease: Duration,
         ledger_wait: Duration,
     ) -> Result<Shared> {
@@ -96,10 +93,6 @@ impl Shared {
             ledger: ns.open_ledger(ledger_wait)?,
             limits,
             pending: Mutex::new(Delta::default()),
-            negative: Mutex::new(lru::LruCache::new(
-                std::num::NonZeroUsize::new(NEGATIVE_ENTRIES).expect("nonzero"),
-            )),
-            negative_ttl,
             temp_lease,
             last_rescan: Mutex::new(None),
             stats_name: crate::layout::instance_stats_name(
@@ -256,40 +249,6 @@ impl Shared {
         Ok(granted)
     }
 
-    /// True if `hash` was found absent less than the negative time ago.
-    pub fn known_absent(&self, hash: &BlockHash) -> bool {
-        if self.negative_ttl.is_zero() {
-            return false;
-        }
-        let mut n = self.negative.lock().unwrap_or_else(|e| e.into_inner());
-        match n.get(hash) {
-            Some(t) if t.elapsed() < self.negative_ttl => true,
-            Some(_) => {
-                n.pop(hash);
-                false
-            }
-            None => false,
-        }
-    }
-
-    /// Remembers that `hash` is absent from the tree.
-    pub fn absent(&self, hash: BlockHash) {
-        if !self.negative_ttl.is_zero() {
-            self.negative
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .put(hash, Instant::now());
-        }
-    }
-
-    /// Forgets that `hash` was absent (this store just published it).
-    pub fn present(&self, hash: &BlockHash) {
-        self.negative
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop(hash);
-    }
-
     /// True (and the time noted) if the tree may be scanned again for victims.
     pub fn may_rescan(&self) -> bool {
         let mut last = self.last_rescan.lock().unwrap_or_else(|e| e.into_inner());
@@ -322,5 +281,59 @@ mod tests {
         assert_eq!(Usage::from_text(b"bytes=12\nfiles=3"), None);
         assert_eq!(Usage::from_text(b"bytes=x\nfiles=3\n"), None);
         assert_eq!(Usage::from_text(b"bytes=1\nfiles=3\nbytes=2\n"), None);
+    }
+}
+
+/// The answers "absent from the tree" of a store that shares its tree (writable or
+/// read-only), each kept for the store's negative time to live, so that a key asked again
+/// and again costs one `stat` per that time.
+#[derive(Debug)]
+pub(crate) struct Negative {
+    cache: Mutex<lru::LruCache<BlockHash, Instant>>,
+    ttl: Duration,
+}
+
+impl Negative {
+    pub fn new(ttl: Duration) -> Negative {
+        Negative {
+            cache: Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(NEGATIVE_ENTRIES).expect("nonzero"),
+            )),
+            ttl,
+        }
+    }
+
+    /// True if `hash` was found absent less than the negative time ago.
+    pub fn known_absent(&self, hash: &BlockHash) -> bool {
+        if self.ttl.is_zero() {
+            return false;
+        }
+        let mut n = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        match n.get(hash) {
+            Some(t) if t.elapsed() < self.ttl => true,
+            Some(_) => {
+                n.pop(hash);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Remembers that `hash` is absent from the tree.
+    pub fn absent(&self, hash: BlockHash) {
+        if !self.ttl.is_zero() {
+            self.cache
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .put(hash, Instant::now());
+        }
+    }
+
+    /// Forgets that `hash` was absent (this store just published it).
+    pub fn present(&self, hash: &BlockHash) {
+        self.cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop(hash);
     }
 }

@@ -489,8 +489,8 @@ impl Inner {
                 Ok(Published::Ours) => {
                     published.0 += bytes;
                     published.1 += 1;
-                    if let Some(sh) = &self.shared {
-                        sh.present(&plan.hash);
+                    if let Some(neg) = &self.tree {
+                        neg.present(&plan.hash);
                     }
                     // The replaced file (if any) is unlinked: drop its cached descriptor.
                     self.fds.invalidate(&plan.hash);
