@@ -52,6 +52,7 @@ pub mod queue;
 mod stats;
 pub mod store;
 pub mod sys;
+pub mod transfer;
 
 pub use error::{CorruptReason, Error, Result};
 pub use index::policy::PolicyKind;
@@ -60,3 +61,4 @@ pub use layout::Layout;
 pub use offload::{OffloadConfig, Offloader, Payload};
 pub use queue::{Completion, Completions, Outcome};
 pub use store::{Lookup, Parts, Publish, Sharing, Store, StoreConfig, StoreStats, VerifyMode};
+pub use transfer::{KvMemory, LoadOutcome, Region, SaveOutcome, Transfer, Transfers};

@@ -19,6 +19,7 @@ LAYERS = [
     ["stats"],            # counters below both the store and the offloader
     ["store"],            # the store
     ["offload", "queue"], # write-behind, and the completion queue, over the store
+    ["transfer"],         # the engine-facing API: batches between KV memory and the store
 ]
 LEVEL = {m: i for i, ms in enumerate(LAYERS) for m in ms}
 __doc__ += "\n" + "\n".join("  %d: %s" % (i, ", ".join(ms)) for i, ms in enumerate(LAYERS))

@@ -359,7 +359,11 @@ where
 }
 
 /// `call`'s results, or `n` errors naming the store and the panic if it panicked.
-fn guarded<T>(store: &Store, n: usize, call: impl FnOnce() -> Vec<Result<T>>) -> Vec<Result<T>> {
+pub(crate) fn guarded<T>(
+    store: &Store,
+    n: usize,
+    call: impl FnOnce() -> Vec<Result<T>>,
+) -> Vec<Result<T>> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)) {
         Ok(r) => r,
         Err(p) => {

@@ -913,6 +913,11 @@ impl Store {
         Ok(keys.len())
     }
 
+    /// Whether the index holds `key` (no system call): what this store knows it has stored.
+    pub(crate) fn indexed(&self, key: &BlockKey) -> bool {
+        key.worker == self.inner.worker && self.inner.index.contains(&key.hash)
+    }
+
     /// Removes blocks; one result per key: `true` if a block was removed, `false` if absent.
     pub fn remove_many(&self, keys: &[BlockKey]) -> Vec<Result<bool>> {
         keys.iter().map(|k| self.inner.remove(k)).collect()
