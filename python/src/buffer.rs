@@ -184,6 +184,11 @@ impl Drop for View {
 }
 
 impl Span {
+    /// The address of the first byte (valid while the span's `View` lives).
+    pub fn ptr(self) -> *mut u8 {
+        self.ptr
+    }
+
     /// The length in bytes.
     pub fn len(self) -> usize {
         self.len

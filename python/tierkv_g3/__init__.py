@@ -40,6 +40,7 @@ from ._tierkv import (
     ReadOnlyError,
     TooLargeError,
     TooManyOpenFilesError,
+    Transfers,
     UnsupportedError,
     WorkerBusyError,
     chain_hashes,
@@ -48,6 +49,7 @@ from ._tierkv import (
 __all__ = [
     "Store",
     "LMCacheConnector",
+    "Transfers",
     "chain_hashes",
     "aligned_array",
     "Error",
