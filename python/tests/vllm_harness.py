@@ -10,6 +10,17 @@ process: python/tests/test_vllm_engine.py and tools/vllm-ttft.sh run it.
         vLLM's cached tokens and external (connector) prefix-cache counters, the first
         token's latency (vLLM's own: arrival to first token), and both connector sides'
         tierkv_stats().
+    vllm_harness.py serve MODEL_DIR ROOT STEPS_JSON [--no-connector] [--max-len N]
+        one long-lived engine (as a server runs it) through a script of steps, a JSON list:
+        {"op": "generate", "tokens": [...], "max_tokens": N} (greedy, ignore_eos; records the
+        output tokens, vLLM's cached tokens and the external hits it counted),
+        {"op": "conversation", "turns": [[...], ...], "max_tokens": N, "reset": bool} (turn
+        i's prompt is turn i-1's prompt and answer, then turns[i]; "reset": the prefix cache
+        is reset before each turn; records each turn as a generate),
+        {"op": "reset"} (vLLM's reset_prefix_cache: the next requests must come from the
+        tier), {"op": "damage", "key": HEX, "how": "flip" | "truncate" | "unlink"} (a stored
+        block's file, under the engine); prints one JSON object: per step its record, and both
+        connector sides' tierkv_stats() at the end.
     vllm_harness.py ttft MODEL_DIR WORKDIR [--lengths N ...] [--runs N]
         per prompt length, RUNS rounds of: an engine on an empty tree (cold: computes and
         stores the prompt), a fresh engine on that tree (cached, the blocks in the page
@@ -125,6 +136,19 @@ def metric(llm, name: str) -> float:
     )
 
 
+def settle(llm) -> bool:
+    """Steps the engine (empty batches) until every save the connector submitted has
+    completed: until vLLM's prefix cache can be reset, which it cannot while a finished
+    request's blocks wait for their saves (at most 100 steps). A server steps by itself; an
+    offline engine stops stepping when its last output is out."""
+    for _ in range(100):
+        if llm.reset_prefix_cache():
+            return True
+        llm.llm_engine.step()
+        time.sleep(0.01)
+    return False
+
+
 def run(args) -> dict:
     from vllm import SamplingParams, TokensPrompt
 
@@ -139,6 +163,7 @@ def run(args) -> dict:
     t1 = time.perf_counter()
     out = llm.generate([TokensPrompt(prompt_token_ids=prompt(args.prompt_tokens))], params, use_tqdm=False)[0]
     wall = time.perf_counter() - t1
+    settle(llm)
     m = getattr(out, "metrics", None)
     ttft = getattr(m, "first_token_latency", None) if m is not None else None
     result = {
@@ -152,6 +177,68 @@ def run(args) -> dict:
         "connector": connectors(llm),
     }
     return result
+
+
+def damage(root: Path, key: str, how: str) -> str:
+    """Damages the block file named `key` under `root`: 64 payload bytes flipped, the file
+    cut in half, or unlinked; its path."""
+    [path] = [p for p in root.rglob(key) if p.is_file()]
+    if how == "unlink":
+        path.unlink()
+    elif how == "truncate":
+        os.truncate(path, path.stat().st_size // 2)
+    else:
+        data = bytearray(path.read_bytes())
+        for i in range(1, 65):
+            data[-i * 7] ^= 0xFF
+        path.write_bytes(bytes(data))
+    return str(path)
+
+
+def serve(args) -> dict:
+    """One engine through the steps of args.steps (see the module's docstring)."""
+    from vllm import SamplingParams, TokensPrompt
+
+    steps = json.loads(Path(args.steps).read_text())
+    llm = engine(args.model, args.root, not args.no_connector, args.max_len)
+
+    def generate(tokens: list, max_tokens: int) -> dict:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, seed=0)
+        before = metric(llm, "vllm:external_prefix_cache_hits")
+        out = llm.generate([TokensPrompt(prompt_token_ids=tokens)], params, use_tqdm=False)[0]
+        return {
+            "op": "generate",
+            "prompt_tokens": len(tokens),
+            "tokens": list(out.outputs[0].token_ids),
+            "num_cached_tokens": out.num_cached_tokens,
+            "external_hits": metric(llm, "vllm:external_prefix_cache_hits") - before,
+        }
+
+    def reset() -> dict:
+        return {"op": "reset", "ok": settle(llm)}
+
+    records = []
+    for step in steps:
+        op = step["op"]
+        if op == "generate":
+            records.append(generate(step["tokens"], step["max_tokens"]))
+        elif op == "conversation":
+            history: list = []
+            for user in step["turns"]:
+                if step.get("reset"):
+                    records.append(reset())
+                history = history + list(user)
+                r = generate(history, step["max_tokens"])
+                records.append(r)
+                history = history + r["tokens"]
+        elif op == "reset":
+            records.append(reset())
+        elif op == "damage":
+            records.append({"op": op, "path": damage(Path(args.root), step["key"], step["how"])})
+        else:
+            raise ValueError(f"unknown step {op!r}")
+    settle(llm)
+    return {"steps": records, "connector": connectors(llm)}
 
 
 def drop_from_page_cache(root: Path) -> int:
@@ -236,6 +323,12 @@ def main() -> None:
     r.add_argument("--max-tokens", type=int, default=16)
     r.add_argument("--no-connector", action="store_true")
     r.add_argument("--warmup", type=int, default=0, help="tokens of a first, other request")
+    sv = sub.add_parser("serve")
+    sv.add_argument("model")
+    sv.add_argument("root")
+    sv.add_argument("steps", help="a JSON file: the list of steps")
+    sv.add_argument("--no-connector", action="store_true")
+    sv.add_argument("--max-len", type=int, default=2048)
     t = sub.add_parser("ttft")
     t.add_argument("model")
     t.add_argument("workdir")
@@ -249,7 +342,7 @@ def main() -> None:
     if args.cmd == "ttft":
         ttft(args)
         return
-    result = run(args)
+    result = serve(args) if args.cmd == "serve" else run(args)
     sys.stdout.write("RESULT " + json.dumps(result, default=str) + "\n")
     sys.stdout.flush()
     # vLLM's threads can outlive main; the result is out, leave now.

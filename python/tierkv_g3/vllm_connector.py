@@ -5,43 +5,54 @@ Attach it with::
 
     --kv-transfer-config '{"kv_connector": "TierkvConnector",
       "kv_connector_module_path": "tierkv_g3.vllm_connector", "kv_role": "kv_both",
+      "kv_load_failure_policy": "recompute",
       "kv_connector_extra_config": {"root": "/mnt/nvme/kvcache",
                                     "capacity_bytes": 1099511627776}}'
 
 One tierkv block is one vLLM block (``block_size`` tokens) of every attention layer of one
 TP/PP rank, keyed by the blake3 chain hash of its tokens (:func:`tierkv_g3.chain_hashes`; a
 request's LoRA, cache salt and multimodal hashes fold into the chain's root). Everything that
-changes a block's bytes (model, revision, dtypes, block size, the KV layout, the ranks) is
-hashed into the worker id, ``vllm.<model>.b<block>.tp<r>of<n>.<16 hex>``, so two models or two
-shardings never share a block.
+changes a block's bytes is hashed into the worker id, ``vllm.<model type>.b<block>.tp<r>of<n>.
+<16 hex>``: the model's configuration and the identity of its weights (their index, or their
+files' names and sizes; the revision), dtypes, quantization, block size, the KV layout and
+per-layer spec, the ranks; not the model's path, so the same weights at another mount point
+share the tier.
+
+Both directions are asynchronous (``tierkv_g3.Transfers``, the Rust engine API): the engine's
+step never waits on the disk.
 
 - Scheduler side: ``get_num_new_matched_tokens`` asks ``contains_prefix`` of rank 0's worker
-  (a read-only ``shared`` store: it sees the workers' puts at once) for the prompt's full
-  blocks, the last prompt token excluded (vLLM computes at least one token); the hit is loaded
-  synchronously in the step that schedules the request.
-- Worker side: ``register_kv_caches`` maps each block's regions in the engine's KV tensors
-  (one contiguous region per layer per block in the CPU layout, merged when adjacent);
-  ``start_load_kv`` reads the matched blocks straight into them
-  (``get_many_into_vectored``), ``wait_for_save`` writes the blocks the step completed from
-  them (``put_many_vectored``): no copy on either side. Only prompt blocks are stored.
+  (a read-only ``shared`` store: a key its index does not hold is looked up in the tree, so it
+  sees what this engine's workers and other engines stored since it opened) for the prompt's
+  full blocks, the last prompt token excluded (vLLM computes at least one token), and answers
+  ``load_async=True``: the request waits in ``WAITING_FOR_REMOTE_KVS`` while others run.
+- Worker side: ``register_kv_caches`` describes the KV tensors once (per layer, block 0's
+  region and the stride to the next block, merged where adjacent) to a ``Transfers`` over the
+  rank's store. ``start_load_kv`` submits the loads (``get_finished`` reports each request
+  when its load completed, and ``get_block_ids_with_load_errors`` the blocks not read whole: a
+  missing, corrupt or unreadable block is a miss vLLM recomputes; no forward runs over them).
+  ``wait_for_save`` submits the blocks the step completed, prompt and output alike (so turn
+  N+1 of a conversation hits through turn N's answer), and the blocks vLLM had in its own
+  cache that the tier lacks; ``request_finished`` keeps a request's blocks until its saves
+  have completed, and a preempted request's saves complete before its blocks are reused.
 - Failures are misses: nothing raises into vLLM. A store that cannot be opened makes every
-  lookup a miss; a block that cannot be read (deleted, corrupt: its checksum) is reported to
-  vLLM as a load error (``get_block_ids_with_load_errors``), and vLLM recomputes it (the
-  connector sets ``kv_load_failure_policy`` to ``"recompute"``: vLLM's default, ``"fail"``,
-  would fail the request). Each failure is counted (``tierkv_stats()["failures"]``) and
-  logged at most once per ``log_interval`` seconds per operation.
+  lookup a miss. Each failure is counted (``tierkv_stats()["failures"]``) and logged at most
+  once per ``log_interval`` seconds per operation.
 
 Extra config: ``root`` (required), any keyword argument of :class:`tierkv_g3.Store`
 (``capacity_bytes``, ``capacity_files``, ``policy``, ``engine``, ``verify``, ...; ``sharing``
-defaults to ``"shared"`` here, so several engines, or DP replicas, can use one root), and
-``log_interval`` (seconds, default 10).
+defaults to ``"shared"`` here, so several engines, or DP replicas, can use one root),
+``threads`` (transfer threads per worker, default 2) and ``log_interval`` (seconds, default
+10).
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import logging
+import os
 import re
 import threading
 import time
@@ -54,10 +65,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorWorkerMetadata,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from . import Store, chain_hashes
+from . import Store, Transfers, chain_hashes
 from ._engines import STORE_OPTIONS, FailureLog, close_store, store_options
 
 if TYPE_CHECKING:
@@ -71,25 +83,54 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-
 def _slug(s: str, n: int) -> str:
     """`s` in the worker id's alphabet ([A-Za-z0-9_.-]), its last `n` characters."""
     s = re.sub(r"[^A-Za-z0-9_.-]+", "_", s.rstrip("/").split("/")[-1]).strip(".") or "model"
     return s[-n:]
 
 
+def _weights_identity(model: str, revision: Optional[str]) -> Any:
+    """What identifies a model's weights without its path: a local directory's weight index
+    (its hash) or, without one, its weight files' names and sizes; a hub id with its revision."""
+    if not os.path.isdir(model):
+        return ("hub", model, revision)
+    names = sorted(os.listdir(model))
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if index in names:
+            with open(os.path.join(model, index), "rb") as f:
+                return ("index", hashlib.sha256(f.read()).hexdigest())
+    files = [
+        (n, os.path.getsize(os.path.join(model, n)))
+        for n in names
+        if n.endswith((".safetensors", ".bin", ".pt", ".gguf"))
+    ]
+    return ("files", files, revision)
+
+
 def worker_id(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig", tp: int, pp: int) -> str:
-    """The tierkv worker id of TP rank `tp`, PP rank `pp`: the model, its revision and dtype,
-    the KV cache's dtype, block size and per-layer spec, the layer names and the parallel
-    sizes are hashed into it (the scheduler and each worker compute it from the same config)."""
+    """The tierkv worker id of TP rank `tp`, PP rank `pp`: the model's configuration and its
+    weights' identity (not its path), revision, dtype and quantization, the KV cache's dtype,
+    layout, block size and per-layer spec, the layer names and the parallel sizes are hashed
+    into it (the scheduler and each worker compute it from the same config)."""
     mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
     groups = [(list(g.layer_names), repr(g.kv_cache_spec)) for g in kv_cache_config.kv_cache_groups]
+    hf = getattr(mc, "hf_config", None)
+    try:
+        skip = ("_name_or_path", "transformers_version")
+        config = json.dumps(
+            {k: v for k, v in hf.to_dict().items() if k not in skip}, sort_keys=True, default=str
+        )
+    except Exception:  # noqa: BLE001: a config that does not serialise: its repr
+        config = repr(hf)
+    revision = getattr(mc, "revision", None)
     ident = {
-        "model": str(mc.model),
-        "revision": str(getattr(mc, "revision", None)),
+        "config": config,
+        "weights": _weights_identity(str(mc.model), revision),
+        "revision": str(revision),
         "dtype": str(mc.dtype),
         "quantization": str(getattr(mc, "quantization", None)),
         "cache_dtype": str(cc.cache_dtype),
+        "layout": str(getattr(cc, "kv_cache_layout", None)),
         "block_size": int(cc.block_size),
         "groups": groups,
         "tp": (tp, pc.tensor_parallel_size),
@@ -99,7 +140,8 @@ def worker_id(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig", tp: i
     rank = f"tp{tp}of{pc.tensor_parallel_size}"
     if pc.pipeline_parallel_size > 1:
         rank += f"pp{pp}"
-    return f"vllm.{_slug(str(mc.model), 20)}.b{cc.block_size}.{rank}.{digest}"
+    kind = getattr(hf, "model_type", None) or "model"
+    return f"vllm.{_slug(str(kind), 20)}.b{cc.block_size}.{rank}.{digest}"
 
 
 def _root_parent(request: "Request") -> Optional[bytes]:
@@ -120,29 +162,56 @@ def _root_parent(request: "Request") -> Optional[bytes]:
 
 @dataclass
 class _Job:
-    """One request's blocks to load or save this step: their keys and the engine's block ids."""
+    """One request's blocks to load or save: their keys, the engine's block ids and (saves)
+    the stored key the first hangs from."""
 
     req_id: str
     keys: List[str]
     block_ids: List[int]
+    parent: Optional[str] = None
+    seq: int = 0  # a save's number, for the workers' report of its completion
 
 
 @dataclass
 class TierkvConnectorMetadata(KVConnectorMetadata):
-    """Scheduler -> worker, per step: the blocks to load before the forward and the blocks
-    the forward completes, to save after it."""
+    """Scheduler -> worker, per step: the loads to start, the blocks to save (those the step's
+    forward completes, and those vLLM holds that the tier lacks), the requests whose blocks
+    wait for their saves (reported by get_finished once saved), and the preempted requests
+    (their saves complete before their blocks are reused)."""
 
     loads: List[_Job] = field(default_factory=list)
     saves: List[_Job] = field(default_factory=list)
+    finishing: List[str] = field(default_factory=list)
+    preempted: List[str] = field(default_factory=list)
+
+
+@dataclass
+class TierkvWorkerMetadata(KVConnectorWorkerMetadata):
+    """Worker -> scheduler, per step: the saves that completed (by number), each counted once
+    per worker (summed over the TP/PP ranks), so the scheduler knows which requests still
+    have saves in flight when they finish."""
+
+    saved: Dict[int, int] = field(default_factory=dict)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        if isinstance(other, TierkvWorkerMetadata):
+            for seq, n in other.saved.items():
+                self.saved[seq] = self.saved.get(seq, 0) + n
+        return self
 
 
 @dataclass
 class _Req:
-    """The scheduler's view of a live request: its prompt blocks' keys and its block ids."""
+    """The scheduler's view of a live request: the request, the keys of its full blocks so far
+    (prompt and output), its block ids, and how many leading blocks are stored or being
+    saved."""
 
-    keys: List[str]
-    prompt_tokens: int
+    request: Any
+    parent: Optional[bytes]
+    keys: List[str] = field(default_factory=list)
     block_ids: List[int] = field(default_factory=list)
+    stored: int = 0  # leading blocks the tier holds or a save was submitted for
+    saves: set = field(default_factory=set)  # numbers of its saves not yet completed
     matched_from: int = 0  # tokens vLLM had (block-aligned) at the last lookup
     hit_blocks: int = 0  # leading prompt blocks the store held at the last lookup
 
@@ -161,40 +230,55 @@ class TierkvConnector(KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         self.root = str(extra.get("root") or "")
-        unknown = set(extra) - set(STORE_OPTIONS) - {"root", "log_interval"}
+        unknown = set(extra) - set(STORE_OPTIONS) - {"root", "log_interval", "threads"}
         self.options: Dict[str, Any] = store_options(extra)
         self.options.setdefault("sharing", "shared")
         self.log_interval = float(extra.get("log_interval", 10.0))
+        self.threads = int(extra.get("threads", 2))
         self.failures = FailureLog(logger, "tierkv vLLM connector", self.log_interval)
         self.block_size = int(vllm_config.cache_config.block_size)
         self.store: Optional[Store] = None
         self.worker: Optional[str] = None
         self._lock = threading.Lock()
-        self._counts = {"lookups": 0, "hit_blocks": 0, "loaded_blocks": 0, "saved_blocks": 0}
+        self._counts = {
+            "lookups": 0, "hit_blocks": 0, "loaded_blocks": 0, "saved_blocks": 0,
+            "present_blocks": 0, "not_admitted_blocks": 0, "failed_loads": 0,
+        }
         self._usable = self._check_config(kv_cache_config, unknown)
         # Scheduler side.
         self._reqs: Dict[str, _Req] = {}
         self._loads: Dict[str, _Job] = {}
+        self._final_saves: List[_Job] = []
+        self._finishing: List[str] = []
+        self._seq = 0
+        self._save_reqs: Dict[int, Tuple[str, int]] = {}  # save -> (request, reports so far)
+        pc = vllm_config.parallel_config
+        self._ranks = int(pc.tensor_parallel_size) * int(pc.pipeline_parallel_size)
         self._next_open = 0.0
         # Worker side.
-        self._regions: List[Tuple[int, int]] = []  # (offset in the backing buffer, bytes)
-        self._block_stride: List[int] = []
-        self._buf: Any = None
+        self._transfers: Optional[Transfers] = None
         self._block_bytes = 0
+        self._inflight: Dict[int, _Job] = {}  # transfer id -> its job
+        self._saving: Dict[str, int] = {}  # request -> saves in flight
+        self._to_report: set = set()  # requests whose blocks wait for their saves
+        self._finished_seen: set = set()  # requests vLLM said finished (get_finished)
+        self._loaded: set = set()  # requests whose load completed, to report
+        self._saved_seqs: List[int] = []  # saves completed, to tell the scheduler
         self._invalid: set = set()
         if role == KVConnectorRole.SCHEDULER and self._usable:
             self.worker = worker_id(vllm_config, kv_cache_config, 0, 0)
             self._recompute_failed_loads()
 
     def _recompute_failed_loads(self) -> None:
-        """Sets vLLM's kv_load_failure_policy to "recompute" (its default, "fail", fails the
-        request): a block evicted after the lookup, deleted or corrupt is a cache miss. The
-        scheduler reads the policy right after it builds this connector."""
+        """A block that cannot be read is a miss: vLLM's kv_load_failure_policy must be
+        "recompute" (its default, "fail", fails the request). Set it in the transfer config as
+        README's line does; a config that says otherwise is rewritten here, with a warning."""
         cfg = self._kv_transfer_config
         if getattr(cfg, "kv_load_failure_policy", "recompute") != "recompute":
             logger.warning(
                 "tierkv vLLM connector: kv_load_failure_policy %r -> 'recompute' (a block "
-                "that cannot be read is a cache miss, recomputed)", cfg.kv_load_failure_policy,
+                "that cannot be read is a cache miss, recomputed); set it in "
+                "--kv-transfer-config", cfg.kv_load_failure_policy,
             )
             cfg.kv_load_failure_policy = "recompute"
 
@@ -223,14 +307,20 @@ class TierkvConnector(KVConnectorBase_V1):
         """Counts a failure of `op` and logs it, at most once per log_interval per op."""
         self.failures.fail(op, err)
 
+    def _count(self, name: str, n: int) -> None:
+        with self._lock:
+            self._counts[name] += n
+
     def tierkv_stats(self) -> Dict[str, Any]:
-        """This side's counters (lookups, hit, loaded and saved blocks), its failures per
-        operation, the worker id and the store's own counters (`Store.stats()`)."""
+        """This side's counters (lookups, hit, loaded, saved, present, not admitted blocks,
+        failed loads), its failures per operation, the worker id, the transfers in flight and
+        the store's own counters (`Store.stats()`)."""
         with self._lock:
             out: Dict[str, Any] = dict(self._counts)
             out["failures"] = self.failures.snapshot()
         out["worker"] = self.worker
         out["role"] = self.role.name.lower()
+        out["in_flight"] = len(self._inflight)
         try:
             out["store"] = self.store.stats() if self.store is not None else None
         except Exception:  # noqa: BLE001
@@ -238,58 +328,79 @@ class TierkvConnector(KVConnectorBase_V1):
         return out
 
     def shutdown(self) -> None:
+        transfers, self._transfers = self._transfers, None
+        if transfers is not None:
+            try:
+                self._settle(transfers.close())
+            except Exception as e:  # noqa: BLE001
+                self._fail("close", e)
         store, self.store = self.store, None
         close_store(store, self._fail)
 
     # -- scheduler side ----------------------------------------------------------------------
 
     def _scheduler_store(self) -> Optional[Store]:
-        """Rank 0's worker, read-only and shared (no lock; a block a worker publishes is a hit
-        at once). Opened on first use, retried at most once a second while it fails (the
-        tree appears when a worker first opens it)."""
+        """Rank 0's worker, read-only and shared (no lock; a key its index does not hold is
+        looked up in the tree, at once: a block this engine just saved is a hit in the next
+        lookup). Opened on first use,
+        retried at most once a second while it fails (the tree appears when a worker first
+        opens it)."""
         if self.store is None and self._usable and time.monotonic() >= self._next_open:
             self._next_open = time.monotonic() + 1.0
             try:
                 self.store = Store(
-                    self.root, self.worker, read_only=True, sharing="shared", negative_ttl=0.0,
-                    stats_interval=None,
+                    self.root, self.worker, read_only=True, sharing="shared",
+                    negative_ttl=0.0, stats_interval=None,
                 )
             except Exception as e:  # noqa: BLE001
                 self._fail("open", e)
         return self.store
 
     def _track(self, request: "Request") -> Optional[_Req]:
-        """The request's state, made on first sight: the keys of its prompt's full blocks."""
+        """The request's state, made on first sight."""
         st = self._reqs.get(request.request_id)
         if st is None:
-            tokens = request.prompt_token_ids
-            if tokens is None or getattr(request, "prompt_embeds", None) is not None:
+            if request.prompt_token_ids is None or getattr(request, "prompt_embeds", None) is not None:
                 return None
-            n = len(tokens) // self.block_size * self.block_size
-            keys = chain_hashes(list(tokens[:n]), self.block_size, _root_parent(request))
-            st = _Req(keys=keys, prompt_tokens=len(tokens))
+            st = _Req(request=request, parent=_root_parent(request))
             self._reqs[request.request_id] = st
         return st
+
+    def _keys(self, st: _Req, blocks: int) -> List[str]:
+        """The keys of the request's first `blocks` full blocks (prompt and output tokens),
+        extending the chain computed so far."""
+        have = len(st.keys)
+        if blocks > have:
+            tokens = st.request.all_token_ids
+            blocks = min(blocks, len(tokens) // self.block_size)
+            if blocks > have:
+                parent = st.keys[-1] if st.keys else st.parent
+                new = tokens[have * self.block_size : blocks * self.block_size]
+                st.keys.extend(chain_hashes(list(new), self.block_size, parent))
+        return st.keys[:blocks]
 
     def get_num_new_matched_tokens(
         self, request: "Request", num_computed_tokens: int
     ) -> Tuple[Optional[int], bool]:
         """Tokens beyond `num_computed_tokens` whose blocks the store holds: the leading run
         of the prompt's full blocks, the last prompt token left to compute. Loaded
-        synchronously (False)."""
+        asynchronously (True): the request waits while other requests run."""
         try:
             st = self._track(request)
             store = self._scheduler_store()
             if st is None or store is None:
                 return 0, False
-            usable = (st.prompt_tokens - 1) // self.block_size
+            usable = (request.num_tokens - 1) // self.block_size
             have = num_computed_tokens // self.block_size
-            hit = int(store.contains_prefix(st.keys[:usable])) if usable > have else 0
-            st.matched_from, st.hit_blocks = have * self.block_size, hit
-            with self._lock:
-                self._counts["lookups"] += 1
-                self._counts["hit_blocks"] += max(hit - have, 0)
-            return max(hit * self.block_size - num_computed_tokens, 0), False
+            # The tier's run over the blocks vLLM has and those it could load: what it lacks
+            # of vLLM's own blocks is saved when the request is scheduled.
+            hit = int(store.contains_prefix(self._keys(st, max(usable, have))))
+            st.matched_from, st.hit_blocks, st.stored = have * self.block_size, hit, hit
+            load_to = min(hit, usable)
+            self._count("lookups", 1)
+            self._count("hit_blocks", max(load_to - have, 0))
+            n = max(load_to * self.block_size - num_computed_tokens, 0)
+            return n, n > 0
         except Exception as e:  # noqa: BLE001: never raise into vLLM
             self._fail("lookup", e)
             return 0, False
@@ -298,24 +409,31 @@ class TierkvConnector(KVConnectorBase_V1):
         self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int
     ) -> None:
         """Plans the load of the matched blocks into the ones vLLM just allocated."""
-        if num_external_tokens <= 0:
+        st = self._reqs.get(request.request_id)
+        if st is None:
             return
         try:
-            st = self._reqs[request.request_id]
-            first = st.matched_from // self.block_size
-            last = (st.matched_from + num_external_tokens) // self.block_size
             ids = blocks.get_block_ids()[0]
-            self._loads[request.request_id] = _Job(
-                request.request_id, st.keys[first:last], list(ids[first:last])
-            )
+            if num_external_tokens > 0:
+                first = st.matched_from // self.block_size
+                last = (st.matched_from + num_external_tokens) // self.block_size
+                self._loads[request.request_id] = _Job(
+                    request.request_id, st.keys[first:last], list(ids[first:last])
+                )
+                # Stored already: nothing to save up to the end of the load.
+                st.stored = max(st.stored, last)
         except Exception as e:  # noqa: BLE001
             self._fail("plan_load", e)
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
-        """This step's loads (planned by update_state_after_alloc) and saves: per scheduled
-        request, the prompt blocks this step's forward completes."""
-        meta = TierkvConnectorMetadata(loads=list(self._loads.values()))
+        """This step's loads (planned by update_state_after_alloc), saves (per scheduled
+        request, the full blocks from the end of what the tier holds to the end of what this
+        step computes), the requests whose blocks wait for their saves, the preempted ones."""
+        meta = TierkvConnectorMetadata(loads=list(self._loads.values()), saves=self._final_saves)
         self._loads.clear()
+        self._final_saves = []
+        meta.finishing, self._finishing = self._finishing, []
+        meta.preempted = list(getattr(scheduler_output, "preempted_req_ids", None) or ())
         try:
             for new in scheduler_output.scheduled_new_reqs:
                 st = self._reqs.get(new.req_id)
@@ -340,112 +458,179 @@ class TierkvConnector(KVConnectorBase_V1):
     def _plan_save(
         self, meta: TierkvConnectorMetadata, req_id: str, st: _Req, computed: int, out: Any
     ) -> None:
-        """Adds the prompt blocks that become full in this step (from `computed` tokens to
-        `computed` plus the scheduled ones, speculative tokens excluded)."""
+        """Adds the full blocks from the end of the request's stored run to the end of what
+        this step computes (speculative tokens excluded): blocks vLLM had in its own cache or
+        loaded are valid in its memory; blocks this step computes are written once it has."""
         n = out.num_scheduled_tokens.get(req_id, 0) - len(
             out.scheduled_spec_decode_tokens.get(req_id, ())
         )
-        first = computed // self.block_size
-        last = min((computed + max(n, 0)) // self.block_size, len(st.keys), len(st.block_ids))
-        if last > first:
-            meta.saves.append(_Job(req_id, st.keys[first:last], st.block_ids[first:last]))
+        # Blocks from `computed` on are (re)computed now (after a failed load, vLLM goes back
+        # to the first block it could not read; a preempted request starts again).
+        st.stored = min(st.stored, computed // self.block_size)
+        last = min((computed + max(n, 0)) // self.block_size, len(st.block_ids))
+        if last <= st.stored:
+            return
+        keys = self._keys(st, last)
+        last = min(last, len(keys))
+        if last <= st.stored:
+            return
+        first = st.stored
+        parent = keys[first - 1] if first else None
+        meta.saves.append(self._save_job(req_id, st, keys[first:last], st.block_ids[first:last], parent))
+        st.stored = last
+
+    def _save_job(
+        self, req_id: str, st: _Req, keys: List[str], block_ids: List[int], parent: Optional[str]
+    ) -> _Job:
+        """A numbered save of the request's blocks, in flight until every worker reports it."""
+        self._seq += 1
+        st.saves.add(self._seq)
+        self._save_reqs[self._seq] = (req_id, 0)
+        return _Job(req_id, keys, block_ids, parent, self._seq)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        """Books the saves the workers completed (each once every rank has)."""
+        meta = getattr(connector_output, "kv_connector_worker_meta", None)
+        if not isinstance(meta, TierkvWorkerMetadata):
+            return
+        for seq, n in meta.saved.items():
+            req_id, seen = self._save_reqs.get(seq, (None, 0))
+            if req_id is None:
+                continue
+            if seen + n < self._ranks:
+                self._save_reqs[seq] = (req_id, seen + n)
+                continue
+            del self._save_reqs[seq]
+            st = self._reqs.get(req_id)
+            if st is not None:
+                st.saves.discard(seq)
 
     def request_finished(
         self, request: "Request", block_ids: List[int]
     ) -> Tuple[bool, Optional[Dict[str, Any]]]:
-        """Forgets the request: its saves ran in the steps that computed its blocks."""
-        self._reqs.pop(request.request_id, None)
+        """Forgets the request. Its full blocks not yet saved (the last ones an answer filled,
+        whose tokens the last steps had not yet sampled) are saved in the next step; if any of
+        its blocks were sent to be saved, vLLM keeps them until get_finished reports the
+        request saved (True)."""
+        st = self._reqs.pop(request.request_id, None)
         self._loads.pop(request.request_id, None)
+        if st is None:
+            return False, None
+        try:
+            last = min(request.num_computed_tokens // self.block_size, len(st.block_ids))
+            keys = self._keys(st, last)
+            last = min(last, len(keys))
+            if last > st.stored:
+                first = st.stored
+                parent = keys[first - 1] if first else None
+                self._final_saves.append(
+                    self._save_job(
+                        request.request_id, st, keys[first:last], st.block_ids[first:last], parent
+                    )
+                )
+        except Exception as e:  # noqa: BLE001
+            self._fail("plan_save", e)
+        if st.saves:
+            # The workers report the request once its saves complete; the numbers of those
+            # saves are no longer needed here.
+            for seq in st.saves:
+                self._save_reqs.pop(seq, None)
+            self._finishing.append(request.request_id)
+            return True, None
         return False, None
 
     # -- worker side -------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: Dict[str, torch.Tensor]) -> None:
-        """Maps each block's regions in the KV tensors and opens this rank's worker."""
+        """Describes the KV tensors to a Transfers over this rank's worker."""
         if not self._usable:
             return
         try:
-            self._map_regions(kv_caches)
+            memory, regions, blocks = _map_regions(kv_caches)
             tp, pp = _ranks()
             self.worker = worker_id(self._vllm_config, self._kv_cache_config, tp, pp)
             self.store = Store(self.root, self.worker, **self.options)
+            self._transfers = Transfers(self.store, memory, regions, blocks, threads=self.threads)
+            self._block_bytes = self._transfers.block_bytes
+            self._keepalive = kv_caches
             logger.info(
-                "tierkv vLLM connector: %s (worker %s), %d-byte blocks in %d regions",
-                self.store.dir, self.worker, self._block_bytes, len(self._regions),
+                "tierkv vLLM connector: %s (worker %s), %d-byte blocks in %d regions, %d blocks",
+                self.store.dir, self.worker, self._block_bytes, len(regions), blocks,
             )
         except Exception as e:  # noqa: BLE001: never raise into vLLM
-            self.store = None
+            self._transfers = None
             self._fail("open", e)
 
-    def _map_regions(self, kv_caches: Dict[str, torch.Tensor]) -> None:
-        """Per layer (in the model's order, aliases of one tensor once), the region of block 0
-        and the stride to the next block, as offsets into the layers' one backing CPU buffer;
-        regions adjacent in memory are merged. Each block's region must be contiguous."""
-        spans, seen, storage = [], set(), None
-        for name, t in kv_caches.items():
-            if t.device.type != "cpu":
-                raise ValueError(f"{name}: KV on {t.device}, this connector reads CPU memory")
-            if t.data_ptr() in seen:
+    def _settle(self, done: List[Any]) -> None:
+        """Books finished transfers: loads (their request to report, blocks not read whole as
+        load errors), saves (their request's count in flight, the outcomes counted)."""
+        for tid, kind, outcomes, errors in done:
+            job = self._inflight.pop(tid, None)
+            if job is None:
                 continue
-            seen.add(t.data_ptr())
-            if storage is None:
-                storage = t.untyped_storage()
-            elif t.untyped_storage().data_ptr() != storage.data_ptr():
-                raise ValueError("the KV tensors do not share one backing buffer")
-            if not t[0].is_contiguous():
-                raise ValueError(f"{name}: a block's KV is not contiguous ({t.stride()})")
-            off = t.data_ptr() - storage.data_ptr()
-            spans.append([off, t[0].numel() * t.element_size(), t.stride(0) * t.element_size()])
-        merged: List[List[int]] = []
-        for off, size, stride in spans:
-            last = merged[-1] if merged else None
-            if last is not None and last[0] + last[1] == off and last[2] == stride:
-                last[1] += size
+            for i, msg in errors[:1]:
+                self._fail(kind, f"{job.req_id}: block {i}: {msg}")
+            if kind == "load":
+                ok = 0
+                while ok < len(outcomes) and outcomes[ok] == "loaded":
+                    ok += 1
+                if ok < len(outcomes):
+                    self._invalid.update(job.block_ids[ok:])
+                    self._count("failed_loads", 1)
+                    self._fail("load", f"{len(outcomes) - ok} of {len(outcomes)} blocks not read ({job.req_id})")
+                self._count("loaded_blocks", ok)
+                self._loaded.add(job.req_id)
             else:
-                merged.append([off, size, stride])
-        self._regions = [(o, s) for o, s, _ in merged]
-        self._block_stride = [st for _, _, st in merged]
-        self._block_bytes = sum(s for _, s in self._regions)
-        nbytes = storage.nbytes()
-        self._buf = np.frombuffer(
-            (ctypes.c_ubyte * nbytes).from_address(storage.data_ptr()), dtype=np.uint8
-        )
-        self._keepalive = kv_caches
+                self._saved_seqs.append(job.seq)
+                left = self._saving.get(job.req_id, 1) - 1
+                if left > 0:
+                    self._saving[job.req_id] = left
+                else:
+                    self._saving.pop(job.req_id, None)
+                self._count("saved_blocks", outcomes.count("written"))
+                self._count("present_blocks", outcomes.count("present"))
+                self._count("not_admitted_blocks", outcomes.count("not_admitted"))
 
-    def _parts(self, block_id: int) -> List[Any]:
-        """Block `block_id`'s regions: writable numpy views of the engine's KV memory."""
-        return [
-            self._buf[o + block_id * st : o + block_id * st + s]
-            for (o, s), st in zip(self._regions, self._block_stride)
-        ]
+    def _submit(self, job: _Job, load: bool) -> None:
+        t = self._transfers
+        try:
+            if t is None:
+                raise RuntimeError("no store (the open failed)")
+            if load:
+                tid = t.submit_load(job.keys, job.block_ids)
+            else:
+                tid = t.submit_save(job.keys, job.block_ids, job.parent)
+                self._saving[job.req_id] = self._saving.get(job.req_id, 0) + 1
+            self._inflight[tid] = job
+        except Exception as e:  # noqa: BLE001
+            self._fail("load" if load else "save", e)
+            if load:
+                self._invalid.update(job.block_ids)
+                self._loaded.add(job.req_id)
+
+    def _wait_for_saves(self, req_ids: List[str]) -> None:
+        """Waits for the saves in flight of `req_ids` (their blocks are about to be reused)."""
+        t = self._transfers
+        while t is not None and any(r in self._saving for r in req_ids):
+            self._settle(t.wait(1.0))
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        """A preempted request's blocks are reused at once: its saves in flight complete first."""
+        if isinstance(kv_connector_metadata, TierkvConnectorMetadata):
+            self._wait_for_saves(kv_connector_metadata.preempted)
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
-        """Reads this step's matched blocks into their KV blocks before the forward; a block
-        not read whole (missing, corrupt, an error) is a load error vLLM recomputes."""
+        """Submits this step's loads; returns at once. A preempted request's saves complete
+        first (in case handle_preemptions was not called)."""
         meta = self._connector_metadata
-        if not isinstance(meta, TierkvConnectorMetadata) or not meta.loads:
+        if not isinstance(meta, TierkvConnectorMetadata):
             return
+        self._wait_for_saves(meta.preempted)
         for job in meta.loads:
-            try:
-                if self.store is None:
-                    raise RuntimeError("no store (the open failed)")
-                got = self.store.get_many_into_vectored(
-                    job.keys, [self._parts(b) for b in job.block_ids]
-                )
-            except Exception as e:  # noqa: BLE001
-                self._fail("load", e)
-                got = [None] * len(job.keys)
-            ok = 0
-            while ok < len(got) and got[ok] == self._block_bytes:
-                ok += 1
-            if ok < len(got):
-                self._invalid.update(job.block_ids[ok:])
-                self._fail("load", f"{len(got) - ok} of {len(got)} blocks not read ({job.req_id})")
-            with self._lock:
-                self._counts["loaded_blocks"] += ok
+            self._submit(job, load=True)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """Loads are whole (all layers) before the forward: nothing to wait for."""
+        """No forward reads a block being loaded (its request waits): nothing to wait for."""
         return
 
     def save_kv_layer(
@@ -455,30 +640,80 @@ class TierkvConnector(KVConnectorBase_V1):
         return
 
     def wait_for_save(self) -> None:
-        """Writes the blocks this step's forward completed, from the KV memory in place; the
-        leading run the store holds already is not rewritten."""
+        """Submits the saves of the blocks this step completed (and of those the tier lacks
+        that vLLM holds); returns at once. Their requests' blocks stay vLLM's until saved."""
         meta = self._connector_metadata
-        if not isinstance(meta, TierkvConnectorMetadata) or self.store is None:
+        if not isinstance(meta, TierkvConnectorMetadata):
             return
         for job in meta.saves:
+            self._submit(job, load=False)
+        self._to_report.update(meta.finishing)
+
+    def get_finished(self, finished_req_ids: set) -> Tuple[Optional[set], Optional[set]]:
+        """The requests whose saves have all completed (among those whose blocks wait for
+        them), and those whose load completed (a failed block is in
+        get_block_ids_with_load_errors, called after this)."""
+        t = self._transfers
+        if t is not None:
             try:
-                have = int(self.store.contains_prefix(job.keys))
-                if have < len(job.keys):
-                    # Hung from the last stored block: the store records the chain, so it
-                    # never keeps a block whose prefix it evicted.
-                    self.store.offer_many_vectored(
-                        job.keys[have:], [self._parts(b) for b in job.block_ids[have:]],
-                        parent=job.keys[have - 1] if have else None,
-                    )
-                with self._lock:
-                    self._counts["saved_blocks"] += len(job.keys) - have
+                self._settle(t.drain())
             except Exception as e:  # noqa: BLE001
-                self._fail("save", e)
+                self._fail("drain", e)
+        self._finished_seen.update(finished_req_ids)
+        saved = {r for r in self._to_report if r in self._finished_seen and r not in self._saving}
+        self._to_report -= saved
+        self._finished_seen -= saved
+        loaded, self._loaded = self._loaded, set()
+        return (saved or None), (loaded or None)
+
+    def build_connector_worker_meta(self) -> Optional[KVConnectorWorkerMetadata]:
+        """The saves completed since the last step, for the scheduler."""
+        if not self._saved_seqs:
+            return None
+        meta = TierkvWorkerMetadata(saved={seq: 1 for seq in self._saved_seqs})
+        self._saved_seqs = []
+        return meta
 
     def get_block_ids_with_load_errors(self) -> set:
-        """The blocks of this step's loads that were not read (vLLM recomputes them)."""
+        """The blocks of the loads reported by get_finished that were not read whole (vLLM
+        recomputes them)."""
         out, self._invalid = self._invalid, set()
         return out
+
+
+def _map_regions(kv_caches: Dict[str, torch.Tensor]) -> Tuple[Any, List[Tuple[int, int, int]], int]:
+    """The KV tensors' one backing CPU buffer (a writable numpy view), per layer (in the
+    model's order, aliases of one tensor once) the region of block 0 as (offset, length,
+    stride to the next block), merged where adjacent, and the number of blocks."""
+    spans, seen, storage, blocks = [], set(), None, None
+    for name, t in kv_caches.items():
+        if t.device.type != "cpu":
+            raise ValueError(f"{name}: KV on {t.device}, this connector reads CPU memory")
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        if storage is None:
+            storage = t.untyped_storage()
+        elif t.untyped_storage().data_ptr() != storage.data_ptr():
+            raise ValueError("the KV tensors do not share one backing buffer")
+        if not t[0].is_contiguous():
+            raise ValueError(f"{name}: a block's KV is not contiguous ({t.stride()})")
+        off = t.data_ptr() - storage.data_ptr()
+        spans.append([off, t[0].numel() * t.element_size(), t.stride(0) * t.element_size()])
+        blocks = t.shape[0] if blocks is None else min(blocks, t.shape[0])
+    if storage is None:
+        raise ValueError("no KV tensors")
+    merged: List[List[int]] = []
+    for off, size, stride in spans:
+        last = merged[-1] if merged else None
+        if last is not None and last[0] + last[1] == off and last[2] == stride:
+            last[1] += size
+        else:
+            merged.append([off, size, stride])
+    memory = np.frombuffer(
+        (ctypes.c_ubyte * storage.nbytes()).from_address(storage.data_ptr()), dtype=np.uint8
+    )
+    return memory, [(o, s, st) for o, s, st in merged], int(blocks)
 
 
 def _ranks() -> Tuple[int, int]:
