@@ -13,8 +13,8 @@ One tierkv block is one vLLM block (``block_size`` tokens) of every attention la
 TP/PP rank, keyed by the blake3 chain hash of its tokens (:func:`tierkv_g3.chain_hashes`; a
 request's LoRA, cache salt and multimodal hashes fold into the chain's root). Everything that
 changes a block's bytes is hashed into the worker id, ``vllm.<model type>.b<block>.tp<r>of<n>.
-<16 hex>``: the model's configuration and the identity of its weights (their index, or their
-files' names and sizes; the revision), dtypes, quantization, block size, the KV layout and
+<16 hex>``: the model's configuration and the identity of its weights (each weight file's name,
+size and a hash of its first and last bytes; the revision), dtypes, quantization, block size, the KV layout and
 per-layer spec, the ranks; not the model's path, so the same weights at another mount point
 share the tier.
 
@@ -90,20 +90,24 @@ def _slug(s: str, n: int) -> str:
 
 
 def _weights_identity(model: str, revision: Optional[str]) -> Any:
-    """What identifies a model's weights without its path: a local directory's weight index
-    (its hash) or, without one, its weight files' names and sizes; a hub id with its revision."""
+    """What identifies a model's weights without its path: for a local directory, each weight
+    file's name, size and a hash of its first 64 KiB and last 1 MiB (two fine-tunes of one
+    architecture share names, sizes and weight index, not their bytes); for a hub id, the id
+    and its revision."""
     if not os.path.isdir(model):
         return ("hub", model, revision)
-    names = sorted(os.listdir(model))
-    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        if index in names:
-            with open(os.path.join(model, index), "rb") as f:
-                return ("index", hashlib.sha256(f.read()).hexdigest())
-    files = [
-        (n, os.path.getsize(os.path.join(model, n)))
-        for n in names
-        if n.endswith((".safetensors", ".bin", ".pt", ".gguf"))
-    ]
+    files = []
+    for name in sorted(os.listdir(model)):
+        if not name.endswith((".safetensors", ".bin", ".pt", ".gguf")):
+            continue
+        path = os.path.join(model, name)
+        size = os.path.getsize(path)
+        h = hashlib.blake2b(digest_size=16)
+        with open(path, "rb") as f:
+            h.update(f.read(64 << 10))
+            f.seek(max(size - (1 << 20), 0))
+            h.update(f.read(1 << 20))
+        files.append((name, size, h.hexdigest()))
     return ("files", files, revision)
 
 
