@@ -49,6 +49,8 @@ tests_for() {
     src/store/split.rs) echo "--lib" ;;
     src/store/scatter.rs) echo "--lib --test engines" ;;
     src/offload/*) echo "--lib --test offload" ;;
+    # The engine API: its behaviour tests alone.
+    src/transfer/*) echo "--test transfer" ;;
     # The queue has no unit tests: its behaviour tests alone (the lib's take 30 s a mutant).
     src/queue/*) echo "--test queue" ;;
     # The one walker: the sweep's suites and tierkv-stat's (its other visitor).
