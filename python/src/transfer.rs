@@ -269,6 +269,7 @@ impl PyTransfers {
         slf
     }
 
+    #[pyo3(signature = (*_exc))]
     fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> bool {
         self.close(py);
         false
