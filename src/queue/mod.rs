@@ -18,14 +18,12 @@
 //! [`Error::Io`] naming the store and the panic, so a caller waiting on it is never left
 //! waiting. Closing (or dropping) the queue runs every batch already submitted first.
 
-use std::collections::VecDeque;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+mod runner;
 
-use rustix::event::{EventfdFlags, PollFd, PollFlags};
+pub(crate) use runner::Runner;
+
+use std::os::fd::BorrowedFd;
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::key::BlockKey;
@@ -87,32 +85,9 @@ pub struct Completion<B> {
     pub outcome: Outcome<B>,
 }
 
-/// Batches not yet started, oldest first, with their ids, and whether the queue is closing
-/// (its threads then finish what is queued and stop).
-struct Queue<B> {
-    jobs: VecDeque<(u64, Job<B>)>,
-    closing: bool,
-}
-
-/// The state the submitters, the threads and the collector share.
-struct Shared<B> {
-    store: Store,
-    jobs: Mutex<Queue<B>>,
-    /// Signalled when a batch is queued or the queue closes.
-    queued: Condvar,
-    /// Finished batches not yet collected.
-    done: Mutex<Vec<Completion<B>>>,
-    /// Counts finished batches since the last collection: readable while any are waiting.
-    event: OwnedFd,
-    /// Batches submitted and not yet collected.
-    pending: AtomicU64,
-    next_id: AtomicU64,
-}
-
 /// A completion queue over a store (see the module docs).
 pub struct Completions<B: Send + 'static = Vec<u8>> {
-    shared: Arc<Shared<B>>,
-    threads: Vec<JoinHandle<()>>,
+    runner: Runner<Store, Job<B>, Completion<B>>,
 }
 
 impl<B> std::fmt::Debug for Completions<B>
@@ -121,14 +96,10 @@ where
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Completions")
-            .field("threads", &self.threads.len())
+            .field("threads", &self.runner.threads())
             .field("pending", &self.pending())
             .finish_non_exhaustive()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl<B> Completions<B>
@@ -137,47 +108,19 @@ where
 {
     /// A queue over `store` whose batches run on `threads` threads (at least 1).
     pub fn new(store: Store, threads: usize) -> Result<Self> {
-        let event = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
-            .map_err(|e| Error::from_io(store.dir(), crate::ns::io_err(e)))?;
-        let shared = Arc::new(Shared {
-            store,
-            jobs: Mutex::new(Queue {
-                jobs: VecDeque::new(),
-                closing: false,
-            }),
-            queued: Condvar::new(),
-            done: Mutex::new(Vec::new()),
-            event,
-            pending: AtomicU64::new(0),
-            next_id: AtomicU64::new(1),
-        });
-        let mut handles = Vec::new();
-        for n in 0..threads.max(1) {
-            let s = shared.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("tierkv-cq-{n}"))
-                .spawn(move || s.run());
-            match spawned {
-                Ok(h) => handles.push(h),
-                Err(e) => {
-                    let queue = Completions {
-                        shared,
-                        threads: handles,
-                    };
-                    drop(queue);
-                    return Err(Error::from_io("tierkv-cq thread", e));
-                }
-            }
-        }
+        let dir = store.dir().to_path_buf();
+        let run = |store: &Store, id: u64, job: Job<B>| Completion {
+            id,
+            outcome: job.run(store),
+        };
         Ok(Completions {
-            shared,
-            threads: handles,
+            runner: Runner::new(store, run, threads, "tierkv-cq", &dir)?,
         })
     }
 
     /// The store the batches run on.
     pub fn store(&self) -> &Store {
-        &self.shared.store
+        self.runner.ctx()
     }
 
     /// Queues a get of `keys` into `bufs` (one each, as [`Store::get_many`]); returns its id.
@@ -208,119 +151,38 @@ where
     }
 
     fn submit(&self, job: Job<B>) -> u64 {
-        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
-        self.shared.pending.fetch_add(1, Ordering::AcqRel);
-        lock(&self.shared.jobs).jobs.push_back((id, job));
-        self.shared.queued.notify_one();
-        id
+        self.runner.submit(job)
     }
 
     /// The finished batches not yet collected, without waiting (none if none finished).
     pub fn drain(&self) -> Vec<Completion<B>> {
-        // The count first, then the list: a batch that finishes in between is in the list and
-        // leaves the count readable, so a poller wakes once more for nothing, never misses one.
-        let mut count = [0u8; 8];
-        let _ = rustix::io::read(&self.shared.event, &mut count);
-        let done = std::mem::take(&mut *lock(&self.shared.done));
-        self.shared
-            .pending
-            .fetch_sub(done.len() as u64, Ordering::AcqRel);
-        done
+        self.runner.drain()
     }
 
     /// Waits until at least one batch has finished, or `timeout` has passed (`None`: no
     /// limit, but returns at once when no batch is pending), and collects what finished.
     pub fn wait(&self, timeout: Option<Duration>) -> Vec<Completion<B>> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        loop {
-            let done = self.drain();
-            if !done.is_empty() || self.pending() == 0 {
-                return done;
-            }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if left == Some(Duration::ZERO) {
-                return done;
-            }
-            let ts = left.map(|l| rustix::time::Timespec {
-                tv_sec: l.as_secs() as i64,
-                tv_nsec: i64::from(l.subsec_nanos()),
-            });
-            let mut fds = [PollFd::new(&self.shared.event, PollFlags::IN)];
-            match rustix::event::poll(&mut fds, ts.as_ref()) {
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => panic!("poll of the completion eventfd failed: {e}"),
-            }
-        }
+        self.runner.wait(timeout)
     }
 
     /// An eventfd that is readable while finished batches wait to be collected: for the
     /// caller's `poll`/`epoll`. Collect with [`Completions::drain`], which resets it.
     pub fn event_fd(&self) -> BorrowedFd<'_> {
-        self.shared.event.as_fd()
+        self.runner.event_fd()
     }
 
     /// Batches submitted and not yet collected (queued, running or finished).
     pub fn pending(&self) -> u64 {
-        self.shared.pending.load(Ordering::Acquire)
+        self.runner.pending()
     }
 
     /// Runs every batch already submitted, stops the threads, and returns what finished and
     /// was not collected.
     pub fn close(mut self) -> Vec<Completion<B>> {
-        self.stop();
-        self.drain()
-    }
-}
-
-impl<B: Send + 'static> Completions<B> {
-    /// Lets the threads finish what is queued, and waits for them.
-    fn stop(&mut self) {
-        lock(&self.shared.jobs).closing = true;
-        self.shared.queued.notify_all();
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
-}
-
-impl<B: Send + 'static> Drop for Completions<B> {
-    fn drop(&mut self) {
-        // Batches still queued run first (the threads stop once the queue is empty), so no
-        // submitted batch is lost; their completions go with the queue. After `close`, the
-        // threads are gone already and this does nothing.
-        self.stop();
-    }
-}
-
-impl<B> Shared<B>
-where
-    B: AsRef<[u8]> + AsMut<[u8]> + Send + 'static,
-{
-    /// A thread's loop: the oldest queued batch, run, until the queue closes.
-    fn run(&self) {
-        loop {
-            let next = {
-                let mut q = lock(&self.jobs);
-                loop {
-                    if let Some(j) = q.jobs.pop_front() {
-                        break j;
-                    }
-                    if q.closing {
-                        return;
-                    }
-                    q = self.queued.wait(q).unwrap_or_else(|e| e.into_inner());
-                }
-            };
-            let (id, job) = next;
-            let outcome = job.run(&self.store);
-            self.finish(id, outcome);
-        }
-    }
-
-    /// Publishes a finished batch and counts it on the eventfd.
-    fn finish(&self, id: u64, outcome: Outcome<B>) {
-        lock(&self.done).push(Completion { id, outcome });
-        let _ = rustix::io::write(&self.event, &1u64.to_ne_bytes());
+        // Closing (or dropping) runs every batch already submitted first: the runner's
+        // threads stop once the queue is empty.
+        self.runner.stop();
+        self.runner.drain()
     }
 }
 

@@ -24,18 +24,13 @@
 //! any order (each completion carries its id). Closing (or dropping) runs every batch already
 //! submitted first.
 
-use std::collections::{HashSet, VecDeque};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
-
-use rustix::event::{EventfdFlags, PollFd, PollFlags};
+use std::collections::HashSet;
+use std::os::fd::BorrowedFd;
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::key::BlockKey;
-use crate::queue::guarded;
+use crate::queue::{Runner, guarded};
 use crate::store::{Lookup, Store};
 
 /// One region of every block: block `b`'s bytes of it are `offset + b * stride ..` plus `len`,
@@ -256,40 +251,25 @@ enum Job {
     },
 }
 
-struct Queue {
-    jobs: VecDeque<(u64, Job)>,
-    closing: bool,
-}
-
-struct Shared {
+/// What every batch runs against.
+struct Ctx {
     store: Store,
     memory: KvMemory,
-    jobs: Mutex<Queue>,
-    queued: Condvar,
-    done: Mutex<Vec<Transfer>>,
-    /// Counts finished batches since the last collection: readable while any are waiting.
-    event: OwnedFd,
-    pending: AtomicU64,
-    next_id: AtomicU64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Loads and saves between an engine's [`KvMemory`] and a [`Store`] (see the module docs).
 pub struct Transfers {
-    shared: Arc<Shared>,
-    threads: Vec<JoinHandle<()>>,
+    runner: Runner<Ctx, Job, Transfer>,
 }
 
 impl std::fmt::Debug for Transfers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let m = &self.runner.ctx().memory;
         f.debug_struct("Transfers")
-            .field("threads", &self.threads.len())
+            .field("threads", &self.runner.threads())
             .field("pending", &self.pending())
-            .field("blocks", &self.shared.memory.blocks)
-            .field("block_bytes", &self.shared.memory.block_bytes)
+            .field("blocks", &m.blocks)
+            .field("block_bytes", &m.block_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -299,47 +279,21 @@ impl Transfers {
     /// one). A load or save of one batch runs on one thread, through the store's batch calls
     /// (whose I/O engine submits the blocks together).
     pub fn new(store: Store, memory: KvMemory, threads: usize) -> Result<Self> {
-        let event = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
-            .map_err(|e| Error::from_io(store.dir(), crate::ns::io_err(e)))?;
-        let shared = Arc::new(Shared {
-            store,
-            memory,
-            jobs: Mutex::new(Queue {
-                jobs: VecDeque::new(),
-                closing: false,
-            }),
-            queued: Condvar::new(),
-            done: Mutex::new(Vec::new()),
-            event,
-            pending: AtomicU64::new(0),
-            next_id: AtomicU64::new(1),
-        });
-        let mut out = Transfers {
-            shared,
-            threads: Vec::new(),
-        };
-        for n in 0..threads.max(1) {
-            let s = out.shared.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("tierkv-xfer-{n}"))
-                .spawn(move || s.run());
-            match spawned {
-                Ok(h) => out.threads.push(h),
-                // Dropping `out` stops the threads already started.
-                Err(e) => return Err(Error::from_io("tierkv-xfer thread", e)),
-            }
-        }
-        Ok(out)
+        let dir = store.dir().to_path_buf();
+        let ctx = Ctx { store, memory };
+        Ok(Transfers {
+            runner: Runner::new(ctx, Ctx::run, threads, "tierkv-xfer", &dir)?,
+        })
     }
 
     /// The store the batches run on.
     pub fn store(&self) -> &Store {
-        &self.shared.store
+        &self.runner.ctx().store
     }
 
     /// The memory the batches move blocks into and out of.
     pub fn memory(&self) -> &KvMemory {
-        &self.shared.memory
+        &self.runner.ctx().memory
     }
 
     /// Queues a load of `keys[i]` into block `blocks[i]` of the memory; returns its id. The
@@ -366,115 +320,55 @@ impl Transfers {
     }
 
     fn submit(&self, job: Job) -> u64 {
-        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
-        self.shared.pending.fetch_add(1, Ordering::AcqRel);
-        lock(&self.shared.jobs).jobs.push_back((id, job));
-        self.shared.queued.notify_one();
-        id
+        self.runner.submit(job)
     }
 
     /// The finished batches not yet collected, without waiting.
     pub fn drain(&self) -> Vec<Transfer> {
-        // The count first, then the list: a batch that finishes in between leaves the count
-        // readable, so a poller wakes once more for nothing, never misses one.
-        let mut count = [0u8; 8];
-        let _ = rustix::io::read(&self.shared.event, &mut count);
-        let done = std::mem::take(&mut *lock(&self.shared.done));
-        self.shared
-            .pending
-            .fetch_sub(done.len() as u64, Ordering::AcqRel);
-        done
+        self.runner.drain()
     }
 
     /// Waits until at least one batch has finished or `timeout` has passed (`None`: no limit,
     /// but returns at once when none is pending), and collects what finished.
     pub fn wait(&self, timeout: Option<Duration>) -> Vec<Transfer> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        loop {
-            let done = self.drain();
-            if !done.is_empty() || self.pending() == 0 {
-                return done;
-            }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if left == Some(Duration::ZERO) {
-                return done;
-            }
-            let ts = left.map(|l| rustix::time::Timespec {
-                tv_sec: l.as_secs() as i64,
-                tv_nsec: i64::from(l.subsec_nanos()),
-            });
-            let mut fds = [PollFd::new(&self.shared.event, PollFlags::IN)];
-            match rustix::event::poll(&mut fds, ts.as_ref()) {
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => panic!("poll of the transfers' eventfd failed: {e}"),
-            }
-        }
+        self.runner.wait(timeout)
     }
 
     /// An eventfd that is readable while finished batches wait to be collected.
     pub fn event_fd(&self) -> BorrowedFd<'_> {
-        self.shared.event.as_fd()
+        self.runner.event_fd()
     }
 
     /// Batches submitted and not yet collected (queued, running or finished).
     pub fn pending(&self) -> u64 {
-        self.shared.pending.load(Ordering::Acquire)
+        self.runner.pending()
     }
 
     /// Runs every batch already submitted, stops the threads, and returns what finished and
-    /// was not collected.
+    /// was not collected. (Dropping runs what was submitted too: no block handed over is left
+    /// half-written.)
     pub fn close(mut self) -> Vec<Transfer> {
-        self.stop();
-        self.drain()
-    }
-
-    fn stop(&mut self) {
-        lock(&self.shared.jobs).closing = true;
-        self.shared.queued.notify_all();
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
+        self.runner.stop();
+        self.runner.drain()
     }
 }
 
-impl Drop for Transfers {
-    fn drop(&mut self) {
-        // Batches still queued run first: no block handed over is left half-written.
-        self.stop();
-    }
-}
-
-impl Shared {
-    fn run(&self) {
-        loop {
-            let (id, job) = {
-                let mut q = lock(&self.jobs);
-                loop {
-                    if let Some(j) = q.jobs.pop_front() {
-                        break j;
-                    }
-                    if q.closing {
-                        return;
-                    }
-                    q = self.queued.wait(q).unwrap_or_else(|e| e.into_inner());
-                }
-            };
-            let done = match job {
-                Job::Load { keys, blocks } => Transfer::Load {
-                    id,
-                    outcomes: self.load(&keys, &blocks),
-                },
-                Job::Save {
-                    parent,
-                    keys,
-                    blocks,
-                } => Transfer::Save {
-                    id,
-                    outcomes: self.save(parent.as_ref(), &keys, &blocks),
-                },
-            };
-            lock(&self.done).push(done);
-            let _ = rustix::io::write(&self.event, &1u64.to_ne_bytes());
+impl Ctx {
+    /// Runs batch `id`.
+    fn run(&self, id: u64, job: Job) -> Transfer {
+        match job {
+            Job::Load { keys, blocks } => Transfer::Load {
+                id,
+                outcomes: self.load(&keys, &blocks),
+            },
+            Job::Save {
+                parent,
+                keys,
+                blocks,
+            } => Transfer::Save {
+                id,
+                outcomes: self.save(parent.as_ref(), &keys, &blocks),
+            },
         }
     }
 
