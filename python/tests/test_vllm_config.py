@@ -105,3 +105,23 @@ def test_the_worker_id_names_the_weights_not_their_path(model, tmp_path):
     vc, groups = config(model)
     vc.cache_config.kv_cache_layout = "HND"
     assert worker_id(vc, groups, 0, 0) != base
+
+
+def test_a_worker_keeps_no_state_per_finished_request_for_ever():
+    """vLLM tells the worker every finished request; those without saves are never reported
+    back, so their ids must not pile up (a long-lived server finishes millions)."""
+    from tierkv_g3 import vllm_connector as vc
+
+    c = object.__new__(vc.TierkvConnector)  # the worker side's bookkeeping only, no engine
+    c._transfers, c._finished_seen, c._calls = None, {}, 0
+    c._to_report, c._saving, c._loaded, c._invalid = set(), {}, set(), set()
+    for i in range(20 * vc._SEEN_CALLS):
+        assert c.get_finished({f"r{i}"}) == (None, None)
+    assert len(c._finished_seen) <= vc._SEEN_CALLS + 64, len(c._finished_seen)
+    # One whose blocks wait for its saves is reported once none is in flight.
+    c._to_report.add("s")
+    c._saving["s"] = 1
+    assert c.get_finished({"s"}) == (None, None)
+    del c._saving["s"]
+    assert c.get_finished(set()) == ({"s"}, None)
+    assert "s" not in c._finished_seen and not c._to_report

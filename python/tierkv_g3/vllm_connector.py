@@ -82,6 +82,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# How many get_finished calls a finished request's id is kept for, waiting for the notice that
+# its blocks wait for saves (the notice comes in the same step).
+_SEEN_CALLS = 1024
+
 
 def _slug(s: str, n: int) -> str:
     """`s` in the worker id's alphabet ([A-Za-z0-9_.-]), its last `n` characters."""
@@ -265,7 +269,11 @@ class TierkvConnector(KVConnectorBase_V1):
         self._inflight: Dict[int, _Job] = {}  # transfer id -> its job
         self._saving: Dict[str, int] = {}  # request -> saves in flight
         self._to_report: set = set()  # requests whose blocks wait for their saves
-        self._finished_seen: set = set()  # requests vLLM said finished (get_finished)
+        # Requests vLLM said finished (get_finished), with the call that said so: kept until
+        # reported, or for _SEEN_CALLS calls (a finished request without saves is never
+        # reported: bounded, not kept forever).
+        self._finished_seen: Dict[str, int] = {}
+        self._calls = 0
         self._loaded: set = set()  # requests whose load completed, to report
         self._saved_seqs: List[int] = []  # saves completed, to tell the scheduler
         self._invalid: set = set()
@@ -663,10 +671,17 @@ class TierkvConnector(KVConnectorBase_V1):
                 self._settle(t.drain())
             except Exception as e:  # noqa: BLE001
                 self._fail("drain", e)
-        self._finished_seen.update(finished_req_ids)
+        self._calls += 1
+        for r in finished_req_ids or ():
+            self._finished_seen[r] = self._calls
         saved = {r for r in self._to_report if r in self._finished_seen and r not in self._saving}
         self._to_report -= saved
-        self._finished_seen -= saved
+        for r in saved:
+            del self._finished_seen[r]
+        if self._calls % 64 == 0:
+            old = self._calls - _SEEN_CALLS
+            for r in [r for r, c in self._finished_seen.items() if c < old and r not in self._to_report]:
+                del self._finished_seen[r]
         loaded, self._loaded = self._loaded, set()
         return (saved or None), (loaded or None)
 
