@@ -24,6 +24,22 @@ struct Pool {
 const K: usize = 96;
 const V: usize = 64;
 
+/// The regions of a pool of `blocks` blocks: all K regions, then all V regions.
+fn pool_regions(blocks: usize) -> Vec<Region> {
+    vec![
+        Region {
+            offset: 0,
+            len: K,
+            stride: K,
+        },
+        Region {
+            offset: blocks * K,
+            len: V,
+            stride: V,
+        },
+    ]
+}
+
 impl Pool {
     fn new(blocks: usize) -> Pool {
         Pool {
@@ -33,18 +49,7 @@ impl Pool {
     }
 
     fn regions(&self) -> Vec<Region> {
-        vec![
-            Region {
-                offset: 0,
-                len: K,
-                stride: K,
-            },
-            Region {
-                offset: self.blocks * K,
-                len: V,
-                stride: V,
-            },
-        ]
+        pool_regions(self.blocks)
     }
 
     /// Block `b`'s payload as the store holds it: K then V.
@@ -154,8 +159,19 @@ fn saves_and_loads_move_whole_blocks_with_one_outcome_per_block() {
     }
     let want: Vec<Vec<u8>> = (0..3).map(|b| pool.block(b)).collect();
     let t = pool.transfers(store.clone(), 2);
+    assert_eq!(t.memory().regions(), pool_regions(8).as_slice());
+    assert_eq!((t.memory().blocks(), t.memory().block_bytes()), (8, K + V));
+    let shown = format!("{t:?}");
+    assert!(
+        shown.contains("threads: 2")
+            && shown.contains("blocks: 8")
+            && shown.contains("block_bytes: 160"),
+        "{shown}"
+    );
     let id = t.submit_save(None, ks[..3].to_vec(), vec![0, 1, 2]);
-    assert_eq!(names_s(&saved(wait_for(&t, id))), ["written"; 3]);
+    let o = saved(wait_for(&t, id));
+    assert!(o.iter().all(SaveOutcome::is_stored));
+    assert_eq!(names_s(&o), ["written"; 3]);
     // The completion comes after the blocks are stored: another reader sees them whole.
     for (k, w) in ks.iter().zip(&want) {
         let mut buf = vec![0u8; K + V];
@@ -168,11 +184,24 @@ fn saves_and_loads_move_whole_blocks_with_one_outcome_per_block() {
     assert_eq!(store.stats().puts, 3);
     // Loaded into other blocks (K and V regions each filled), the fourth key never stored.
     let id = t.submit_load(ks.clone(), vec![4, 5, 6, 7]);
+    let o = loaded(wait_for(&t, id));
     assert_eq!(
-        names_l(&loaded(wait_for(&t, id))),
-        ["loaded", "loaded", "loaded", "missing"]
+        o.iter().map(LoadOutcome::is_loaded).collect::<Vec<_>>(),
+        [true, true, true, false]
     );
-    drop(t);
+    assert_eq!(names_l(&o), ["loaded", "loaded", "loaded", "missing"]);
+    // A block stored with another length (another layout's) is not loaded as this one's.
+    let odd = chain_keys(&store, 9, 1).remove(0);
+    store.put(&odd, &[7u8; 10]).unwrap();
+    let id = t.submit_load(vec![odd], vec![3]);
+    match loaded(wait_for(&t, id)).as_slice() {
+        [LoadOutcome::WrongLength { len: 10 }] => {}
+        other => panic!("{other:?}"),
+    }
+    // Closing runs what was submitted and hands back what was not collected.
+    let id = t.submit_save(None, ks[..1].to_vec(), vec![0]);
+    let left = t.close();
+    assert_eq!(left.iter().map(Transfer::id).collect::<Vec<_>>(), [id]);
     for (i, w) in want.iter().enumerate() {
         assert_eq!(&pool.block(4 + i), w, "block {}", 4 + i);
     }
@@ -193,7 +222,9 @@ fn a_save_hung_from_a_block_no_longer_stored_is_not_admitted() {
     pool.fill(2, 6);
     let t = pool.transfers(store.clone(), 1);
     let id = t.submit_save(Some(ks[0].clone()), ks[1..].to_vec(), vec![1, 2]);
-    assert_eq!(names_s(&saved(wait_for(&t, id))), ["not_admitted"; 2]);
+    let o = saved(wait_for(&t, id));
+    assert!(!o.iter().any(SaveOutcome::is_stored));
+    assert_eq!(names_s(&o), ["not_admitted"; 2]);
     assert_eq!(store.contains_prefix(&ks[1..]).unwrap(), 0);
 }
 
@@ -313,6 +344,17 @@ fn a_stalled_disk_never_blocks_a_submission() {
     );
     assert_eq!(t.pending(), 3);
     engine.release();
+    // Collected by polling: drain gives what finished, without waiting.
+    let mut polled = Vec::new();
+    for _ in 0..1000 {
+        polled.extend(t.drain());
+        if !polled.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(polled.first().map(Transfer::id), Some(first));
+    STASH.with(|s| s.borrow_mut().extend(polled));
     assert_eq!(names_s(&saved(wait_for(&t, first))), ["written"; 3]);
     assert_eq!(names_s(&saved(wait_for(&t, second))), ["written"; 3]);
     assert_eq!(names_l(&loaded(wait_for(&t, load))), ["loaded"; 3]);

@@ -52,6 +52,8 @@ tests_for() {
     # The engine API: its behaviour tests alone.
     src/transfer/*) echo "--test transfer" ;;
     # The queue has no unit tests: its behaviour tests alone (the lib's take 30 s a mutant).
+    # The runner under both queues: their behaviour tests.
+    src/queue/runner.rs) echo "--test queue --test transfer" ;;
     src/queue/*) echo "--test queue" ;;
     # The one walker: the sweep's suites and tierkv-stat's (its other visitor).
     src/ns/walk.rs) echo "--lib --test oracle --test semantics --test hostile --test shared --test stat_cli" ;;

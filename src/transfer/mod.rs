@@ -51,7 +51,6 @@ pub struct Region {
 #[derive(Debug)]
 pub struct KvMemory {
     base: *mut u8,
-    len: usize,
     regions: Vec<Region>,
     blocks: usize,
     block_bytes: usize,
@@ -119,7 +118,6 @@ impl KvMemory {
         let block_bytes = regions.iter().map(|r| r.len).sum();
         Ok(KvMemory {
             base,
-            len,
             regions,
             blocks,
             block_bytes,
@@ -134,16 +132,6 @@ impl KvMemory {
     /// A block's payload length: its regions' lengths added up.
     pub fn block_bytes(&self) -> usize {
         self.block_bytes
-    }
-
-    /// The memory's length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True if the memory has no bytes (never: `new` refuses empty regions).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The regions of a block.
