@@ -239,3 +239,57 @@ def test_a_backup_hangs_from_the_sequences_earlier_pages(tmp_path):
     assert b.store.contains_many(rest) == [False] * 3
     assert b.tierkv_stats()["failures"] == {}
     b.close()
+
+
+def test_readmes_line_turns_the_tier_on_through_sglangs_own_parser(tmp_path):
+    """Issue 51, finding 3: README's SGLang line, as pasted (with --file-storage-path beside
+    it, which SGLang injects into the extra config), parsed by SGLang's own
+    `prepare_server_args`: HiCache on, our backend named, prefix keys passed; the backend
+    built by SGLang's factory from what was parsed stores and restores a page."""
+    import shlex
+
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+    from sglang.srt.server_args import prepare_server_args
+
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    [line] = [x for x in readme.read_text().splitlines() if "--hicache-storage-backend dynamic" in x]
+    sys.path.insert(0, str(Path(__file__).parent))
+    import vllm_harness
+
+    model = tmp_path / "model"
+    vllm_harness.make_model(model, 2, 128, 2, 1)
+    args = prepare_server_args(
+        ["--model-path", str(model), *shlex.split(line), "--file-storage-path", str(tmp_path / "f")]
+    )
+    assert args.enable_hierarchical_cache and args.hicache_storage_backend == "dynamic"
+    extra, _, _, _, pass_prefix_keys = HybridCacheController.parse_storage_backend_extra_config(
+        args.hicache_storage_backend_extra_config
+    )
+    assert pass_prefix_keys is True
+    # As SGLang's radix cache does with --file-storage-path; the README's root, moved here.
+    extra = dict(extra, file_storage_path=args.file_storage_path)
+    assert extra["root"] == "/mnt/nvme/kvcache" and extra["capacity_bytes"] > 0
+    extra["root"] = str(tmp_path / "kv")
+    config = HiCacheStorageConfig(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
+        model_name="tiny-llama", extra_config=extra,
+    )
+    _, host = h.host_pool()
+    b = h.backend(config, host)
+    assert type(b).__name__ == "TierkvHiCacheStorage" and b.store is not None
+    assert str(b.store.dir).startswith(str(tmp_path / "kv"))
+    keys = h.hashes(tokens(4))
+    idx = host.alloc(16)
+    pages = h.fill(host, idx, seed=9)
+    assert b.batch_set_v1(keys, idx) == [True] * 4
+    out = host.alloc(16)
+    assert b.batch_get_v1(keys, out) == [True] * 4 and h.page_bytes(host, out) == pages
+    b.close()
+    # --file-storage-path alone is the root.
+    del extra["root"]
+    config.extra_config = extra
+    b = h.backend(config, host)
+    assert str(b.store.dir).startswith(str(tmp_path / "f"))
+    b.close()

@@ -2,10 +2,16 @@
 
 Attach it with SGLang's ``dynamic`` backend::
 
-    --hicache-storage-backend dynamic --hicache-storage-backend-extra-config
+    --enable-hierarchical-cache --hicache-storage-backend dynamic
+    --hicache-storage-backend-extra-config
       '{"backend_name": "tierkv", "module_path": "tierkv_g3.sglang",
         "class_name": "TierkvHiCacheStorage", "interface_v1": 1,
+        "hicache_storage_pass_prefix_keys": true,
         "root": "/mnt/nvme/kvcache", "capacity_bytes": 1099511627776}'
+
+(without ``--enable-hierarchical-cache`` SGLang builds no HiCache and ignores the storage
+flags; without ``"hicache_storage_pass_prefix_keys": true`` it passes no prefix keys, so each
+backup starts a chain of its own)
 
 SGLang builds the class as ``cls(storage_config, kwargs)`` and then calls
 ``register_mem_pool_host(pool)``; the store is opened there, once the pool's page size,
@@ -27,7 +33,9 @@ becomes False / None / 0, is counted (``tierkv_stats()["failures"]``) and is log
 once per ``log_interval`` seconds per operation.
 
 Keys in the extra config (besides SGLang's own ``backend_name``, ``module_path``,
-``class_name``, ``interface_v1``): ``root`` (required), and any keyword argument of
+``class_name``, ``interface_v1``, its prefetch and prefix-key knobs, and the
+``file_storage_path`` it injects for ``--file-storage-path``): ``root`` (required, or
+``--file-storage-path``), and any keyword argument of
 :class:`tierkv_g3.Store` (``capacity_bytes``, ``capacity_files``, ``policy``, ``engine``,
 ``verify``, ``direct_io``, ``sync_writes``, ``fd_cache``, ``layout``, ``publish``,
 ``watermarks``, ``queue_depth``, ``stats_interval``, ``reuse_evicted``, ``sharing``,
@@ -53,7 +61,14 @@ from ._engines import STORE_OPTIONS, FailureLog, close_store, slug, store_option
 
 logger = logging.getLogger(__name__)
 
-_SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size")
+# Keys of the extra config that are SGLang's, not the store's: the dynamic factory's, its
+# prefetch and prefix-key knobs (a controller that does not pop them passes them on), and the
+# `file_storage_path` SGLang injects when the server also has `--file-storage-path`.
+_SGLANG_KEYS = (
+    "backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size",
+    "hicache_storage_pass_prefix_keys", "prefetch_threshold", "prefetch_timeout_base",
+    "prefetch_timeout_per_ki_token", "file_storage_path",
+)
 
 
 def worker_id(config: HiCacheStorageConfig, pool: Any, pool_name: Optional[str] = None) -> str:
@@ -119,9 +134,15 @@ class TierkvHiCacheStorage(HiCacheStorage):
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
         self.config = storage_config
         extra = dict(storage_config.extra_config or {})
-        if not extra.get("root"):
-            raise ValueError('tierkv HiCache backend: the extra config needs "root"')
-        self.root = str(extra["root"])
+        # `--file-storage-path` (which SGLang injects as file_storage_path) is the root when the
+        # extra config names none.
+        root = extra.get("root") or extra.get("file_storage_path")
+        if not root:
+            raise ValueError(
+                'tierkv HiCache backend: the extra config needs "root" (or the server '
+                "--file-storage-path)"
+            )
+        self.root = str(root)
         unknown = set(extra) - set(STORE_OPTIONS) - set(_SGLANG_KEYS) - {"root", "log_interval"}
         if unknown:
             raise ValueError(f"tierkv HiCache backend: unknown extra config keys {sorted(unknown)}")
