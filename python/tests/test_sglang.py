@@ -293,3 +293,23 @@ def test_readmes_line_turns_the_tier_on_through_sglangs_own_parser(tmp_path):
     b = h.backend(config, host)
     assert str(b.store.dir).startswith(str(tmp_path / "f"))
     b.close()
+
+
+def test_the_backends_metrics_stay_bounded_without_get_stats(tmp_path):
+    """Issue 51, finding 8: SGLang calls get_stats only with its storage metrics on; the
+    samples of every get and set must not pile up meanwhile."""
+    import tierkv_g3.sglang as sg
+
+    _, host = h.host_pool()
+    b = h.backend(h.storage_config(str(tmp_path)), host)
+    keys = h.hashes(tokens(1))
+    idx = host.alloc(4)
+    h.fill(host, idx, seed=1)
+    assert b.batch_set_v1(keys, idx) == [True]
+    for _ in range(sg._METRIC_SAMPLES + 500):
+        assert b.batch_get_v1(keys, idx) == [True]
+    stats = b.get_stats()
+    # The latest samples, one page each; the backup's one sample is kept.
+    assert stats.prefetch_pgs == [1] * sg._METRIC_SAMPLES and stats.backup_pgs == [1]
+    assert b.get_stats().prefetch_pgs == []
+    b.close()

@@ -45,6 +45,7 @@ worker (``sharing="shared"``, ``negative_ttl=0`` unless given).
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import hashlib
 import logging
@@ -126,6 +127,17 @@ def _regions(ptrs: List[int], sizes: List[int], n: int) -> List[List[Any]]:
     return [views[i * r : (i + 1) * r] for i in range(n)]
 
 
+# Samples kept per metric between two get_stats calls: SGLang calls get_stats only with its
+# storage metrics on, so without them nothing else empties the lists (issue 51, finding 8).
+_METRIC_SAMPLES = 4096
+
+
+def _new_metrics() -> Dict[str, Any]:
+    """Per metric, its last `_METRIC_SAMPLES` samples."""
+    names = ("prefetch_pgs", "backup_pgs", "prefetch_bw", "backup_bw")
+    return {k: collections.deque(maxlen=_METRIC_SAMPLES) for k in names}
+
+
 class TierkvHiCacheStorage(HiCacheStorage):
     """SGLang HiCache storage over a tierkv store: one tierkv worker per TP/PP/CP rank (one
     shared by all ranks of an MLA model, written by SGLang's storage writer rank, read by the
@@ -157,7 +169,7 @@ class TierkvHiCacheStorage(HiCacheStorage):
         # v2: the host pool and the store of each pool name ("kv": the anchor pool's).
         self.pools: Dict[str, Any] = {}
         self.pool_stores: Dict[str, Optional[Store]] = {}
-        self._metrics = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bw": [], "backup_bw": []}
+        self._metrics = _new_metrics()
 
     # -- setup -------------------------------------------------------------------------
 
@@ -513,12 +525,12 @@ class TierkvHiCacheStorage(HiCacheStorage):
             from sglang.srt.observability.metrics_collector import StorageMetrics
 
             with self._lock:
-                m, self._metrics = self._metrics, {k: [] for k in self._metrics}
+                m, self._metrics = self._metrics, _new_metrics()
             out = StorageMetrics(
-                prefetch_pgs=m["prefetch_pgs"],
-                backup_pgs=m["backup_pgs"],
-                prefetch_bandwidth=m["prefetch_bw"],
-                backup_bandwidth=m["backup_bw"],
+                prefetch_pgs=list(m["prefetch_pgs"]),
+                backup_pgs=list(m["backup_pgs"]),
+                prefetch_bandwidth=list(m["prefetch_bw"]),
+                backup_bandwidth=list(m["backup_bw"]),
             )
             out.tierkv = self.tierkv_stats()
             return out
