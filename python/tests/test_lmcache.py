@@ -223,3 +223,15 @@ def test_a_missing_root_is_a_miss_never_an_exception(tmp_path, engines):
     h.store(e2, toks2, kv)
     got, back = h.retrieve(e2, toks2)
     assert got in (0, 2 * h.CHUNK) and torch.equal(back[:, :, :got], kv[:, :, :got])
+
+
+def test_a_misspelt_option_is_refused_at_start_naming_it(tmp_path, engines, caplog):
+    """Issue 51, finding 10: `capacity_byte` for `capacity_bytes` left the store unbounded
+    without a word; the plugin now refuses an option it does not know, by its full name
+    (LMCache logs the refusal and runs without the backend)."""
+    e = engines("tierkv", tmp_path / "kv", capacity_byte=1 << 20)
+    assert "tierkv" not in e.storage_manager.storage_backends
+    assert "unknown option(s) storage_plugin.tierkv.capacity_byte" in caplog.text
+    assert not (tmp_path / "kv").exists()
+    e = engines("tierkv", tmp_path / "kv2", capacity_bytes=1 << 20)
+    assert h.plugin(e).store is not None

@@ -56,7 +56,7 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from . import Store
-from ._engines import FailureLog, close_store, slug, store_options
+from ._engines import STORE_OPTIONS, FailureLog, close_store, slug, store_options
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +159,10 @@ def decode_prefix(prefix: Any, key: CacheEngineKey) -> Tuple[Geometry, int, Opti
     return geom, int(meta["nbytes"]), positions
 
 
+# The plugin's own options (besides any keyword argument of tierkv_g3.Store).
+_PLUGIN_KEYS = {"module_path", "class_name", "root", "log_interval", "max_pending_bytes", "put_threads"}
+
+
 def plugin_options(extra: Dict[str, Any], cls: type) -> Tuple[str, Dict[str, Any]]:
     """This plugin's name and options: the ``storage_plugin.<name>.*`` keys of the plugin
     whose module_path and class_name are this class's."""
@@ -193,6 +197,13 @@ class TierkvStoragePlugin(StoragePluginInterface):
             loop=loop,
         )
         self.name, opts = plugin_options(dict(config.extra_config or {}), type(self))
+        unknown = set(opts) - set(STORE_OPTIONS) - _PLUGIN_KEYS
+        if unknown:
+            # A misspelt option (capacity_byte) would leave the store unbounded, silently.
+            raise ValueError(
+                "tierkv LMCache plugin: unknown option(s) "
+                + ", ".join(f"storage_plugin.{self.name}.{k}" for k in sorted(unknown))
+            )
         if not opts.get("root"):
             raise ValueError(f"extra_config needs storage_plugin.{self.name}.root")
         self.root = str(opts["root"])
