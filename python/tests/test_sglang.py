@@ -313,3 +313,21 @@ def test_the_backends_metrics_stay_bounded_without_get_stats(tmp_path):
     assert stats.prefetch_pgs == [1] * sg._METRIC_SAMPLES and stats.backup_pgs == [1]
     assert b.get_stats().prefetch_pgs == []
     b.close()
+
+
+@pytest.mark.parametrize("first_v1", [False, True])
+def test_switching_the_interface_never_serves_scrambled_pages(tmp_path, controllers, first_v1):
+    """Issue 51, finding 1: a layer_first host pool backs up pages through one interface
+    (legacy: K of every layer, then V; v1: K0, V0, K1, V1, ...) and the server restarts with
+    the other on the same root: every page restored is byte-exact, never scrambled (here: the
+    other interface's pages are another worker's, so a miss)."""
+    toks = tokens(6)
+    a = controllers(tmp_path / "kv", v1=first_v1, layout="layer_first")
+    pages = h.backup(a, toks)
+    assert h.prefetch(a, toks) == pages  # the same interface reads them back
+    worker_a = a.storage_backend.worker
+    h.stop(a)  # the server restarts
+    b = controllers(tmp_path / "kv", v1=not first_v1, layout="layer_first")
+    got = h.prefetch(b, toks)
+    assert got == pages[: len(got)], "a page restored with another byte order"
+    assert b.storage_backend.store is not None and b.storage_backend.worker != worker_a

@@ -75,7 +75,8 @@ _SGLANG_KEYS = (
 def worker_id(config: HiCacheStorageConfig, pool: Any, pool_name: Optional[str] = None) -> str:
     """The tierkv worker id of one SGLang rank's pages: everything that changes a page's bytes
     or which part of the model it holds (model, page size, layout, dtype, per-token size, the
-    TP/PP/CP/DP ranks; for an MLA model, whose ranks hold the same pages, no TP rank) is hashed
+    byte order of a page outside page_first (the interface's), the TP/PP/CP/DP ranks; for an
+    MLA model, whose ranks hold the same pages, no TP rank) is hashed
     into it, so two models or two shardings never share a block. At most 64 characters:
     ``sgl.<model>.p<page>.<rank>.<16 hex>``."""
     sidecar = pool_name is not None and str(pool_name) != "kv"
@@ -98,6 +99,13 @@ def worker_id(config: HiCacheStorageConfig, pool: Any, pool_name: Optional[str] 
     }
     if sidecar:  # a v2 sidecar pool (SWA, Mamba, indexer, ...): its name is part of its id
         ident["pool_name"] = str(pool_name)
+    if str(pool.layout) != "page_first":
+        # The byte order of a stored page: SGLang's legacy calls store a page as K of every
+        # layer, then V of every layer; the zero-copy v1 calls read its regions K0, V0, K1,
+        # V1, ... (one layer's K and V at a time outside page_first). Same length, so only the
+        # id can keep one interface from reading the other's pages scrambled.
+        v1 = bool((config.extra_config or {}).get("interface_v1"))
+        ident["page_order"] = "regions" if v1 else "flat"
     digest = hashlib.sha256(repr(sorted(ident.items())).encode()).hexdigest()[:16]
     rank = "mla" if mla else f"tp{config.tp_rank}of{config.tp_size}"
     if config.pp_size > 1:
