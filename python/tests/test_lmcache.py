@@ -235,3 +235,16 @@ def test_a_misspelt_option_is_refused_at_start_naming_it(tmp_path, engines, capl
     assert not (tmp_path / "kv").exists()
     e = engines("tierkv", tmp_path / "kv2", capacity_bytes=1 << 20)
     assert h.plugin(e).store is not None
+
+
+def test_two_engines_of_one_model_share_a_root_by_default(tmp_path, engines):
+    """Issue 51, finding 5: a second engine (another `lmcache server`, a replica) on one root
+    had no disk tier; with the documented config both work, each hitting what the other
+    stored."""
+    e1 = engines("tierkv", tmp_path / "kv")
+    e2 = engines("tierkv", tmp_path / "kv")
+    assert h.plugin(e1).store is not None and h.plugin(e2).store is not None
+    toks, kv = h.tokens(2), h.kv(2 * h.CHUNK)
+    h.store(e1, toks, kv)  # waits until written
+    got, back = h.retrieve(e2, toks)
+    assert got == 2 * h.CHUNK and torch.equal(back[:, :, :got], kv[:, :, :got])

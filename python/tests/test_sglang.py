@@ -331,3 +331,18 @@ def test_switching_the_interface_never_serves_scrambled_pages(tmp_path, controll
     got = h.prefetch(b, toks)
     assert got == pages[: len(got)], "a page restored with another byte order"
     assert b.storage_backend.store is not None and b.storage_backend.worker != worker_a
+
+
+def test_two_servers_of_one_model_share_a_root_by_default(tmp_path, controllers):
+    """Issue 51, finding 5: a second server (a replica) of one model on one root had no
+    disk tier (its store's open failed: the worker was the first's). With the documented
+    config both work: what one backs up, the other restores."""
+    toks = tokens(5)
+    a = controllers(tmp_path / "kv")
+    b = controllers(tmp_path / "kv")
+    assert a.storage_backend.store is not None and b.storage_backend.store is not None
+    pages = h.backup(a, toks)
+    assert h.prefetch(b, toks) == pages
+    more = tokens(3, base=5000)
+    pages_b = h.backup(b, more)
+    assert h.prefetch(a, more) == pages_b

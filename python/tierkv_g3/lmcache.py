@@ -208,6 +208,8 @@ class TierkvStoragePlugin(StoragePluginInterface):
             raise ValueError(f"extra_config needs storage_plugin.{self.name}.root")
         self.root = str(opts["root"])
         self.options = store_options(opts)
+        # Several `lmcache server`s or engines of one model on one root open the same worker.
+        self.options.setdefault("sharing", "shared")
         self.failures = FailureLog(
             logger, f"tierkv LMCache plugin {self.name}", float(opts.get("log_interval", 10))
         )

@@ -39,8 +39,9 @@ Keys in the extra config (besides SGLang's own ``backend_name``, ``module_path``
 :class:`tierkv_g3.Store` (``capacity_bytes``, ``capacity_files``, ``policy``, ``engine``,
 ``verify``, ``direct_io``, ``sync_writes``, ``fd_cache``, ``layout``, ``publish``,
 ``watermarks``, ``queue_depth``, ``stats_interval``, ``reuse_evicted``, ``sharing``,
-``negative_ttl``), and ``log_interval`` (seconds, default 10). An MLA model's ranks share one
-worker (``sharing="shared"``, ``negative_ttl=0`` unless given).
+``negative_ttl``), and ``log_interval`` (seconds, default 10). ``sharing`` is ``"shared"``
+unless given, so several servers of one model (replicas) can use one root; an MLA model's
+ranks share one worker (``negative_ttl=0`` unless given).
 """
 
 from __future__ import annotations
@@ -221,9 +222,11 @@ class TierkvHiCacheStorage(HiCacheStorage):
         return bool(self.config.is_mla_model) and name != "mamba"
 
     def _options(self, shared: bool) -> Dict[str, Any]:
-        """The Store options of a worker: those of the extra config, and for a worker all
-        ranks share `sharing="shared"`."""
+        """The Store options of a worker: those of the extra config, `sharing="shared"` unless
+        given (several servers of one model on one root, as replicas run, open the same
+        workers), and for a worker all ranks share `negative_ttl=0` unless given."""
         options = dict(self.options)
+        options.setdefault("sharing", "shared")
         if shared:
             # All ranks of an MLA model open its one worker: SGLang's storage writer rank
             # writes, the others read, each a "shared" store (a key its index lacks is
