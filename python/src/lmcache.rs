@@ -107,7 +107,7 @@ impl Drop for State {
 /// The object LMCache's `native_plugin` L2 adapter wraps (see the module docs): a disk store
 /// of tierkv behind a completion queue. `LMCacheConnector(root, worker="lmcache", threads=4,
 /// **options)`: `options` are `tierkv_g3.Store`'s keyword arguments (capacity_bytes,
-/// direct_io, verify, ...).
+/// direct_io, verify, ...); `sharing` is `"shared"` unless given.
 #[pyclass(module = "tierkv_g3._tierkv", name = "LMCacheConnector", frozen)]
 pub struct LMCacheConnector {
     state: Mutex<State>,
@@ -291,10 +291,19 @@ impl LMCacheConnector {
         threads: usize,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        // The store's own constructor parses and checks the options.
+        // The store's own constructor parses and checks the options. Several `lmcache
+        // server`s of one model on one root (replicas) open the same worker: shared unless
+        // the options say otherwise.
+        let options = match options {
+            Some(o) => o.copy()?,
+            None => PyDict::new(py),
+        };
+        if !options.contains("sharing")? {
+            options.set_item("sharing", "shared")?;
+        }
         let opened = py
             .get_type::<crate::PyStore>()
-            .call((root, worker), options)?;
+            .call((root, worker), Some(&options))?;
         let store = opened.cast::<crate::PyStore>()?.get().store()?;
         let worker = store.worker().clone();
         let dir = store.dir().to_path_buf();

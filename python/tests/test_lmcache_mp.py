@@ -260,3 +260,23 @@ def test_the_json_line_is_what_lmcache_parses(lmc, tmp_path):
         assert a.report_status() == {"is_healthy": True, "type": "LMCacheConnector"}
     finally:
         a.close()
+
+
+def test_two_servers_on_one_root_share_it_by_default(lmc, tmp_path):
+    """Issue 51, finding 5: a second `lmcache server` of one model on one root had no disk
+    tier (its store's open failed); with README's line both work, each loading what the
+    other stored."""
+    a, b = adapter_of(lmc, tmp_path), adapter_of(lmc, tmp_path)
+    try:
+        n = 4096
+        keys_a = [okey(lmc, i) for i in range(3)]
+        keys_b = [okey(lmc, 100 + i) for i in range(3)]
+        assert store(a, keys_a, [obj(lmc, n, i) for i in range(3)]).is_successful()
+        assert store(b, keys_b, [obj(lmc, n, 100 + i) for i in range(3)]).is_successful()
+        assert lookup(b, keys_a) == [True] * 3 and lookup(a, keys_b) == [True] * 3
+        outs = [obj(lmc, n) for _ in range(3)]
+        assert load(b, keys_a, outs) == [True] * 3
+        assert all(lmc.torch.equal(o.raw_data, obj(lmc, n, i).raw_data) for i, o in enumerate(outs))
+    finally:
+        a.close()
+        b.close()
