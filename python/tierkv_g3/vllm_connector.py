@@ -280,6 +280,9 @@ class TierkvConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER and self._usable:
             self.worker = worker_id(vllm_config, kv_cache_config, 0, 0)
             self._recompute_failed_loads()
+            # Opened now, while the engine starts (the workers made the tree when they
+            # registered their KV caches): its sweep of the tree is not a request's wait.
+            self._scheduler_store()
 
     def _recompute_failed_loads(self) -> None:
         """A block that cannot be read is a miss: vLLM's kv_load_failure_policy must be
