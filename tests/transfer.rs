@@ -252,6 +252,15 @@ fn a_batch_that_names_a_block_twice_or_outside_the_memory_fails_whole() {
             .all(|o| matches!(o, LoadOutcome::Failed(e) if e.to_string().contains("outside"))),
         "{o:?}"
     );
+    // The refusal is said once, not wrapped in its own prefix again.
+    let LoadOutcome::Failed(e) = &o[0] else {
+        unreachable!()
+    };
+    assert_eq!(
+        e.to_string().matches("invalid configuration").count(),
+        1,
+        "{e}"
+    );
     assert_eq!(store.stats().puts, 0);
 }
 

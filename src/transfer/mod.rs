@@ -362,33 +362,31 @@ impl Ctx {
 
     /// Why a batch naming `blocks` for `keys` cannot run, if it cannot: a count mismatch, a
     /// block out of the memory, or one block named twice.
-    fn refuse(&self, keys: &[BlockKey], blocks: &[usize]) -> Option<Error> {
+    fn refuse(&self, keys: &[BlockKey], blocks: &[usize]) -> Option<String> {
         let m = &self.memory;
         if keys.len() != blocks.len() {
-            return Some(Error::Config(format!(
+            return Some(format!(
                 "a transfer of {} keys names {} blocks: one block per key",
                 keys.len(),
                 blocks.len()
-            )));
+            ));
         }
         if let Some(b) = blocks.iter().find(|&&b| b >= m.blocks) {
-            return Some(Error::Config(format!(
+            return Some(format!(
                 "block {b} is outside the KV memory ({} blocks)",
                 m.blocks
-            )));
+            ));
         }
         let mut seen = HashSet::with_capacity(blocks.len());
         if let Some(b) = blocks.iter().find(|&&b| !seen.insert(b)) {
-            return Some(Error::Config(format!(
-                "block {b} is named twice in one transfer"
-            )));
+            return Some(format!("block {b} is named twice in one transfer"));
         }
         None
     }
 
     fn load(&self, keys: &[BlockKey], blocks: &[usize]) -> Vec<LoadOutcome> {
-        if let Some(e) = self.refuse(keys, blocks) {
-            return failed_all(blocks.len().max(keys.len()), &e, LoadOutcome::Failed);
+        if let Some(why) = self.refuse(keys, blocks) {
+            return failed_all(blocks.len().max(keys.len()), &why, LoadOutcome::Failed);
         }
         let want = self.memory.block_bytes;
         let results = guarded(&self.store, keys.len(), || {
@@ -425,8 +423,8 @@ impl Ctx {
         keys: &[BlockKey],
         blocks: &[usize],
     ) -> Vec<SaveOutcome> {
-        if let Some(e) = self.refuse(keys, blocks) {
-            return failed_all(blocks.len().max(keys.len()), &e, SaveOutcome::Failed);
+        if let Some(why) = self.refuse(keys, blocks) {
+            return failed_all(blocks.len().max(keys.len()), &why, SaveOutcome::Failed);
         }
         let before: Vec<bool> = keys.iter().map(|k| self.store.indexed(k)).collect();
         let results = guarded(&self.store, keys.len(), || {
@@ -461,7 +459,7 @@ impl Ctx {
     }
 }
 
-/// `n` outcomes, each failing with (a copy of) `e`.
-fn failed_all<T>(n: usize, e: &Error, f: impl Fn(Error) -> T) -> Vec<T> {
-    (0..n).map(|_| f(Error::Config(e.to_string()))).collect()
+/// `n` outcomes, each failing with the refusal `why`.
+fn failed_all<T>(n: usize, why: &str, f: impl Fn(Error) -> T) -> Vec<T> {
+    (0..n).map(|_| f(Error::Config(why.to_string()))).collect()
 }
