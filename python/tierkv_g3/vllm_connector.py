@@ -221,7 +221,6 @@ class _Req:
     stored: int = 0  # leading blocks the tier holds or a save was submitted for
     saves: set = field(default_factory=set)  # numbers of its saves not yet completed
     matched_from: int = 0  # tokens vLLM had (block-aligned) at the last lookup
-    hit_blocks: int = 0  # leading prompt blocks the store held at the last lookup
 
 
 class TierkvConnector(KVConnectorBase_V1):
@@ -410,7 +409,7 @@ class TierkvConnector(KVConnectorBase_V1):
             # The tier's run over the blocks vLLM has and those it could load: what it lacks
             # of vLLM's own blocks is saved when the request is scheduled.
             hit = int(store.contains_prefix(self._keys(st, max(usable, have))))
-            st.matched_from, st.hit_blocks, st.stored = have * self.block_size, hit, hit
+            st.matched_from, st.stored = have * self.block_size, hit
             load_to = min(hit, usable)
             self._count("lookups", 1)
             self._count("hit_blocks", max(load_to - have, 0))
@@ -482,26 +481,27 @@ class TierkvConnector(KVConnectorBase_V1):
         # Blocks from `computed` on are (re)computed now (after a failed load, vLLM goes back
         # to the first block it could not read; a preempted request starts again).
         st.stored = min(st.stored, computed // self.block_size)
-        last = min((computed + max(n, 0)) // self.block_size, len(st.block_ids))
+        job = self._save_upto(req_id, st, (computed + max(n, 0)) // self.block_size)
+        if job is not None:
+            meta.saves.append(job)
+
+    def _save_upto(self, req_id: str, st: _Req, last: int) -> Optional[_Job]:
+        """A numbered save of the request's full blocks from the end of its stored run to
+        block `last` (those whose tokens and block ids are known), hung from the block before
+        them, in flight until every worker reports it; None when there is none."""
+        last = min(last, len(st.block_ids))
         if last <= st.stored:
-            return
+            return None
         keys = self._keys(st, last)
         last = min(last, len(keys))
         if last <= st.stored:
-            return
-        first = st.stored
-        parent = keys[first - 1] if first else None
-        meta.saves.append(self._save_job(req_id, st, keys[first:last], st.block_ids[first:last], parent))
-        st.stored = last
-
-    def _save_job(
-        self, req_id: str, st: _Req, keys: List[str], block_ids: List[int], parent: Optional[str]
-    ) -> _Job:
-        """A numbered save of the request's blocks, in flight until every worker reports it."""
+            return None
+        first, st.stored = st.stored, last
         self._seq += 1
         st.saves.add(self._seq)
         self._save_reqs[self._seq] = (req_id, 0)
-        return _Job(req_id, keys, block_ids, parent, self._seq)
+        parent = keys[first - 1] if first else None
+        return _Job(req_id, keys[first:last], st.block_ids[first:last], parent, self._seq)
 
     def update_connector_output(self, connector_output: Any) -> None:
         """Books the saves the workers completed (each once every rank has)."""
@@ -532,17 +532,11 @@ class TierkvConnector(KVConnectorBase_V1):
         if st is None:
             return False, None
         try:
-            last = min(request.num_computed_tokens // self.block_size, len(st.block_ids))
-            keys = self._keys(st, last)
-            last = min(last, len(keys))
-            if last > st.stored:
-                first = st.stored
-                parent = keys[first - 1] if first else None
-                self._final_saves.append(
-                    self._save_job(
-                        request.request_id, st, keys[first:last], st.block_ids[first:last], parent
-                    )
-                )
+            job = self._save_upto(
+                request.request_id, st, request.num_computed_tokens // self.block_size
+            )
+            if job is not None:
+                self._final_saves.append(job)
         except Exception as e:  # noqa: BLE001
             self._fail("plan_save", e)
         if st.saves:
