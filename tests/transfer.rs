@@ -125,27 +125,11 @@ fn loaded(done: Transfer) -> Vec<LoadOutcome> {
 }
 
 fn names_s(o: &[SaveOutcome]) -> Vec<&'static str> {
-    o.iter()
-        .map(|o| match o {
-            SaveOutcome::Written => "written",
-            SaveOutcome::Present => "present",
-            SaveOutcome::NotAdmitted => "not_admitted",
-            SaveOutcome::Failed(_) => "failed",
-            _ => "other",
-        })
-        .collect()
+    o.iter().map(SaveOutcome::name).collect()
 }
 
 fn names_l(o: &[LoadOutcome]) -> Vec<&'static str> {
-    o.iter()
-        .map(|o| match o {
-            LoadOutcome::Loaded => "loaded",
-            LoadOutcome::Missing => "missing",
-            LoadOutcome::WrongLength { .. } => "wrong_length",
-            LoadOutcome::Failed(_) => "failed",
-            _ => "other",
-        })
-        .collect()
+    o.iter().map(LoadOutcome::name).collect()
 }
 
 #[test]

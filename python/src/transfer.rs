@@ -71,49 +71,39 @@ fn outcomes(done: Vec<Transfer>) -> Vec<Done> {
     done.into_iter()
         .filter_map(|t| {
             let id = t.id();
-            let mut errs = Vec::new();
-            let (kind, names) = match t {
+            let (kind, names, errors) = match t {
                 Transfer::Load { outcomes, .. } => (
                     "load",
-                    outcomes
-                        .into_iter()
-                        .enumerate()
-                        .map(|(i, o)| match o {
-                            LoadOutcome::Loaded => "loaded",
-                            LoadOutcome::Missing => "missing",
-                            LoadOutcome::WrongLength { len } => {
-                                errs.push((i, format!("stored block of {len} bytes")));
-                                "wrong_length"
-                            }
-                            LoadOutcome::Failed(e) => {
-                                errs.push((i, e.to_string()));
-                                "failed"
-                            }
-                            _ => "failed",
-                        })
-                        .collect(),
+                    outcomes.iter().map(LoadOutcome::name).collect(),
+                    errors_of(&outcomes, |o| match o {
+                        LoadOutcome::WrongLength { len } => {
+                            Some(format!("stored block of {len} bytes"))
+                        }
+                        LoadOutcome::Failed(e) => Some(e.to_string()),
+                        _ => None,
+                    }),
                 ),
                 Transfer::Save { outcomes, .. } => (
                     "save",
-                    outcomes
-                        .into_iter()
-                        .enumerate()
-                        .map(|(i, o)| match o {
-                            SaveOutcome::Written => "written",
-                            SaveOutcome::Present => "present",
-                            SaveOutcome::NotAdmitted => "not_admitted",
-                            SaveOutcome::Failed(e) => {
-                                errs.push((i, e.to_string()));
-                                "failed"
-                            }
-                            _ => "failed",
-                        })
-                        .collect(),
+                    outcomes.iter().map(SaveOutcome::name).collect(),
+                    errors_of(&outcomes, |o| match o {
+                        SaveOutcome::Failed(e) => Some(e.to_string()),
+                        _ => None,
+                    }),
                 ),
                 _ => return None,
             };
-            Some((id, kind, names, errs))
+            Some((id, kind, names, errors))
         })
+        .collect()
+}
+
+/// `(index, message)` of each outcome that carries one.
+fn errors_of<O>(outcomes: &[O], message: impl Fn(&O) -> Option<String>) -> Vec<(usize, String)> {
+    outcomes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, o)| message(o).map(|m| (i, m)))
         .collect()
 }
 

@@ -172,6 +172,16 @@ impl LoadOutcome {
     pub fn is_loaded(&self) -> bool {
         matches!(self, LoadOutcome::Loaded)
     }
+
+    /// Its name: `loaded`, `missing`, `wrong_length` or `failed` (as Python sees it).
+    pub fn name(&self) -> &'static str {
+        match self {
+            LoadOutcome::Loaded => "loaded",
+            LoadOutcome::Missing => "missing",
+            LoadOutcome::WrongLength { .. } => "wrong_length",
+            LoadOutcome::Failed(_) => "failed",
+        }
+    }
 }
 
 /// What a save did with one block.
@@ -194,6 +204,16 @@ impl SaveOutcome {
     /// [`SaveOutcome::Present`]).
     pub fn is_stored(&self) -> bool {
         matches!(self, SaveOutcome::Written | SaveOutcome::Present)
+    }
+
+    /// Its name: `written`, `present`, `not_admitted` or `failed` (as Python sees it).
+    pub fn name(&self) -> &'static str {
+        match self {
+            SaveOutcome::Written => "written",
+            SaveOutcome::Present => "present",
+            SaveOutcome::NotAdmitted => "not_admitted",
+            SaveOutcome::Failed(_) => "failed",
+        }
     }
 }
 
