@@ -172,6 +172,29 @@ def test_too_many_open_files(tmp_path):
     assert r.stdout.startswith("TooManyOpenFilesError " + str(tmp_path)), r.stdout
 
 
+def test_a_batch_of_any_size_works_under_the_open_file_limit(tmp_path):
+    # Issue 51, finding 6, as found (LMCache's server keeps a soft limit of 1,024): a put of
+    # 2,000 blocks stored 508 and raised TooManyOpenFilesError, and so did the get.
+    script = textwrap.dedent(f"""
+        import resource, tierkv_g3
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+        keys = tierkv_g3.chain_hashes(list(range(2000 * 16)), 16)
+        blocks = [bytes([i % 251]) * 4096 for i in range(2000)]
+        with tierkv_g3.Store({str(tmp_path)!r}, "w", stats_interval=None) as s:
+            s.put_many(keys, blocks)
+        with tierkv_g3.Store({str(tmp_path)!r}, "w", stats_interval=None) as s:
+            out = [bytearray(4096) for _ in blocks]
+            got = s.get_many_into(keys, out)
+        assert got == [4096] * 2000, got.count(None)
+        assert [bytes(b) for b in out] == blocks
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "ok\n", r.stdout
+
+
 def test_no_space_on_a_full_filesystem():
     with tmpfs("1m") as mnt:
         with tierkv_g3.Store(mnt, "rank0", stats_interval=None) as s:

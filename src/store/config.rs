@@ -506,7 +506,21 @@ impl StoreConfig {
             ((soft / 4) as usize).min(DEFAULT_FD_CACHE_MAX)
         })
     }
+}
 
+/// How many blocks one batch of I/O holds files open for at once: a quarter of the soft
+/// `RLIMIT_NOFILE` (read at each call: engines raise it after a store opens), at least 8 and
+/// at most [`DEFAULT_FD_CACHE_MAX`]. Gets and puts larger than this run as consecutive
+/// sub-batches, so that with the open-file cache (a quarter by default) a batch of any size
+/// stays under the limit.
+pub(crate) fn batch_files() -> usize {
+    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(1 << 20);
+    ((soft / 4) as usize).clamp(8, DEFAULT_FD_CACHE_MAX)
+}
+
+impl StoreConfig {
     pub(crate) fn validate(&self) -> Result<()> {
         if let Some(l) = &self.layout {
             l.validate()?;

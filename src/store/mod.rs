@@ -1251,8 +1251,15 @@ impl Inner {
         // its key names its content).
         let replace = replace && self.shared.is_none();
         let started = std::time::Instant::now();
+        // A batch larger than the open-file budget runs as consecutive sub-batches, each
+        // hung from the last block of the one before (a gap there cuts the rest, as in one
+        // batch), so that a batch of any size stays under the open-file limit.
         let all: Vec<usize> = (0..items.len()).collect();
-        let mut results = self.put_batch(items, &all, replace, after);
+        let mut results = Vec::with_capacity(items.len());
+        for chunk in all.chunks(config::batch_files()) {
+            let anchor = chunk[0].checked_sub(1).map(|p| items[p].0.hash).or(after);
+            results.extend(self.put_batch(items, chunk, replace, anchor));
+        }
         if results.iter().any(Result::is_err) {
             self.recover_partial_put(items, replace, after, &mut results);
         }

@@ -155,11 +155,25 @@ impl Inner {
     /// checksum verified through a host read there when the verify mode asks for it; the engine
     /// then moves only the payload. For a host destination a fresh file's header, payload and a
     /// spare byte come in one vectored read, checked when the batch finishes.
+    ///
+    /// A batch larger than [`batch_files`](super::config::batch_files) runs as consecutive
+    /// sub-batches of that many keys, so that a batch of any size holds at most that many
+    /// fresh descriptors at once, under any open-file limit.
     pub(super) fn read_pipeline(
         &self,
         keys: &[BlockKey],
         dests: &mut [Dest<'_>],
     ) -> Vec<Result<Lookup>> {
+        let n = super::config::batch_files();
+        let mut results = Vec::with_capacity(keys.len());
+        for (k, d) in keys.chunks(n).zip(dests.chunks_mut(n)) {
+            results.extend(self.read_chunk(k, d));
+        }
+        results
+    }
+
+    /// One sub-batch of [`Inner::read_pipeline`].
+    fn read_chunk(&self, keys: &[BlockKey], dests: &mut [Dest<'_>]) -> Vec<Result<Lookup>> {
         let (present, pinned) = self.pin_batch(keys);
         let mut plans: Vec<ReadPlan> = Vec::with_capacity(keys.len());
         for ((k, p), d) in keys.iter().zip(present).zip(dests.iter()) {
