@@ -294,3 +294,57 @@ fn evicted_files_that_cannot_be_unlinked_still_count() {
         assert_eq!(check_all_blocks(dir.path()), 8, "reuse {reuse}");
     }
 }
+
+/// Issue 51, finding 9: a key repeated in one batch (`[k, k]`), or chains whose parents loop
+/// (`[a, b, a]` in one batch; `[x]`, `[y, x]`, `[x, y]` across three), pinned their blocks
+/// until the store reopened: the loop was never a tail, so eviction never took it, and the
+/// capacity shrank for good. With LRU, 100 newer single-block puts now evict every one of
+/// them; a repeated key is also one access, not two, so the default policy evicts `k` too.
+#[test]
+fn repeated_keys_and_looping_chains_never_pin_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    for policy in [PolicyKind::Lru, PolicyKind::Adaptive] {
+        let root = dir.path().join(format!("{policy:?}"));
+        let store = Store::open(
+            &root,
+            worker("w"),
+            StoreConfig::new()
+                .with_capacity_files(4)
+                .with_policy(policy),
+        )
+        .unwrap();
+        let ks = keys(&store, 110);
+        let (k, a, b, x, y) = (&ks[0], &ks[1], &ks[2], &ks[3], &ks[4]);
+        let put = |chain: &[&tierkv::BlockKey]| {
+            let items: Vec<_> = chain
+                .iter()
+                .map(|k| ((*k).clone(), vec![7u8; 100]))
+                .collect();
+            for r in store.put_many(&items) {
+                r.unwrap();
+            }
+        };
+        let mut stuck = vec![k];
+        put(&[k, k]);
+        if policy == PolicyKind::Lru {
+            // Blocks used more than once are the adaptive policy's to keep.
+            put(&[a, b, a]);
+            put(&[x]);
+            put(&[y, x]);
+            put(&[x, y]);
+            stuck.extend([a, b, x, y]);
+        }
+        for newer in &ks[10..] {
+            put(&[newer]);
+        }
+        for s in stuck {
+            assert!(
+                !store.contains_many(std::slice::from_ref(s))[0]
+                    .as_ref()
+                    .unwrap(),
+                "{policy:?}: {s} outlived 100 newer blocks at a capacity of 4"
+            );
+        }
+        assert_eq!(store.stats().used_files, 4);
+    }
+}

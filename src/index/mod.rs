@@ -13,7 +13,7 @@
 
 pub mod policy;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use policy::{Access, Policy};
@@ -282,8 +282,21 @@ impl Index {
         // Pinned for the batch: what it touched stays while the rest is placed.
         let mut touched: Vec<BlockHash> = Vec::new();
         st.policy.on_chain(after.as_ref());
+        // The batch's keys so far: a key repeated in one batch is the block already placed
+        // (its hash names its content), neither a second access nor a link back into the
+        // chain (which would make a loop that eviction, cutting tails, never opens).
+        let mut seen: HashSet<BlockHash> = HashSet::with_capacity(items.len());
         for &(hash, est) in items {
             let prev = parent.replace(hash);
+            if !seen.insert(hash) {
+                if declined {
+                    st.not_admitted += 1;
+                    out.push(Offer::NotAdmitted);
+                } else {
+                    out.push(Offer::Touched);
+                }
+                continue;
+            }
             if st.map.contains_key(&hash) && !declined {
                 // Present (or reserved by another put of the same key: this one replaces it).
                 let pending = st.map.get(&hash).is_some_and(|e| e.pending);
@@ -400,12 +413,34 @@ impl Index {
         if p == child || !st.map.contains_key(&p) {
             return;
         }
-        match st.map.get_mut(&child) {
-            Some(c) if c.parent.is_none() => c.parent = Some(p),
+        match st.map.get(&child) {
+            Some(c) if c.parent.is_none() => {
+                // A root with descendants, hung below one of them, would close a loop.
+                if !c.children.is_empty() && Self::descends(st, p, &child) {
+                    return;
+                }
+            }
             _ => return,
+        }
+        if let Some(c) = st.map.get_mut(&child) {
+            c.parent = Some(p);
         }
         if let Some(pe) = st.map.get_mut(&p) {
             pe.children.push(child);
+        }
+    }
+
+    /// Whether `node` is `ancestor` or below it (its parents, followed up to a root, pass it).
+    /// Parents never form a loop ([`Index::link`] sees to it), so the walk ends.
+    fn descends(st: &State, mut node: BlockHash, ancestor: &BlockHash) -> bool {
+        loop {
+            if node == *ancestor {
+                return true;
+            }
+            match st.map.get(&node).and_then(|e| e.parent) {
+                Some(p) => node = p,
+                None => return false,
+            }
         }
     }
 
