@@ -242,3 +242,43 @@ mod tests {
         }
     }
 }
+
+/// A background thread of this process, stopped by [`Thread::join`]: in the process that
+/// started it, joined; in a process forked from it since, forgotten. A child of `fork` has only
+/// the thread that forked, so joining a handle it inherited would wait on a thread that does
+/// not exist (the standard library panics there: "threads should not terminate unexpectedly").
+#[derive(Debug)]
+pub struct Thread {
+    handle: std::thread::JoinHandle<()>,
+    pid: u32,
+}
+
+impl Thread {
+    /// Starts thread `name` running `f`.
+    pub fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> io::Result<Thread> {
+        let handle = std::thread::Builder::new().name(name).spawn(f)?;
+        Ok(Thread {
+            handle,
+            pid: std::process::id(),
+        })
+    }
+
+    /// Whether this process started the thread (false in a process forked since).
+    pub fn ours(&self) -> bool {
+        self.pid == std::process::id()
+    }
+
+    /// Whether the thread has ended (in a fork: always, it does not run there).
+    pub fn is_finished(&self) -> bool {
+        !self.ours() || self.handle.is_finished()
+    }
+
+    /// Waits for the thread to end; false if it panicked. A handle in a process forked since
+    /// the thread started, or the calling thread's own, returns true at once.
+    pub fn join(self) -> bool {
+        if !self.ours() || self.handle.thread().id() == std::thread::current().id() {
+            return true;
+        }
+        self.handle.join().is_ok()
+    }
+}

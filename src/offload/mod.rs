@@ -25,7 +25,6 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
@@ -408,7 +407,7 @@ impl Shared {
 /// ```
 pub struct Offloader {
     shared: Arc<Shared>,
-    writer: Option<JoinHandle<()>>,
+    writer: Option<crate::sys::Thread>,
 }
 
 impl fmt::Debug for Offloader {
@@ -463,9 +462,7 @@ impl Offloader {
             counters,
         });
         let s = shared.clone();
-        let writer = std::thread::Builder::new()
-            .name("tierkv-offload".into())
-            .spawn(move || writer_loop(&s))
+        let writer = crate::sys::Thread::spawn("tierkv-offload".into(), move || writer_loop(&s))
             .map_err(|e| Error::Io {
                 path: shared.store.dir().to_path_buf(),
                 source: std::io::Error::new(
@@ -653,6 +650,12 @@ impl Offloader {
         let Some(writer) = self.writer.take() else {
             return;
         };
+        if !writer.ours() {
+            // A process forked since the writer started: it does not run here, and what it
+            // queued is the parent's to write.
+            writer.join();
+            return;
+        }
         let sh = &*self.shared;
         let mut dropped: Vec<Entry> = Vec::new();
         {
@@ -676,7 +679,7 @@ impl Offloader {
                 t.set(i, Outcome::Dropped(DropReason::Closed));
             }
         }
-        if writer.join().is_err() {
+        if !writer.join() {
             tracing::error!("the offload thread panicked");
         }
         let s = self.stats();

@@ -7,12 +7,12 @@ use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
 
 use crate::error::{Error, Result};
+use crate::sys::Thread;
 
 /// Jobs not yet started, oldest first, with their ids, and whether the runner is closing (its
 /// threads then finish what is queued and stop).
@@ -42,7 +42,7 @@ struct Shared<C, J, D> {
 /// Jobs `J` run against a context `C` on threads of their own, each giving a `D`.
 pub(crate) struct Runner<C: Send + Sync + 'static, J: Send + 'static, D: Send + 'static> {
     shared: Arc<Shared<C, J, D>>,
-    threads: Vec<JoinHandle<()>>,
+    threads: Vec<Thread>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -79,9 +79,7 @@ impl<C: Send + Sync + 'static, J: Send + 'static, D: Send + 'static> Runner<C, J
         };
         for n in 0..threads.max(1) {
             let s = out.shared.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("{name}-{n}"))
-                .spawn(move || s.work());
+            let spawned = Thread::spawn(format!("{name}-{n}"), move || s.work());
             match spawned {
                 Ok(h) => out.threads.push(h),
                 // Dropping `out` stops the threads already started.
@@ -158,12 +156,16 @@ impl<C: Send + Sync + 'static, J: Send + 'static, D: Send + 'static> Runner<C, J
         self.shared.pending.load(Ordering::Acquire)
     }
 
-    /// Lets the threads finish what is queued, and waits for them.
+    /// Lets the threads finish what is queued, and waits for them. In a process forked since
+    /// the runner started, its threads do not run: what is queued stays queued, and nothing
+    /// is waited for (nor locked: a lock may have been held at the fork).
     pub fn stop(&mut self) {
-        lock(&self.shared.jobs).closing = true;
-        self.shared.queued.notify_all();
+        if self.threads.iter().any(Thread::ours) {
+            lock(&self.shared.jobs).closing = true;
+            self.shared.queued.notify_all();
+        }
         for t in self.threads.drain(..) {
-            let _ = t.join();
+            t.join();
         }
     }
 }

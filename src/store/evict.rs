@@ -2,7 +2,6 @@
 //! between the watermarks so that puts rarely evict inline.
 
 use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::Inner;
@@ -25,7 +24,7 @@ struct Signal {
 #[derive(Debug)]
 pub(super) struct Evictor {
     signal: Arc<Signal>,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<crate::sys::Thread>,
 }
 
 impl Evictor {
@@ -33,9 +32,7 @@ impl Evictor {
     pub fn spawn(store: Weak<Inner>) -> std::io::Result<Evictor> {
         let signal = Arc::new(Signal::default());
         let sig = signal.clone();
-        let thread = std::thread::Builder::new()
-            .name("tierkv-evict".into())
-            .spawn(move || run(store, sig))?;
+        let thread = crate::sys::Thread::spawn("tierkv-evict".into(), move || run(store, sig))?;
         Ok(Evictor {
             signal,
             thread: Some(thread),
@@ -51,18 +48,16 @@ impl Evictor {
 }
 
 impl Drop for Evictor {
-    /// Stops the thread and waits for an eviction in progress to finish.
+    /// Stops the thread and waits for an eviction in progress to finish (in a process forked
+    /// since, where the thread does not run, neither).
     fn drop(&mut self) {
-        {
+        let Some(t) = self.thread.take() else { return };
+        if t.ours() {
             let mut st = self.signal.state.lock().unwrap_or_else(|e| e.into_inner());
             st.1 = true;
             self.signal.cv.notify_one();
         }
-        if let Some(t) = self.thread.take() {
-            if t.thread().id() != std::thread::current().id() {
-                let _ = t.join();
-            }
-        }
+        t.join();
     }
 }
 

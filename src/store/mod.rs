@@ -173,6 +173,9 @@ struct Inner {
     /// The worker lock's file was removed and another store locked the one made since
     /// ([`crate::ns::LockKept::Lost`]): puts fail from then on.
     lock_lost: AtomicBool,
+    /// The process that opened the store: in one forked from it since, closing leaves the
+    /// tree, the worker lock, the ledger and the stats file to the opener.
+    pid: u32,
 }
 
 /// How the store reads and writes, fixed when it opens.
@@ -294,6 +297,13 @@ impl Inner {
     /// Stops the background threads (waiting for work in progress), publishes the final
     /// counters and releases the worker lock.
     fn close(&self) {
+        if std::process::id() != self.pid {
+            // A child of `fork`: the worker lock (an `flock` its descriptor shares with the
+            // opener's), the ledger and the stats file are the opener's, and the threads do
+            // not run here (dropped with the store, they are not waited for). Nothing to do.
+            tracing::debug!(dir = %self.ns.path().display(), "store closed in a forked process");
+            return;
+        }
         drop(take(&self.threads.lock_keeper));
         drop(take(&self.threads.evictor));
         let writer = take(&self.threads.stats_writer);
@@ -667,6 +677,7 @@ impl Store {
             boot: crate::ns::boot_id(),
             offload: Mutex::new(None),
             lock_lost: AtomicBool::new(false),
+            pid: std::process::id(),
         });
         Inner::start(&inner, limits, reuse, stats_interval, alone)?;
         Ok(Store {

@@ -3,11 +3,11 @@
 //! stops when dropped or when the store is gone.
 
 use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 #[cfg(doc)]
 use super::Inner;
+use crate::sys::Thread;
 
 #[derive(Debug, Default)]
 struct Signal {
@@ -19,7 +19,7 @@ struct Signal {
 #[derive(Debug)]
 pub(super) struct Periodic {
     signal: Arc<Signal>,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<Thread>,
 }
 
 impl Periodic {
@@ -34,24 +34,22 @@ impl Periodic {
     ) -> std::io::Result<Periodic> {
         let signal = Arc::new(Signal::default());
         let sig = signal.clone();
-        let thread = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                loop {
-                    {
-                        let stop = sig.stop.lock().unwrap_or_else(|e| e.into_inner());
-                        let (stop, _) = sig
-                            .cv
-                            .wait_timeout(stop, interval)
-                            .unwrap_or_else(|e| e.into_inner());
-                        if *stop {
-                            return;
-                        }
+        let thread = Thread::spawn(name.into(), move || {
+            loop {
+                {
+                    let stop = sig.stop.lock().unwrap_or_else(|e| e.into_inner());
+                    let (stop, _) = sig
+                        .cv
+                        .wait_timeout(stop, interval)
+                        .unwrap_or_else(|e| e.into_inner());
+                    if *stop {
+                        return;
                     }
-                    let Some(inner) = store.upgrade() else { return };
-                    job(&inner);
                 }
-            })?;
+                let Some(inner) = store.upgrade() else { return };
+                job(&inner);
+            }
+        })?;
         Ok(Periodic {
             signal,
             thread: Some(thread),
@@ -60,15 +58,16 @@ impl Periodic {
 }
 
 impl Drop for Periodic {
-    /// Stops the thread and waits for a job in progress to finish.
+    /// Stops the thread and waits for a job in progress to finish. In a process forked
+    /// since the thread started, there is no thread: nothing to stop or wait for (and its
+    /// signal's lock may have been held at the fork).
     fn drop(&mut self) {
-        *self.signal.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        self.signal.cv.notify_one();
-        if let Some(t) = self.thread.take() {
-            if t.thread().id() != std::thread::current().id() {
-                let _ = t.join();
-            }
+        let Some(t) = self.thread.take() else { return };
+        if t.ours() {
+            *self.signal.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            self.signal.cv.notify_one();
         }
+        t.join();
     }
 }
 
@@ -129,6 +128,6 @@ mod tests {
         std::thread::sleep(Duration::from_millis(30));
         drop(jobs);
         std::thread::sleep(Duration::from_millis(30));
-        assert!(p.thread.as_ref().is_some_and(|t| t.is_finished()));
+        assert!(p.thread.as_ref().is_some_and(Thread::is_finished));
     }
 }
