@@ -333,6 +333,47 @@ def test_switching_the_interface_never_serves_scrambled_pages(tmp_path, controll
     assert b.storage_backend.store is not None and b.storage_backend.worker != worker_a
 
 
+def test_two_checkpoints_under_one_served_name_never_share_pages(tmp_path, controllers):
+    """Issue 51, finding 2: two checkpoints served under one `--served-model-name` (a
+    fine-tune: the same architecture, files and sizes, other weights) shared a worker id, and
+    the second restored the first's KV. Each server's backend is built inside the model
+    config SGLang publishes in its scheduler (`create_context`, as `publish` does): the
+    fine-tune restores nothing of the base's; the same weights at another path restore all."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from sglang.srt.runtime_context import create_context, use_context
+    from sglang.srt.server_args import prepare_server_args
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import vllm_harness
+
+    base = tmp_path / "base"
+    vllm_harness.make_model(base, 2, 128, 2, 1)
+    moved, tuned = tmp_path / "elsewhere" / "base", tmp_path / "tuned"
+    shutil.copytree(base, moved)
+    shutil.copytree(base, tuned)
+    w = load_file(tuned / "model.safetensors")
+    save_file({k: v + 0.01 for k, v in w.items()}, tuned / "model.safetensors", metadata={"format": "pt"})
+
+    def server(model):
+        args = prepare_server_args(
+            ["--model-path", str(model), "--served-model-name", "svc", "--device", "cpu"]
+        )
+        with use_context(create_context(args, role="scheduler")):
+            return controllers(tmp_path / "kv", model="svc")
+
+    toks = tokens(6)
+    a = server(base)
+    pages = h.backup(a, toks)
+    h.stop(a)
+    tuned_server = server(tuned)
+    assert h.prefetch(tuned_server, toks) == [], "a fine-tune restored the base's pages"
+    assert tuned_server.storage_backend.worker != a.storage_backend.worker
+    h.stop(tuned_server)
+    assert h.prefetch(server(moved), toks) == pages
+
+
 def test_two_servers_of_one_model_share_a_root_by_default(tmp_path, controllers):
     """Issue 51, finding 5: a second server (a replica) of one model on one root had no
     disk tier (its store's open failed: the worker was the first's). With the documented

@@ -1,14 +1,16 @@
-"""What the engine backends (tierkv_g3.sglang, tierkv_g3.lmcache) share: the Store options an
-engine's config may set, and the failure log (a backend never raises into its engine: every
+"""What the engine backends (tierkv_g3.sglang, tierkv_g3.lmcache, tierkv_g3.vllm*) share: the
+Store options an engine's config may set, the identity of a model's weights, and the failure log (a backend never raises into its engine: every
 failure is counted per operation and logged at most once per interval)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import re
 import threading
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 # The keyword arguments of tierkv_g3.Store an engine's extra config may carry.
 STORE_OPTIONS = (
@@ -48,6 +50,28 @@ def slug(s: str, n: int) -> str:
     """`s` in the worker id's alphabet ([A-Za-z0-9_.-]), its last `n` characters."""
     s = re.sub(r"[^A-Za-z0-9_.-]+", "_", s.rstrip("/").split("/")[-1]).strip(".") or "model"
     return s[-n:]
+
+
+def weights_identity(model: str, revision: Optional[str]) -> Any:
+    """What identifies a model's weights without its path: for a local directory, each weight
+    file's name, size and a hash of its first 64 KiB and last 1 MiB (two fine-tunes of one
+    architecture share names, sizes and weight index, not their bytes); for a hub id, the id
+    and its revision."""
+    if not os.path.isdir(model):
+        return ("hub", model, revision)
+    files = []
+    for name in sorted(os.listdir(model)):
+        if not name.endswith((".safetensors", ".bin", ".pt", ".gguf")):
+            continue
+        path = os.path.join(model, name)
+        size = os.path.getsize(path)
+        h = hashlib.blake2b(digest_size=16)
+        with open(path, "rb") as f:
+            h.update(f.read(64 << 10))
+            f.seek(max(size - (1 << 20), 0))
+            h.update(f.read(1 << 20))
+        files.append((name, size, h.hexdigest()))
+    return ("files", files, revision)
 
 
 def close_store(store: Any, fail: Any) -> None:

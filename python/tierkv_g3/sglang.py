@@ -59,7 +59,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 from . import Store
-from ._engines import STORE_OPTIONS, FailureLog, close_store, slug, store_options
+from ._engines import STORE_OPTIONS, FailureLog, close_store, slug, store_options, weights_identity
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ _SGLANG_KEYS = (
 
 def worker_id(config: HiCacheStorageConfig, pool: Any, pool_name: Optional[str] = None) -> str:
     """The tierkv worker id of one SGLang rank's pages: everything that changes a page's bytes
-    or which part of the model it holds (model, page size, layout, dtype, per-token size, the
+    or which part of the model it holds (model, the checkpoint served (`_checkpoint`), page size, layout, dtype, per-token size, the
     byte order of a page outside page_first (the interface's), the TP/PP/CP/DP ranks; for an
     MLA model, whose ranks hold the same pages, no TP rank) is hashed
     into it, so two models or two shardings never share a block. At most 64 characters:
@@ -98,6 +98,7 @@ def worker_id(config: HiCacheStorageConfig, pool: Any, pool_name: Optional[str] 
         "dcp": (getattr(config, "dcp_rank", 0), getattr(config, "dcp_size", 1)),
         "tp": None if mla else (config.tp_rank, config.tp_size),
     }
+    ident["checkpoint"] = _checkpoint()
     if sidecar:  # a v2 sidecar pool (SWA, Mamba, indexer, ...): its name is part of its id
         ident["pool_name"] = str(pool_name)
     if str(pool.layout) != "page_first":
@@ -114,6 +115,28 @@ def worker_id(config: HiCacheStorageConfig, pool: Any, pool_name: Optional[str] 
     tail = f"{slug(str(pool_name), 12)}.p{pool.page_size}" if sidecar else f"p{pool.page_size}"
     tail = f"{tail}.{rank}.{digest}"
     return f"sgl.{slug(config.model_name or 'model', max(1, min(20, 59 - len(tail))))}.{tail}"
+
+
+def _checkpoint() -> Dict[str, Any]:
+    """What identifies the weights this SGLang process serves, beyond the name it serves them
+    under (two checkpoints behind one `--served-model-name` must not share pages): their
+    identity (`weights_identity`: for a local directory, each weight file's size and a hash
+    of its bytes; not its path), revision, dtype, quantization and checksum, from SGLang's
+    published model config. Empty outside a process SGLang configured (a pool built alone)."""
+    try:
+        from sglang.srt.runtime_context import get_model
+
+        m = get_model()
+    except Exception as e:  # noqa: BLE001: nothing published in this process
+        logger.debug("tierkv: no SGLang model config published (%s): the served name identifies it", e)
+        return {}
+    return {
+        "weights": weights_identity(str(m.model_path), m.revision),
+        "revision": str(m.revision),
+        "dtype": str(m.dtype),
+        "quantization": str(m.quantization),
+        "checksum": str(getattr(m, "model_checksum", None)),
+    }
 
 
 def _byte_view(t: Any) -> Any:

@@ -52,7 +52,6 @@ import ctypes
 import hashlib
 import json
 import logging
-import os
 import re
 import threading
 import time
@@ -70,7 +69,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from . import Store, Transfers, chain_hashes
-from ._engines import STORE_OPTIONS, FailureLog, close_store, store_options
+from ._engines import STORE_OPTIONS, FailureLog, close_store, store_options, weights_identity
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -93,28 +92,6 @@ def _slug(s: str, n: int) -> str:
     return s[-n:]
 
 
-def _weights_identity(model: str, revision: Optional[str]) -> Any:
-    """What identifies a model's weights without its path: for a local directory, each weight
-    file's name, size and a hash of its first 64 KiB and last 1 MiB (two fine-tunes of one
-    architecture share names, sizes and weight index, not their bytes); for a hub id, the id
-    and its revision."""
-    if not os.path.isdir(model):
-        return ("hub", model, revision)
-    files = []
-    for name in sorted(os.listdir(model)):
-        if not name.endswith((".safetensors", ".bin", ".pt", ".gguf")):
-            continue
-        path = os.path.join(model, name)
-        size = os.path.getsize(path)
-        h = hashlib.blake2b(digest_size=16)
-        with open(path, "rb") as f:
-            h.update(f.read(64 << 10))
-            f.seek(max(size - (1 << 20), 0))
-            h.update(f.read(1 << 20))
-        files.append((name, size, h.hexdigest()))
-    return ("files", files, revision)
-
-
 def worker_id(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig", tp: int, pp: int) -> str:
     """The tierkv worker id of TP rank `tp`, PP rank `pp`: the model's configuration and its
     weights' identity (not its path), revision, dtype and quantization, the KV cache's dtype,
@@ -133,7 +110,7 @@ def worker_id(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig", tp: i
     revision = getattr(mc, "revision", None)
     ident = {
         "config": config,
-        "weights": _weights_identity(str(mc.model), revision),
+        "weights": weights_identity(str(mc.model), revision),
         "revision": str(revision),
         "dtype": str(mc.dtype),
         "quantization": str(getattr(mc, "quantization", None)),
