@@ -1368,12 +1368,13 @@ impl Inner {
 
     /// Shared mode: scans the tree (at most every `shared::RESCAN_INTERVAL`) so the index
     /// knows the blocks other stores put (as the oldest, by their files' times) and forgets
-    /// those gone; abandoned temp files are swept on the way. True if the scan ran.
-    pub(super) fn learn_tree(&self) -> bool {
+    /// those gone; abandoned temp files are swept on the way. True if the scan ran. `forced`:
+    /// even if one ran less than that interval ago.
+    pub(super) fn learn_tree(&self, forced: bool) -> bool {
         let Some(sh) = &self.shared else {
             return false;
         };
-        if !sh.may_rescan() {
+        if !sh.may_rescan() && !forced {
             return false;
         }
         let mut report = sweep::sweep_with(

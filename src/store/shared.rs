@@ -56,6 +56,15 @@ impl Usage {
     }
 }
 
+/// Which way a ledger's record cannot be the tree's ([`Shared::implausible`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Implausible {
+    /// It counts fewer blocks than one store knows of.
+    Low,
+    /// It counts more than twice the capacity.
+    High,
+}
+
 /// A change of usage not yet written to the ledger.
 #[derive(Clone, Copy, Debug, Default)]
 struct Delta {
@@ -201,20 +210,56 @@ impl Shared {
     /// nothing more to evict). Returns how many leading estimates are reserved (the rest must
     /// not be written: the chain's tail is declined).
     ///
-    /// A ledger that holds no valid record (written over by hand, say) counts as `fallback`
-    /// (this store's own view) and is rewritten.
+    /// `fallback` is this store's own view (its index, which counts this batch already). A
+    /// ledger that holds no valid record (written over by hand, say) counts as that view,
+    /// less the batch, and is rewritten. A record is checked, not believed ([`Shared::implausible`]): one that counts
+    /// fewer blocks than this store alone knows of, or more than twice the capacity, is
+    /// replaced by `recount(forced)` (a scan of the tree; unless forced, as for a count too
+    /// high, `None` when one ran too recently: then the record is raised to this store's
+    /// view), so that a ledger talked down never
+    /// lets the tree past its bound, and one talked up never evicts everything.
     pub fn reserve(
         &self,
         estimates: &[u64],
         fallback: Usage,
+        recount: impl FnOnce(bool) -> Option<Usage>,
         mut evict: impl FnMut(u64, u64) -> bool,
     ) -> Result<usize> {
         if estimates.is_empty() {
             return Ok(0);
         }
+        // This store's view without this batch (its index counts the batch already).
+        let own = Usage {
+            bytes: fallback.bytes.saturating_sub(estimates.iter().sum::<u64>()),
+            files: fallback.files.saturating_sub(estimates.len() as u64),
+        };
         let g = self.ledger.lock()?;
-        let mut u = self.parse_or(&g.read()?, fallback);
+        let mut u = self.parse_or(&g.read()?, own);
         self.apply_pending(&mut u);
+        if let Some(why) = self.implausible(u, own) {
+            let healed = match recount(why == Implausible::High) {
+                Some(found) => Usage {
+                    bytes: found.bytes.saturating_sub(fallback.bytes - own.bytes),
+                    files: found.files.saturating_sub(fallback.files - own.files),
+                },
+                None if why == Implausible::High => own,
+                None => Usage {
+                    bytes: u.bytes.max(own.bytes),
+                    files: u.files.max(own.files),
+                },
+            };
+            tracing::warn!(
+                path = %self.ledger.path().display(),
+                ledger_bytes = u.bytes,
+                ledger_files = u.files,
+                healed_bytes = healed.bytes,
+                healed_files = healed.files,
+                "the usage ledger counted {} than the tree can hold: healed",
+                if why == Implausible::High { "more" } else { "less" },
+            );
+            *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Delta::default();
+            u = healed;
+        }
         let mut granted = 0;
         let (mut need_b, mut need_f) = (0u64, 0u64);
         for &est in estimates {
@@ -247,6 +292,29 @@ impl Shared {
         u.files = u.files.saturating_add(need_f);
         self.write(&g, u)?;
         Ok(granted)
+    }
+
+    /// Why the ledger's usage `u` cannot be the tree's, if it cannot: fewer files than this
+    /// store's own view (`own`) knows of, or bytes under seven eighths of it (sizes are
+    /// estimates until published); more than twice the capacity (puts are granted only while
+    /// they fit).
+    fn implausible(&self, u: Usage, own: Usage) -> Option<Implausible> {
+        let low = u.files < own.files || u.bytes < own.bytes - own.bytes / 8;
+        let high = self
+            .limits
+            .max_bytes
+            .is_some_and(|m| u.bytes > m.saturating_mul(2))
+            || self
+                .limits
+                .max_files
+                .is_some_and(|m| u.files > m.saturating_mul(2));
+        if high {
+            Some(Implausible::High)
+        } else if low {
+            Some(Implausible::Low)
+        } else {
+            None
+        }
     }
 
     /// True (and the time noted) if the tree may be scanned again for victims.

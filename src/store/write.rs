@@ -1015,7 +1015,16 @@ impl Inner {
             bytes: ix.bytes,
             files: ix.files,
         };
-        let granted = sh.reserve(&estimates, fallback, |bytes, files| {
+        let recount = |forced: bool| {
+            self.learn_tree(forced).then(|| {
+                let ix = self.index.counts();
+                super::shared::Usage {
+                    bytes: ix.bytes,
+                    files: ix.files,
+                }
+            })
+        };
+        let granted = sh.reserve(&estimates, fallback, recount, |bytes, files| {
             self.evict_for_shared(bytes, files, &keep)
         })?;
         for &i in &new[granted..] {
@@ -1032,7 +1041,7 @@ impl Inner {
     /// if nothing was evicted.
     fn evict_for_shared(&self, bytes: u64, files: u64, keep: &[BlockHash]) -> bool {
         let mut victims = self.index.evict_some(bytes, files, keep);
-        if victims.is_empty() && self.learn_tree() {
+        if victims.is_empty() && self.learn_tree(false) {
             victims = self.index.evict_some(bytes, files, keep);
         }
         if victims.is_empty() {

@@ -716,25 +716,61 @@ fn shared_control_files_that_are_symlinks_or_fifos_are_refused() {
     }
 }
 
-/// A ledger edited by hand to the largest count (or torn into one) does not overflow the
-/// reservation's sums: nothing fits, so puts are not admitted, and nothing panics.
+/// Issue 51, finding 12: the ledger is checked against the tree it counts, not believed.
+/// Rewritten to zero under two running stores (write access to the tree is enough), it let
+/// the tree grow to 400 block files for a 256-file capacity; rewritten to the largest count,
+/// every later put was declined and every block evicted. Now both are healed by a recount at
+/// the next reservation: the bound holds, puts are admitted, and no block is evicted for a
+/// count the tree never had.
 #[test]
-fn a_ledger_at_the_largest_count_admits_nothing_and_does_not_overflow() {
+fn a_ledger_talked_down_or_up_under_running_stores_heals() {
     let root = tempfile::tempdir().unwrap();
-    let store = open_shared(
-        root.path(),
-        shared().with_capacity_bytes(1 << 20).with_capacity_files(8),
-    );
+    let cap = 64u64;
+    // LRU: a block put once is admitted (the default policy may decline it).
+    let cfg = shared()
+        .with_capacity_files(cap)
+        .with_policy(tierkv::PolicyKind::Lru);
+    let stores = [
+        open_shared(root.path(), cfg.clone()),
+        open_shared(root.path(), cfg),
+    ];
+    let put = |i: u64| {
+        let s = &stores[i as usize % 2];
+        s.put(&s.key(hash(i)), &payload(i, 0, 4096)).unwrap();
+    };
+    (0..cap).for_each(put);
+    assert_eq!(usage_on_disk(root.path()).1, cap);
     let usage = root.path().join("v1/0/USAGE");
-    assert!(usage.exists(), "{}", usage.display());
-    std::fs::write(&usage, format!("bytes={}\nfiles={}\n", u64::MAX, u64::MAX)).unwrap();
-    for i in 0..3 {
-        store
-            .put(&store.key(hash(i)), &payload(i, 0, 4096))
-            .unwrap();
-        assert_eq!(get(&store, i, 4096), Lookup::Miss);
+
+    std::fs::write(&usage, format!("bytes={:020}\nfiles={:020}\n", 0, 0)).unwrap();
+    for i in cap..cap + 100 {
+        put(i);
+        let files = usage_on_disk(root.path()).1;
+        assert!(
+            files <= cap,
+            "{files} block files after put {i}, capacity {cap}"
+        );
     }
-    assert_eq!(store.stats().not_admitted, 3);
+
+    std::fs::write(&usage, format!("bytes={}\nfiles={}\n", u64::MAX, u64::MAX)).unwrap();
+    let before = usage_on_disk(root.path()).1;
+    for i in 1000..1010 {
+        put(i);
+        assert_eq!(
+            get(&stores[i as usize % 2], i, 4096),
+            Lookup::Hit(4096),
+            "put {i}"
+        );
+    }
+    let after = usage_on_disk(root.path()).1;
+    assert!(
+        after >= before,
+        "{before} blocks before, {after} after ten puts"
+    );
+    assert!(after <= cap);
+    assert!(stores.iter().all(|s| s.stats().not_admitted == 0));
+    drop(stores);
+    assert_eq!(ledger(root.path()), usage_on_disk(root.path()));
 }
 
 /// A store that holds the usage ledger's lock and does not let go (stopped with `SIGSTOP`:
