@@ -898,3 +898,69 @@ fn a_read_only_shared_store_sees_blocks_put_after_it_opened() {
     assert_eq!(reader.get(&ks[2], &mut buf).unwrap(), Lookup::Hit(64));
     assert_eq!(buf, data[2]);
 }
+
+/// Issue 51, finding 4: `clear()` empties a worker through the store, never around it. Two
+/// shared stores on one worker (two ranks of an MLA model, two replicas): one clears, and the
+/// other's blocks go too (it finds them missing, never an error); the directories and control
+/// files stay, so both keep storing and each finds what the other puts after. A read-only
+/// store refuses to clear.
+#[test]
+fn clear_empties_a_worker_and_every_store_on_it_keeps_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = tierkv::StoreConfig::new()
+        .with_sharing(tierkv::Sharing::Shared)
+        .with_negative_ttl(std::time::Duration::ZERO)
+        .with_stats_interval(None);
+    let a = Store::open(dir.path(), worker("w"), shared.clone()).unwrap();
+    let b = Store::open(dir.path(), worker("w"), shared.clone()).unwrap();
+    let old = chain_keys(&a, 1, 3);
+    let (mine, theirs) = (&old[..2], &old[2..]);
+    let data: Vec<Vec<u8>> = (0..3).map(|i| payload(i, 0, 64)).collect();
+    for r in a.put_many(&items(mine, &data[..2])) {
+        r.unwrap();
+    }
+    for r in b.put_many(&items(theirs, &data[2..])) {
+        r.unwrap();
+    }
+    let before: Vec<_> = std::fs::read_dir(a.dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.len() > 2 && !n.to_string_lossy().starts_with("STATS"))
+        .collect();
+    assert_eq!(
+        a.clear().unwrap(),
+        3,
+        "its own blocks and the other store's"
+    );
+    assert!(
+        files_under(a.dir())
+            .iter()
+            .all(|p| p.file_name().is_some_and(|n| n.len() != 64)),
+        "a block file is left"
+    );
+    let mut buf = vec![0u8; 64];
+    for k in &old {
+        assert_eq!(a.get(k, &mut buf).unwrap(), Lookup::Miss);
+        assert_eq!(b.get(k, &mut buf).unwrap(), Lookup::Miss);
+    }
+    let after: Vec<_> = std::fs::read_dir(a.dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.len() > 2 && !n.to_string_lossy().starts_with("STATS"))
+        .collect();
+    assert_eq!(before, after, "control files stay");
+    let new = chain_keys(&a, 50, 2);
+    for r in b.put_many(&items(&new, &data[..2])) {
+        r.unwrap();
+    }
+    assert_eq!(a.contains_prefix(&new).unwrap(), 2);
+    assert_eq!(a.get(&new[1], &mut buf).unwrap(), Lookup::Hit(64));
+    assert_eq!(buf, data[1]);
+    assert_eq!(b.clear().unwrap(), 2);
+    assert_eq!(a.contains_prefix(&new).unwrap(), 0);
+    let reader = Store::open(dir.path(), worker("w"), shared.with_read_only(true)).unwrap();
+    assert!(matches!(
+        reader.clear(),
+        Err(tierkv::Error::ReadOnly { .. })
+    ));
+}

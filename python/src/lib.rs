@@ -519,6 +519,16 @@ impl PyStore {
         batch(py, r)
     }
 
+    /// Removes every block of this worker (the Rust `Store::clear`): those this store knows
+    /// and those other stores put in the tree. The worker's directories and control files
+    /// stay, so other stores open on it (other ranks, replicas) keep working and keep what is
+    /// put after. Returns how many block files were removed. The GIL is released meanwhile.
+    fn clear(&self, py: Python<'_>) -> PyResult<u64> {
+        let store = self.store()?;
+        let r = py.detach(move || store.clear());
+        py_result(py, r)
+    }
+
     /// Marks stored blocks as used, in chain order, without reading them (e.g. a prefix the
     /// engine still holds in a faster tier). Absent keys are ignored.
     fn touch_many(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {

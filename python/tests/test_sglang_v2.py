@@ -215,6 +215,33 @@ def test_an_mla_models_sidecars_are_shared_by_its_ranks_but_mamba(tmp_path):
     r1.b.close()
 
 
+def test_clear_on_every_rank_of_an_mla_model_keeps_every_rank_working(tmp_path):
+    """Issue 51, finding 4: SGLang's `/clear_hicache_storage_backend` runs `clear()` on every
+    rank. At TP=2 with MLA (one worker for both ranks), rank 0 removed the directory and
+    reopened it, rank 1 kept a descriptor of the removed one and saw 0 of 6 pages from then
+    on; rank 1's clear also removed the sidecar directories rank 0 had just reopened, and
+    every later batch_set_v2 failed with ENOENT: the disk tier dead until a restart. Now
+    clear() empties the workers through the store and nothing else: after both ranks clear,
+    nothing old is found, and what rank 0 backs up next, rank 1 finds and restores."""
+    r0 = Rank(tmp_path, tp_rank=0, tp_size=2, mla=True)
+    r1 = Rank(tmp_path, tp_rank=1, tp_size=2, mla=True)
+    ks, later = keys(), keys(base=9000)
+    r0.backup(ks)
+    assert r1.exists(ks).kv_hit_pages == N
+    r0.b.clear()
+    r1.b.clear()
+    assert r0.exists(ks).kv_hit_pages == 0 and r1.exists(ks).kv_hit_pages == 0
+    pages, hits, kv_ok = r0.backup(later, seed=7)
+    assert kv_ok == [True] * N and hits == {"indexer": N, "swa": SWA_WINDOW}
+    assert r1.exists(later).kv_hit_pages == N
+    kv_ok, ok, got = r1.restore(later)
+    assert kv_ok == [True] * N and ok == {"indexer": [True] * N, "swa": [True] * SWA_WINDOW}
+    assert got == pages
+    for r in (r0, r1):
+        assert r.b.tierkv_stats()["failures"] == {}
+        r.b.close()
+
+
 def test_a_fresh_backend_over_the_same_root_keeps_the_hits(tmp_path):
     r = Rank(tmp_path)
     ks = keys()

@@ -50,7 +50,6 @@ import collections
 import ctypes
 import hashlib
 import logging
-import shutil
 import threading
 import time
 from typing import Any, Dict, List, Optional
@@ -518,29 +517,18 @@ class TierkvHiCacheStorage(HiCacheStorage):
 
     def clear(self) -> None:
         """Drops every page of this worker and of the v2 sidecar pools' workers (SGLang's
-        flush of the storage tier): each store is closed, its directory removed and the
-        store reopened empty."""
-        for name, store in list(self.pool_stores.items()):
+        flush of the storage tier, which it runs on every rank): `Store.clear()`, through the
+        store and its namespace layer. The stores stay open and the directories stay, so the
+        other ranks and replicas on the same workers keep working, and keep what is backed
+        up after."""
+        stores = list(self.pool_stores.items())
+        if self.writer and self.store is not None:
+            stores.append(("kv", self.store))
+        for _name, store in stores:
             try:
-                path, worker = store.dir, store.worker
-                store.close()
-                shutil.rmtree(path, ignore_errors=True)
-                options = self._options(self._shared(name))
-                self.pool_stores[name] = Store(self.root, worker, **options)
+                store.clear()
             except Exception as e:  # noqa: BLE001
-                self.pool_stores.pop(name, None)
                 self._fail("clear", e)
-        if not self.writer:
-            return
-        try:
-            store = self._store()
-            path = store.dir
-            self.store = None
-            store.close()
-            shutil.rmtree(path, ignore_errors=True)
-            self._open()
-        except Exception as e:  # noqa: BLE001
-            self._fail("clear", e)
 
     # -- statistics ------------------------------------------------------------------------
 

@@ -444,6 +444,11 @@ impl Index {
         }
     }
 
+    /// Every block the index holds (those being written included).
+    pub fn hashes(&self) -> HashSet<BlockHash> {
+        self.lock().map.keys().copied().collect()
+    }
+
     /// A put of `hash` was published and takes `bytes` on disk. Returns victims to unlink
     /// when the file took more than was reserved and the bound is exceeded.
     pub fn commit(&self, hash: &BlockHash, bytes: u64, offer: Offer) -> Vec<Victim> {

@@ -933,6 +933,36 @@ impl Store {
     pub fn remove_many(&self, keys: &[BlockKey]) -> Vec<Result<bool>> {
         keys.iter().map(|k| self.inner.remove(k)).collect()
     }
+
+    /// Removes every block of this worker: those the index holds and those the tree holds
+    /// (another store's, in shared mode), each as [`Store::remove_many`] removes one (through
+    /// the namespace layer, counted in the shared ledger). Nothing else goes: the worker's
+    /// directories, its lock and control files stay, so other stores open on the worker (other
+    /// ranks and replicas) go on working, finding those blocks missing; what is put after
+    /// (here or by them) is kept. Returns how many block files were removed. A store opened
+    /// read-only refuses ([`Error::ReadOnly`]).
+    pub fn clear(&self) -> Result<u64> {
+        let inner = &self.inner;
+        if inner.opts.read_only {
+            return Err(Error::ReadOnly {
+                path: inner.ns.path().to_path_buf(),
+                op: "clear",
+            });
+        }
+        let report = sweep::sweep_with(&inner.ns, inner.layout, sweep::TempRule::Keep, true);
+        let mut hashes: std::collections::HashSet<BlockHash> = inner.index.hashes();
+        hashes.extend(report.entries.iter().map(|e| e.hash));
+        let mut removed = 0;
+        for hash in &hashes {
+            removed += u64::from(inner.unlink_block(hash)?);
+        }
+        for hash in &hashes {
+            // Every descendant is in `hashes`: what a removal orphans was unlinked above.
+            inner.unlink_victims(inner.index.remove(hash));
+        }
+        tracing::info!(dir = %inner.ns.path().display(), removed, "cleared");
+        Ok(removed)
+    }
 }
 
 /// How long a shared store waits for another shared store that holds the worker lock
@@ -1473,17 +1503,28 @@ impl Inner {
 
     fn remove(&self, key: &BlockKey) -> Result<bool> {
         self.check_key(key)?;
-        let rel = self.layout.rel_path(&key.hash);
         if self.opts.read_only {
             return Err(Error::ReadOnly {
                 path: self.ns.path().to_path_buf(),
                 op: "remove",
             });
         }
-        let removed = {
-            let _stripe = self.lock_stripe(self.stripe_of(&key.hash));
+        let removed = self.unlink_block(&key.hash)?;
+        // Its descendants in the chain can no longer be reached: they go too.
+        let orphans = self.index.remove(&key.hash);
+        self.unlink_victims(orphans);
+        Ok(removed)
+    }
+
+    /// Unlinks block `hash`'s file (counted, and freed in a shared ledger); true if it was
+    /// there. The index is the caller's to update.
+    fn unlink_block(&self, hash: &BlockHash) -> Result<bool> {
+        let rel = self.layout.rel_path(hash);
+        let key = hash;
+        Ok({
+            let _stripe = self.lock_stripe(self.stripe_of(key));
             let r = self.ns.unlink_file_sized(rel.as_str(), None);
-            self.fds.invalidate(&key.hash);
+            self.fds.invalidate(key);
             match r {
                 Ok((Unlinked::Removed, bytes)) => {
                     Counters::add(&self.counters.removes, 1);
@@ -1497,10 +1538,6 @@ impl Inner {
                 }
                 Err(e) => return Err(Error::from_io(self.path(rel.as_str()), io_err(e))),
             }
-        };
-        // Its descendants in the chain can no longer be reached: they go too.
-        let orphans = self.index.remove(&key.hash);
-        self.unlink_victims(orphans);
-        Ok(removed)
+        })
     }
 }
