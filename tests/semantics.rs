@@ -964,3 +964,76 @@ fn clear_empties_a_worker_and_every_store_on_it_keeps_working() {
         Err(tierkv::Error::ReadOnly { .. })
     ));
 }
+
+/// Issue 51, finding 11 in Rust: a pinned block is never this store's victim until unpinned
+/// (as many times as pinned); an absent key is not pinned. `discard_many` removes exactly the
+/// keys named, where `remove_many` takes the rest of the chain.
+#[test]
+fn pins_hold_until_released_and_discard_removes_only_what_it_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        worker("w"),
+        tierkv::StoreConfig::new()
+            .with_capacity_files(2)
+            .with_policy(tierkv::PolicyKind::Lru),
+    )
+    .unwrap();
+    let ks = keys(&store, 8);
+    let put = |i: usize| {
+        store
+            .put_many(&[(ks[i].clone(), payload(i as u64, 0, 64))])
+            .pop()
+            .unwrap()
+            .unwrap()
+    };
+    let held = |i: usize| {
+        store.contains_many(&ks[i..=i])[0]
+            .as_ref()
+            .copied()
+            .unwrap()
+    };
+    put(0);
+    put(1);
+    let pinned: Vec<bool> = store
+        .pin_many(&[ks[0].clone(), ks[0].clone(), ks[7].clone()])
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(pinned, [true, true, false]);
+    put(2);
+    put(3);
+    assert!(
+        held(0) && !held(1) && !held(2),
+        "the pinned block is the oldest"
+    );
+    store.unpin_many(&ks[0..1]).unwrap();
+    put(4);
+    assert!(held(0), "still pinned once");
+    store.unpin_many(&ks[0..1]).unwrap();
+    put(5);
+    assert!(!held(0), "unpinned, the oldest goes");
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), "w");
+    let chain = chain_keys(&store, 1, 4);
+    let data: Vec<Vec<u8>> = (0..4).map(|i| payload(i, 0, 64)).collect();
+    for r in store.put_many(&items(&chain, &data)) {
+        r.unwrap();
+    }
+    assert!(store.discard_many(&chain[1..2])[0].as_ref().unwrap());
+    let have: Vec<bool> = store
+        .contains_many(&chain)
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(have, [true, false, true, true]);
+    let mut buf = vec![0u8; 64];
+    assert_eq!(store.get(&chain[3], &mut buf).unwrap(), Lookup::Hit(64));
+    assert_eq!(buf, data[3]);
+    assert!(store.remove_many(&chain[2..3])[0].as_ref().unwrap());
+    assert!(
+        !store.contains_many(&chain[3..])[0].as_ref().unwrap(),
+        "the chain's rest goes"
+    );
+}

@@ -519,6 +519,32 @@ impl PyStore {
         batch(py, r)
     }
 
+    /// Removes exactly these blocks (the blocks after them in their chains stay, detached):
+    /// for keys that name independent objects. Per key True if a block was removed.
+    fn discard_many(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
+        let store = self.store()?;
+        let keys = keys_of(py, &self.worker, keys)?;
+        let r = py.detach(move || store.discard_many(&keys));
+        batch(py, r)
+    }
+
+    /// Pins blocks: this store never evicts a pinned block until as many `unpin_many` calls
+    /// name it (or the store closes); per key True if it is stored and now pinned. A
+    /// removal still removes it; in shared mode another store may still evict it (a miss).
+    fn pin_many(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
+        let store = self.store()?;
+        let keys = keys_of(py, &self.worker, keys)?;
+        let r = py.detach(move || store.pin_many(&keys));
+        batch(py, r)
+    }
+
+    /// Releases one pin of each key (`pin_many`); keys not pinned are ignored.
+    fn unpin_many(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        let store = self.store()?;
+        let keys = keys_of(py, &self.worker, keys)?;
+        py_result(py, store.unpin_many(&keys))
+    }
+
     /// Removes every block of this worker (the Rust `Store::clear`): those this store knows
     /// and those other stores put in the tree. The worker's directories and control files
     /// stay, so other stores open on it (other ranks, replicas) keep working and keep what is

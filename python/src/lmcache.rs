@@ -142,7 +142,7 @@ impl LMCacheConnector {
             Ok(Batch::Get(keys, bufs, held)) => (q.submit_get(keys, bufs), Pending::Buffers(held)),
             Ok(Batch::Set(items, held)) => (q.submit_set(items), Pending::Buffers(held)),
             Ok(Batch::Exists(keys)) => (q.submit_exists(keys), Pending::Keys),
-            Ok(Batch::Delete(keys)) => (q.submit_remove(keys), Pending::Keys),
+            Ok(Batch::Delete(keys)) => (q.submit_discard(keys), Pending::Keys),
             // An empty batch: its completion comes back through the eventfd in order.
             Err(msg) => (q.submit_exists(Vec::new()), Pending::Refused(msg)),
         };
@@ -363,8 +363,8 @@ impl LMCacheConnector {
     }
 
     /// Queues a removal of the keys' blocks; returns the id. Its completion says per key
-    /// whether a block was removed. A batch stored by `submit_batch_set` is one chain, so
-    /// removing a block removes the blocks stored after it in its batch too.
+    /// whether a block was removed. Only the keys named go: the blocks stored after them in
+    /// their batch's chain stay.
     fn submit_batch_delete(&self, keys: &Bound<'_, PyAny>) -> u64 {
         self.submit(self.keys(keys).map(Batch::Delete))
     }

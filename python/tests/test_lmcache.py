@@ -248,3 +248,39 @@ def test_two_engines_of_one_model_share_a_root_by_default(tmp_path, engines):
     h.store(e1, toks, kv)  # waits until written
     got, back = h.retrieve(e2, toks)
     assert got == 2 * h.CHUNK and torch.equal(back[:, :, :got], kv[:, :, :got])
+
+
+def test_a_pinned_lookup_keeps_its_chunks_until_unpinned(tmp_path, engines):
+    """Issue 51, finding 11: LMCache pins what a lookup found until it retrieves it
+    (`lookup(pin=True)`, then `lookup_unpin`). The plugin only touched the blocks: one evicted
+    in between was missing at the retrieve (under vLLM's default `kv_load_failure_policy` a
+    failed request). Now the chunks stay while pinned, and go once unpinned."""
+    e = engines("tierkv", tmp_path / "kv", capacity_files=4, policy="lru")
+    a, kv_a = h.tokens(4), h.kv(4 * h.CHUNK)
+    h.store(e, a, kv_a)
+    assert e.lookup(torch.tensor(a), lookup_id="a", pin=True) == 4 * h.CHUNK
+    for base in (5000, 9000):  # two more requests that fill the capacity twice over
+        h.store(e, h.tokens(4, base=base), h.kv(4 * h.CHUNK, seed=base))
+    got, back = h.retrieve(e, a)
+    assert got == 4 * h.CHUNK and torch.equal(back, kv_a)
+    e.lookup_unpin("a")
+    h.store(e, h.tokens(4, base=13000), h.kv(4 * h.CHUNK, seed=3))
+    assert e.lookup(torch.tensor(a)) == 0, "unpinned, the oldest chunks make room"
+    assert h.plugin(e).tierkv_stats()["failures"] == {}
+
+
+def test_removing_one_chunk_removes_only_it(tmp_path, engines):
+    """Issue 51, finding 11: a batch is stored as one chain, and LMCache's `remove(key)` of
+    one chunk removed the chunks stored after it too (other objects to LMCache, which its
+    accounting never heard of). Now only the chunk named goes."""
+    e = engines("tierkv", tmp_path / "kv")
+    toks, kv = h.tokens(4), h.kv(4 * h.CHUNK)
+    h.store(e, toks, kv)
+    plugin, ks = h.plugin(e), keys_of(e, toks)
+    assert plugin.remove(ks[1])
+    assert block_files(tmp_path / "kv") == {block_key(k) for k in ks} - {block_key(ks[1])}
+    for i in (0, 2, 3):
+        obj = plugin.get_blocking(ks[i])
+        assert obj is not None and torch.equal(obj.tensor, kv[:, :, i * h.CHUNK : (i + 1) * h.CHUNK])
+        obj.ref_count_down()
+    assert e.lookup(torch.tensor(toks)) == h.CHUNK  # LMCache's prefix stops at the gap

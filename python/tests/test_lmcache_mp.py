@@ -171,6 +171,20 @@ def test_lmcache_eviction_deletes_the_blocks(lmc, adapter):
     assert adapter.get_usage().total_bytes_used == 4096
 
 
+def test_deleting_one_key_of_a_task_deletes_only_it(lmc, adapter):
+    """Issue 51, finding 11: a task's keys are stored as one chain, and LMCache's L2
+    `delete(key)` of the first removed the task's later keys too, which the adapter's usage
+    never heard of. Now only the keys named go, and the usage says so."""
+    keys = [okey(lmc, i) for i in range(3)]
+    assert store(adapter, keys, [obj(lmc, 4096, i) for i in range(3)]).is_successful()
+    adapter.delete(keys[:1])
+    assert lookup(adapter, keys) == [False, True, True]
+    outs = [obj(lmc, 4096) for _ in keys[1:]]
+    assert load(adapter, keys[1:], outs) == [True, True]
+    assert lmc.torch.equal(outs[1].raw_data, obj(lmc, 4096, 2).raw_data)
+    assert adapter.get_usage().total_bytes_used == 2 * 4096
+
+
 def test_a_corrupt_block_is_not_loaded_and_nothing_raises(lmc, tmp_path):
     a = adapter_of(lmc, tmp_path, verify="on-open")
     try:

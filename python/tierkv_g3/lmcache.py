@@ -244,9 +244,10 @@ class TierkvStoragePlugin(StoragePluginInterface):
         return self.batched_contains([key], pin) == 1
 
     def batched_contains(self, keys: List[CacheEngineKey], pin: bool = False) -> int:
-        """How many leading keys are stored (LMCache's prefix lookup). A pin touches the
-        blocks (tierkv has no pins: a block evicted between lookup and retrieve is a miss
-        there, which LMCache recomputes)."""
+        """How many leading keys are stored (LMCache's prefix lookup). With `pin`, those
+        blocks are pinned (`Store.pin_many`): this store does not evict them until LMCache
+        unpins them (`lookup_unpin` after the retrieve), so what the lookup found is still
+        there when it is read; only the keys pinned count."""
         if not keys:
             return 0
         try:
@@ -254,7 +255,11 @@ class TierkvStoragePlugin(StoragePluginInterface):
             hkeys = [block_key(k) for k in keys]
             n = int(store.contains_prefix(hkeys))
             if pin and n:
-                store.touch_many(hkeys[:n])
+                pinned = store.pin_many(hkeys[:n])
+                held = pinned.index(False) if False in pinned else n
+                # A block gone in between ends the prefix: the pins after it are released.
+                store.unpin_many([h for h, p in zip(hkeys[held:n], pinned[held:]) if p])
+                n = held
             return n
         except Exception as e:  # noqa: BLE001
             self.failures.fail("contains", e)
@@ -273,7 +278,13 @@ class TierkvStoragePlugin(StoragePluginInterface):
         return self.batched_contains([key], pin=True) == 1
 
     def unpin(self, key: CacheEngineKey) -> bool:
-        return self.contains(key)
+        """Releases one pin of `key` (`pin`, or a lookup with `pin=True`)."""
+        try:
+            self._store().unpin_many([block_key(key)])
+            return True
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("unpin", e)
+            return False
 
     def touch_cache(self) -> None:
         return None
@@ -471,7 +482,8 @@ class TierkvStoragePlugin(StoragePluginInterface):
 
     def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
         try:
-            return bool(self._store().remove_many([block_key(key)])[0])
+            # Only this chunk: the chunks stored after it in its batch are other objects.
+            return bool(self._store().discard_many([block_key(key)])[0])
         except Exception as e:  # noqa: BLE001
             self.failures.fail("remove", e)
             return False

@@ -35,7 +35,8 @@ enum Job<B> {
     Set(Vec<(BlockKey, B)>),
     Exists(Vec<BlockKey>),
     Prefix(Vec<BlockKey>),
-    Remove(Vec<BlockKey>),
+    /// The keys, and whether the blocks after them go too.
+    Remove(Vec<BlockKey>, bool),
 }
 
 /// What a finished batch gives back: its results, one per key in order, and the buffers it
@@ -69,7 +70,8 @@ pub enum Outcome<B> {
         /// The length of the stored prefix.
         result: Result<usize>,
     },
-    /// A [`Completions::submit_remove`]: whether each block was removed (`false`: absent).
+    /// A [`Completions::submit_remove`] or [`Completions::submit_discard`]: whether each block
+    /// was removed (`false`: absent).
     Remove {
         /// One per key.
         results: Vec<Result<bool>>,
@@ -147,7 +149,13 @@ where
     /// Queues a removal of `keys` (as [`Store::remove_many`]: within their chains, the blocks
     /// after them go too); returns its id.
     pub fn submit_remove(&self, keys: Vec<BlockKey>) -> u64 {
-        self.submit(Job::Remove(keys))
+        self.submit(Job::Remove(keys, true))
+    }
+
+    /// Queues a removal of exactly `keys` (as [`Store::discard_many`]: the blocks after them
+    /// stay); returns its id. It finishes as an [`Outcome::Remove`].
+    pub fn submit_discard(&self, keys: Vec<BlockKey>) -> u64 {
+        self.submit(Job::Remove(keys, false))
     }
 
     fn submit(&self, job: Job<B>) -> u64 {
@@ -208,8 +216,14 @@ where
             Job::Exists(keys) => Outcome::Exists {
                 results: guarded(store, keys.len(), || store.contains_many(&keys)),
             },
-            Job::Remove(keys) => Outcome::Remove {
-                results: guarded(store, keys.len(), || store.remove_many(&keys)),
+            Job::Remove(keys, descendants) => Outcome::Remove {
+                results: guarded(store, keys.len(), || {
+                    if descendants {
+                        store.remove_many(&keys)
+                    } else {
+                        store.discard_many(&keys)
+                    }
+                }),
             },
             Job::Prefix(keys) => Outcome::Prefix {
                 result: guarded(store, 1, || vec![store.contains_prefix(&keys)])

@@ -931,7 +931,39 @@ impl Store {
 
     /// Removes blocks; one result per key: `true` if a block was removed, `false` if absent.
     pub fn remove_many(&self, keys: &[BlockKey]) -> Vec<Result<bool>> {
-        keys.iter().map(|k| self.inner.remove(k)).collect()
+        keys.iter().map(|k| self.inner.remove(k, true)).collect()
+    }
+
+    /// Removes exactly these blocks; one result per key: `true` if a block was removed,
+    /// `false` if absent. Unlike [`Store::remove_many`], the blocks hung after them stay,
+    /// detached (each a chain's root from then on), for a caller whose keys name independent
+    /// objects (LMCache's `remove` and its L2 `delete` of one key).
+    pub fn discard_many(&self, keys: &[BlockKey]) -> Vec<Result<bool>> {
+        keys.iter().map(|k| self.inner.remove(k, false)).collect()
+    }
+
+    /// Pins blocks: while pinned (until as many [`Store::unpin_many`] calls name it), this
+    /// store never evicts a block, so a lookup's answer still holds when its blocks are read
+    /// (LMCache's `contains(pin=True)` then retrieve). Per key, whether it is stored and now
+    /// pinned (an absent key is not pinned). An explicit removal still removes a pinned
+    /// block, and in shared mode another store on the tree may still evict it (it is then a
+    /// miss, never an error). Pins live as long as the store.
+    pub fn pin_many(&self, keys: &[BlockKey]) -> Vec<Result<bool>> {
+        keys.iter()
+            .map(|k| {
+                // Looked up first: in shared mode the tree's block joins the index.
+                Ok(self.inner.contains(k)? && self.inner.index.pin_present(&[&k.hash])[0])
+            })
+            .collect()
+    }
+
+    /// Releases one pin of each key ([`Store::pin_many`]); keys not pinned are ignored.
+    pub fn unpin_many(&self, keys: &[BlockKey]) -> Result<()> {
+        for k in keys {
+            self.inner.check_key(k)?;
+        }
+        self.inner.index.unpin(keys.iter().map(|k| &k.hash));
+        Ok(())
     }
 
     /// Removes every block of this worker: those the index holds and those the tree holds
@@ -1243,7 +1275,7 @@ impl Inner {
         };
         let cut: Vec<usize> = (gap + 1..items.len()).filter(|&i| stored(i)).collect();
         for &i in &cut {
-            if let Err(e) = self.remove(&items[i].0) {
+            if let Err(e) = self.remove(&items[i].0, true) {
                 tracing::warn!(error = %e, "put: a block after a gap in its chain could not be removed");
             }
         }
@@ -1501,7 +1533,9 @@ impl Inner {
         }
     }
 
-    fn remove(&self, key: &BlockKey) -> Result<bool> {
+    /// Removes a block; with `descendants`, the blocks after it in its chain too (they can no
+    /// longer be reached), else they stay, detached.
+    fn remove(&self, key: &BlockKey, descendants: bool) -> Result<bool> {
         self.check_key(key)?;
         if self.opts.read_only {
             return Err(Error::ReadOnly {
@@ -1510,9 +1544,12 @@ impl Inner {
             });
         }
         let removed = self.unlink_block(&key.hash)?;
-        // Its descendants in the chain can no longer be reached: they go too.
-        let orphans = self.index.remove(&key.hash);
-        self.unlink_victims(orphans);
+        if descendants {
+            let orphans = self.index.remove(&key.hash);
+            self.unlink_victims(orphans);
+        } else {
+            self.index.forget(&key.hash);
+        }
         Ok(removed)
     }
 
