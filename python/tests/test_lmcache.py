@@ -284,3 +284,31 @@ def test_removing_one_chunk_removes_only_it(tmp_path, engines):
         assert obj is not None and torch.equal(obj.tensor, kv[:, :, i * h.CHUNK : (i + 1) * h.CHUNK])
         obj.ref_count_down()
     assert e.lookup(torch.tensor(toks)) == h.CHUNK  # LMCache's prefix stops at the gap
+
+
+def test_readmes_config_lines_load_through_lmcaches_own_config_loader(tmp_path, engines):
+    """README's two config-file lines, as pasted (the root moved here), in a YAML file that
+    LMCache's own loader reads (`LMCacheEngineConfig.from_file`): the engine it configures
+    loads our plugin with the line's capacity, and stores and retrieves a request."""
+    import re
+
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    text = readme.read_text().splitlines()
+    lines = [x for x in text if x.startswith(("storage_plugins:", "extra_config:"))]
+    assert len(lines) == 2 and '"storage_plugin.tierkv.capacity_bytes"' in lines[1]
+    lines[1] = re.sub(r'"(storage_plugin\.tierkv\.root)": "[^"]*"', rf'"\1": "{tmp_path / "kv"}"', lines[1])
+    path = tmp_path / "lmcache.yaml"
+    path.write_text("\n".join([f"chunk_size: {h.CHUNK}", "local_cpu: false", "max_local_cpu_size: 0.05", *lines]) + "\n")
+    from lmcache.v1.config import LMCacheEngineConfig
+
+    e = h.engine(LMCacheEngineConfig.from_file(str(path)))
+    try:
+        plugin = h.plugin(e)
+        assert isinstance(plugin, TierkvStoragePlugin) and plugin.store is not None
+        assert plugin.tierkv_stats()["store"]["capacity_bytes"] == 1099511627776
+        toks, kv = h.tokens(2), h.kv(2 * h.CHUNK)
+        h.store(e, toks, kv)
+        got, back = h.retrieve(e, toks)
+        assert got == 2 * h.CHUNK and torch.equal(back, kv)
+    finally:
+        h.destroy(e)

@@ -11,6 +11,7 @@ import json
 import select
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -53,6 +54,30 @@ def adapter(lmc, tmp_path):
     a = adapter_of(lmc, tmp_path)
     yield a
     a.close()
+
+
+def test_readmes_l2_adapter_line_builds_through_lmcaches_own_parser(lmc, tmp_path):
+    """README's `--l2-adapter` line, as pasted (its root moved here), parsed by the parser
+    `lmcache server` uses and built by LMCache's registry: a tierkv store with the line's
+    capacity (an unknown option would be refused), which stores and finds a chunk."""
+    import re
+    import shlex
+
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    [line] = [x for x in readme.read_text().splitlines() if x.startswith("--l2-adapter ")]
+    arg = shlex.split(line)[1]
+    assert json.loads(arg)["adapter_params"]["capacity_bytes"] > 0
+    arg = re.sub(r'"root": "[^"]*"', json.dumps({"root": str(tmp_path)})[1:-1], arg)
+    parser = lmc.config.add_l2_adapters_args(argparse.ArgumentParser())
+    cfg = lmc.config.parse_args_to_l2_adapters_config(parser.parse_args(["--l2-adapter", arg]))
+    (spec,) = cfg.adapters
+    a = lmc.factory.create_l2_adapter_from_registry(spec)
+    try:
+        assert store(a, [okey(lmc, 0)], [obj(lmc, 4096, 0)]).is_successful()
+        assert lookup(a, [okey(lmc, 0)]) == [True]
+        assert str(tmp_path) in str(a._client.path_of(a_key_string(okey(lmc, 0))))
+    finally:
+        a.close()
 
 
 def okey(lmc, i, model="org/model", rank=0, salt=""):
