@@ -1037,3 +1037,49 @@ fn pins_hold_until_released_and_discard_removes_only_what_it_names() {
         "the chain's rest goes"
     );
 }
+
+/// Issue 50, finding 7: an engine's scheduler asks for every waiting request's prefix at
+/// every step. `lookup_prefix` answers from memory (a block once found is present without a
+/// system call; an absent one is remembered for the negative time), and `recheck_many` makes
+/// it look again: after the engine saved a block, or a load found one missing.
+#[test]
+fn lookups_answer_from_memory_until_told_to_look_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = tierkv::StoreConfig::new()
+        .with_sharing(tierkv::Sharing::Shared)
+        .with_stats_interval(None);
+    let writer = Store::open(dir.path(), worker("w"), shared.clone()).unwrap();
+    let reader = Store::open(
+        dir.path(),
+        worker("w"),
+        shared
+            .with_read_only(true)
+            .with_negative_ttl(std::time::Duration::from_secs(600)),
+    )
+    .unwrap();
+    let ks = chain_keys(&writer, 9, 4);
+    let data: Vec<Vec<u8>> = (0..4).map(|i| payload(i, 0, 64)).collect();
+    for r in writer.put_many(&items(&ks[..2], &data[..2])) {
+        r.unwrap();
+    }
+    assert_eq!(reader.lookup_prefix(&ks).unwrap(), 2);
+    let asked = reader.stats().tree_lookups;
+    for r in writer.put_many(&items(&ks[2..], &data[2..])) {
+        r.unwrap();
+    }
+    // From memory: the blocks found, then the one remembered absent; the tree is not asked.
+    std::fs::remove_file(reader.path_of(&ks[1].hash)).unwrap();
+    for _ in 0..3 {
+        assert_eq!(reader.lookup_prefix(&ks).unwrap(), 2);
+    }
+    assert_eq!(
+        reader.stats().tree_lookups,
+        asked,
+        "a lookup asked the tree"
+    );
+    // Told: the saved block is found, the deleted one forgotten.
+    reader.recheck_many(&ks[2..3]).unwrap();
+    assert_eq!(reader.lookup_prefix(&ks[2..]).unwrap(), 2);
+    reader.recheck_many(&ks[1..2]).unwrap();
+    assert_eq!(reader.lookup_prefix(&ks).unwrap(), 1);
+}

@@ -502,6 +502,26 @@ impl PyStore {
         py_result(py, r)
     }
 
+    /// How many leading keys are stored, answered from what the store remembers (the Rust
+    /// `Store::lookup_prefix`): a key once found costs no system call; one a shared store
+    /// lacks is looked up in the tree once per `negative_ttl`. For a scheduler's lookups at
+    /// every step; `recheck_many` makes it look again.
+    fn lookup_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let store = self.store()?;
+        let keys = keys_of(py, &self.worker, keys)?;
+        let r = py.detach(move || store.lookup_prefix(&keys));
+        py_result(py, r)
+    }
+
+    /// Makes `lookup_prefix` look at these keys in the tree again: one it found is checked now
+    /// (forgotten if its file is gone), one it remembered as absent is forgotten as such.
+    fn recheck_many(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        let store = self.store()?;
+        let keys = keys_of(py, &self.worker, keys)?;
+        let r = py.detach(move || store.recheck_many(&keys));
+        py_result(py, r)
+    }
+
     /// Whether each key is stored (a list of bool, any order of keys).
     fn contains_many(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
         let store = self.store()?;

@@ -100,7 +100,11 @@ def engine(model: str, root: str, connector: bool, max_len: int):
             kv_connector="TierkvConnector",
             kv_connector_module_path="tierkv_g3.vllm_connector",
             kv_role="kv_both",
-            kv_connector_extra_config={"root": root, "capacity_bytes": 1 << 30, "log_interval": 0},
+            # A key the scheduler found absent stays so for an hour: only the workers'
+            # reports (blocks written, blocks not loaded) make it look again.
+            kv_connector_extra_config={
+                "root": root, "capacity_bytes": 1 << 30, "log_interval": 0, "negative_ttl": 3600,
+            },
         )
     return LLM(
         model=model,

@@ -21,9 +21,12 @@ share the tier.
 Both directions are asynchronous (``tierkv_g3.Transfers``, the Rust engine API): the engine's
 step never waits on the disk.
 
-- Scheduler side: ``get_num_new_matched_tokens`` asks ``contains_prefix`` of rank 0's worker
-  (a read-only ``shared`` store: a key its index does not hold is looked up in the tree, so it
-  sees what this engine's workers and other engines stored since it opened) for the prompt's
+- Scheduler side: ``get_num_new_matched_tokens`` asks ``lookup_prefix`` of rank 0's worker
+  (a read-only ``shared`` store, answering from memory: a block once found costs no system
+  call; a key its index does not hold is looked up in the tree, then remembered absent for
+  ``negative_ttl``; the workers report the blocks they write and the ones a load did not find,
+  which it looks at again: it sees what this engine stored at once, other engines within
+  ``negative_ttl``, 1 s by default) for the prompt's
   full blocks, the last prompt token excluded (vLLM computes at least one token), and answers
   ``load_async=True``: the request waits in ``WAITING_FOR_REMOTE_KVS`` while others run.
 - Worker side: ``register_kv_caches`` describes the KV tensors once (per layer, block 0's
@@ -174,14 +177,18 @@ class TierkvConnectorMetadata(KVConnectorMetadata):
 class TierkvWorkerMetadata(KVConnectorWorkerMetadata):
     """Worker -> scheduler, per step: the saves that completed (by number), each counted once
     per worker (summed over the TP/PP ranks), so the scheduler knows which requests still
-    have saves in flight when they finish."""
+    have saves in flight when they finish; and the keys whose presence changed under the
+    scheduler's lookups (blocks written, blocks a load did not find whole), for it to look at
+    again."""
 
     saved: Dict[int, int] = field(default_factory=dict)
+    recheck: List[str] = field(default_factory=list)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         if isinstance(other, TierkvWorkerMetadata):
             for seq, n in other.saved.items():
                 self.saved[seq] = self.saved.get(seq, 0) + n
+            self.recheck.extend(other.recheck)
         return self
 
 
@@ -217,6 +224,8 @@ class TierkvConnector(KVConnectorBase_V1):
         unknown = set(extra) - set(STORE_OPTIONS) - {"root", "log_interval", "threads"}
         self.options: Dict[str, Any] = store_options(extra)
         self.options.setdefault("sharing", "shared")
+        # The scheduler's lookups remember absent keys for the configured time (default 1 s).
+        self._lookup_options = {k: self.options[k] for k in ("negative_ttl",) if k in self.options}
         self.log_interval = float(extra.get("log_interval", 10.0))
         self.threads = int(extra.get("threads", 2))
         self.failures = FailureLog(logger, "tierkv vLLM connector", self.log_interval)
@@ -252,6 +261,7 @@ class TierkvConnector(KVConnectorBase_V1):
         self._calls = 0
         self._loaded: set = set()  # requests whose load completed, to report
         self._saved_seqs: List[int] = []  # saves completed, to tell the scheduler
+        self._recheck: List[str] = []  # keys written or not found, to tell the scheduler
         self._invalid: set = set()
         if role == KVConnectorRole.SCHEDULER and self._usable:
             self.worker = worker_id(vllm_config, kv_cache_config, 0, 0)
@@ -331,9 +341,9 @@ class TierkvConnector(KVConnectorBase_V1):
     # -- scheduler side ----------------------------------------------------------------------
 
     def _scheduler_store(self) -> Optional[Store]:
-        """Rank 0's worker, read-only and shared (no lock; a key its index does not hold is
-        looked up in the tree, at once: a block this engine just saved is a hit in the next
-        lookup). Opened on first use,
+        """Rank 0's worker, read-only and shared (no lock; lookups from memory, a key its index
+        does not hold looked up in the tree once per `negative_ttl`; what the workers report
+        written or not found is looked at again). Opened when the connector is built,
         retried at most once a second while it fails (the tree appears when a worker first
         opens it)."""
         if self.store is None and self._usable and time.monotonic() >= self._next_open:
@@ -341,7 +351,7 @@ class TierkvConnector(KVConnectorBase_V1):
             try:
                 self.store = Store(
                     self.root, self.worker, read_only=True, sharing="shared",
-                    negative_ttl=0.0, stats_interval=None,
+                    stats_interval=None, **self._lookup_options,
                 )
             except Exception as e:  # noqa: BLE001
                 self._fail("open", e)
@@ -385,7 +395,7 @@ class TierkvConnector(KVConnectorBase_V1):
             have = num_computed_tokens // self.block_size
             # The tier's run over the blocks vLLM has and those it could load: what it lacks
             # of vLLM's own blocks is saved when the request is scheduled.
-            hit = int(store.contains_prefix(self._keys(st, max(usable, have))))
+            hit = int(store.lookup_prefix(self._keys(st, max(usable, have))))
             st.matched_from, st.stored = have * self.block_size, hit
             load_to = min(hit, usable)
             self._count("lookups", 1)
@@ -485,6 +495,11 @@ class TierkvConnector(KVConnectorBase_V1):
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
         if not isinstance(meta, TierkvWorkerMetadata):
             return
+        if meta.recheck and self.store is not None:
+            try:
+                self.store.recheck_many(sorted(set(meta.recheck)))
+            except Exception as e:  # noqa: BLE001
+                self._fail("lookup", e)
         for seq, n in meta.saved.items():
             req_id, seen = self._save_reqs.get(seq, (None, 0))
             if req_id is None:
@@ -562,12 +577,14 @@ class TierkvConnector(KVConnectorBase_V1):
                     ok += 1
                 if ok < len(outcomes):
                     self._invalid.update(job.block_ids[ok:])
+                    self._recheck.extend(job.keys[ok:])
                     self._count("failed_loads", 1)
                     self._fail("load", f"{len(outcomes) - ok} of {len(outcomes)} blocks not read ({job.req_id})")
                 self._count("loaded_blocks", ok)
                 self._loaded.add(job.req_id)
             else:
                 self._saved_seqs.append(job.seq)
+                self._recheck.extend(k for k, o in zip(job.keys, outcomes) if o == "written")
                 left = self._saving.get(job.req_id, 1) - 1
                 if left > 0:
                     self._saving[job.req_id] = left
@@ -661,10 +678,12 @@ class TierkvConnector(KVConnectorBase_V1):
 
     def build_connector_worker_meta(self) -> Optional[KVConnectorWorkerMetadata]:
         """The saves completed since the last step, for the scheduler."""
-        if not self._saved_seqs:
+        if not self._saved_seqs and not self._recheck:
             return None
-        meta = TierkvWorkerMetadata(saved={seq: 1 for seq in self._saved_seqs})
-        self._saved_seqs = []
+        meta = TierkvWorkerMetadata(
+            saved={seq: 1 for seq in self._saved_seqs}, recheck=self._recheck
+        )
+        self._saved_seqs, self._recheck = [], []
         return meta
 
     def get_block_ids_with_load_errors(self) -> set:

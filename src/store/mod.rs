@@ -924,6 +924,39 @@ impl Store {
         Ok(keys.len())
     }
 
+    /// How many leading keys of a block chain are stored, answered from what this store
+    /// remembers: a key its index holds is present without a system call (a block deleted
+    /// behind its back is found missing when read, and [`Store::recheck_many`] forgets it); a
+    /// key it lacks is looked up in the tree of a shared store (one `stat`, then remembered:
+    /// present in the index, or absent for the negative time to live). The question an
+    /// engine's scheduler asks for every waiting request at every step. Stops at the first
+    /// absent key.
+    pub fn lookup_prefix(&self, keys: &[BlockKey]) -> Result<usize> {
+        for (i, k) in keys.iter().enumerate() {
+            if !self.inner.lookup(k)? {
+                return Ok(i);
+            }
+        }
+        Ok(keys.len())
+    }
+
+    /// Makes this store look again at `keys` in the tree at their next lookup, forgetting
+    /// what it remembers of them: a key its index holds is checked now (one `stat`: forgotten
+    /// if its file is gone, as after a load that found it missing or corrupt); a key it
+    /// remembers as absent is forgotten as such (another store just saved it).
+    pub fn recheck_many(&self, keys: &[BlockKey]) -> Result<()> {
+        for k in keys {
+            self.inner.check_key(k)?;
+            if self.inner.index.contains(&k.hash) {
+                self.inner
+                    .forget_if_missing(&k.hash, &self.inner.layout.rel_path(&k.hash));
+            } else if let Some(neg) = &self.inner.tree {
+                neg.present(&k.hash);
+            }
+        }
+        Ok(())
+    }
+
     /// Whether the index holds `key` (no system call): what this store knows it has stored.
     pub(crate) fn indexed(&self, key: &BlockKey) -> bool {
         key.worker == self.inner.worker && self.inner.index.contains(&key.hash)
@@ -1477,6 +1510,18 @@ impl Inner {
         self.stripes[stripe]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// As [`Store::lookup_prefix`] asks of one key.
+    fn lookup(&self, key: &BlockKey) -> Result<bool> {
+        self.check_key(key)?;
+        if self.index.contains(&key.hash) {
+            return Ok(true);
+        }
+        if !self.ask_tree(&key.hash) {
+            return Ok(false);
+        }
+        self.contains_in_tree(key)
     }
 
     fn contains(&self, key: &BlockKey) -> Result<bool> {
