@@ -45,7 +45,7 @@ ENGINES_VENV_PID=$!
 
 # Quiet cargo output (-q): a passing run reads as passing; the `test result:` lines stay.
 echo "== layers, fmt, clippy, docs"
-python3 tools/layers.py
+python3 tools/layers.py --self-test
 python3 tools/pyfunc-length.py
 cargo fmt --all -- --check
 cargo clippy -q --all-targets --all-features -- -D warnings

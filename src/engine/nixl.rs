@@ -204,7 +204,7 @@ pub struct NixlEngine {
     /// [`NixlConfig::gpu_registrations_kept`] is not 0.
     vram: Option<Mutex<lru::LruCache<Desc, RegistrationHandle>>>,
     /// Descriptors of cached files opened again for cuFile (by the store's descriptor), with
-    /// none of the flags it refuses ([`crate::ns::CUFILE_REFUSED_FLAGS`]); closed by
+    /// none of the flags it refuses ([`crate::sys::CUFILE_REFUSED_FLAGS`]); closed by
     /// `forget_file` after their registration is dropped. Declared after `files`, so that on
     /// drop the registrations go first.
     cufile_fds: Mutex<CufileFds>,
@@ -880,7 +880,7 @@ impl NixlEngine {
         // cuFile refuses descriptors with some status flags, which every block file the
         // store opens has (O_NOFOLLOW): GPU transfers use the file opened again.
         let fd = if location != BufferLocation::Dram
-            && flags.intersects(crate::ns::CUFILE_REFUSED_FLAGS)
+            && flags.intersects(crate::sys::CUFILE_REFUSED_FLAGS)
         {
             self.cufile_fd(r, held)?
         } else {
@@ -900,10 +900,10 @@ impl NixlEngine {
     }
 
     /// The descriptor a GPU transfer of `r` gives cuFile: its file opened again without the
-    /// flags cuFile refuses ([`crate::ns::reopen_plain`]). Kept with a cached descriptor until
+    /// flags cuFile refuses ([`crate::sys::reopen_plain`]). Kept with a cached descriptor until
     /// `forget_file`; else pushed to `held`, for this batch alone.
     fn cufile_fd(&self, r: &IoRequest<'_>, held: &mut Vec<OwnedFd>) -> io::Result<RawFd> {
-        let reopen = || crate::ns::reopen_plain(r.fd.as_fd()).map_err(crate::ns::io_err);
+        let reopen = || crate::sys::reopen_plain(r.fd.as_fd()).map_err(crate::sys::errno);
         if !r.cached {
             let f = reopen()?;
             let raw = f.as_raw_fd();

@@ -139,37 +139,6 @@ pub fn io_err(e: Errno) -> std::io::Error {
     std::io::Error::from_raw_os_error(e.raw_os_error())
 }
 
-/// The status flags a descriptor handed to cuFile (NIXL's GDS backends) must not carry:
-/// `cuFileHandleRegister` refuses them with `CU_FILE_INVALID_FILE_OPEN_FLAG` (seen with
-/// libcufile 1.14 on an H200, 2026-12-04). Every block file the store opens carries
-/// `O_NOFOLLOW`; reads are opened `O_NONBLOCK` first, and puts may be `O_TMPFILE` inodes.
-pub const CUFILE_REFUSED_FLAGS: OFlags = OFlags::NOFOLLOW
-    .union(OFlags::NONBLOCK)
-    .union(OFlags::TMPFILE)
-    .union(OFlags::APPEND);
-
-/// The open file behind `fd`, opened again through its `/proc/self/fd` entry with `fd`'s
-/// access mode and `O_DIRECT` and no other status flag (see [`CUFILE_REFUSED_FLAGS`]). The
-/// entry names the very file `fd` has open (an unlinked or `O_TMPFILE` inode too), so no path
-/// in the tree is resolved again; the new descriptor is checked to be the same inode, so a
-/// `/proc` that is not procfs cannot hand over another file (`EXDEV`).
-pub fn reopen_plain(fd: BorrowedFd<'_>) -> rustix::io::Result<OwnedFd> {
-    let flags = rustix::fs::fcntl_getfl(fd)?;
-    let keep = flags & (OFlags::RWMODE | OFlags::DIRECT);
-    let link = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
-    let again = rustix::fs::openat(
-        rustix::fs::CWD,
-        link.as_str(),
-        keep | OFlags::CLOEXEC | OFlags::NOCTTY,
-        Mode::empty(),
-    )?;
-    let (a, b) = (rustix::fs::fstat(fd)?, rustix::fs::fstat(&again)?);
-    if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino) {
-        return Err(Errno::XDEV);
-    }
-    Ok(again)
-}
-
 /// One worker directory and every file operation beneath it. See the module docs.
 #[derive(Debug)]
 pub struct BlockDir {
@@ -746,11 +715,14 @@ pub(crate) mod tests {
         assert!(
             rustix::fs::fcntl_getfl(&fd)
                 .unwrap()
-                .intersects(CUFILE_REFUSED_FLAGS)
+                .intersects(crate::sys::CUFILE_REFUSED_FLAGS)
         );
-        let again = reopen_plain(fd.as_fd()).unwrap();
+        let again = crate::sys::reopen_plain(fd.as_fd()).unwrap();
         let flags = rustix::fs::fcntl_getfl(&again).unwrap();
-        assert!(!flags.intersects(CUFILE_REFUSED_FLAGS), "{flags:?}");
+        assert!(
+            !flags.intersects(crate::sys::CUFILE_REFUSED_FLAGS),
+            "{flags:?}"
+        );
         assert_eq!(flags & OFlags::RWMODE, OFlags::RDONLY);
         assert_eq!(
             Inode::of(&rustix::fs::fstat(&again).unwrap()),
@@ -767,13 +739,13 @@ pub(crate) mod tests {
         assert!(
             rustix::fs::fcntl_getfl(&tmp)
                 .unwrap()
-                .intersects(CUFILE_REFUSED_FLAGS)
+                .intersects(crate::sys::CUFILE_REFUSED_FLAGS)
         );
-        let w = reopen_plain(tmp.as_fd()).unwrap();
+        let w = crate::sys::reopen_plain(tmp.as_fd()).unwrap();
         assert!(
             !rustix::fs::fcntl_getfl(&w)
                 .unwrap()
-                .intersects(CUFILE_REFUSED_FLAGS)
+                .intersects(crate::sys::CUFILE_REFUSED_FLAGS)
         );
         rustix::io::pwrite(&w, b"payload", 0).unwrap();
         let mut back = [0u8; 7];
