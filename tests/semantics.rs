@@ -1062,7 +1062,13 @@ fn lookups_answer_from_memory_until_told_to_look_again() {
     for r in writer.put_many(&items(&ks[..2], &data[..2])) {
         r.unwrap();
     }
+    assert_eq!(
+        reader.known_many(&ks),
+        [false; 4],
+        "nothing known before a lookup"
+    );
     assert_eq!(reader.lookup_prefix(&ks).unwrap(), 2);
+    assert_eq!(reader.known_many(&ks), [true, true, false, false]);
     let asked = reader.stats().tree_lookups;
     for r in writer.put_many(&items(&ks[2..], &data[2..])) {
         r.unwrap();
@@ -1071,6 +1077,12 @@ fn lookups_answer_from_memory_until_told_to_look_again() {
     std::fs::remove_file(reader.path_of(&ks[1].hash)).unwrap();
     for _ in 0..3 {
         assert_eq!(reader.lookup_prefix(&ks).unwrap(), 2);
+        let each: Vec<bool> = reader
+            .lookup_many(&ks[..3])
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(each, [true, true, false]);
     }
     assert_eq!(
         reader.stats().tree_lookups,

@@ -513,6 +513,25 @@ impl PyStore {
         py_result(py, r)
     }
 
+    /// Per key, whether it is stored, answered as `lookup_prefix` answers (from memory; a key
+    /// a shared store lacks is asked of the tree once per `negative_ttl`). With `tree=False`,
+    /// only what the store's index holds: no system call at all.
+    #[pyo3(signature = (keys, tree=true))]
+    fn lookup_many(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        tree: bool,
+    ) -> PyResult<Vec<bool>> {
+        let store = self.store()?;
+        let keys = keys_of(py, &self.worker, keys)?;
+        if !tree {
+            return Ok(store.known_many(&keys));
+        }
+        let r = py.detach(move || store.lookup_many(&keys));
+        batch(py, r)
+    }
+
     /// Makes `lookup_prefix` look at these keys in the tree again: one it found is checked now
     /// (forgotten if its file is gone), one it remembered as absent is forgotten as such.
     fn recheck_many(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {

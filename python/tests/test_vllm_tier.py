@@ -168,6 +168,21 @@ def test_two_processes_share_one_tier(sched, tmp_path):
     assert exact(reader, [0, 1, 2])
 
 
+def test_two_data_parallel_ranks_share_the_tier_by_default(sched, tmp_path):
+    """Issue 51, finding 5: two data-parallel ranks (or replicas) of one model, each with the
+    tier as README configures it (no `sharing`), open one worker. The second's open failed
+    (`WorkerBusyError`, logged once) and it ran without a tier. Now both open it, shared; what
+    one stores the other hits; a rank's own chunks are a HIT at once, from its index."""
+    a, b = sched([h.tierkv_tier(tmp_path)]), sched([h.tierkv_tier(tmp_path)])
+    assert a.tier().store is not None and b.tier().store is not None
+    assert a.tier().worker == b.tier().worker
+    a.store([0, 1, 2])
+    assert a.lookup_all([0, 1, 2]) == {0: HIT, 1: HIT, 2: HIT}
+    assert h.hits(b.lookup_all([0, 1, 2])) == [0, 1, 2]  # RETRY, then HIT
+    assert exact(b, [0, 1, 2])
+    assert a.tier().tierkv_stats()["failures"] == b.tier().tierkv_stats()["failures"] == {}
+
+
 def test_two_models_never_share_a_chunk(sched, tmp_path):
     a = sched([h.tierkv_tier(tmp_path, worker="w")], model="org/model-a")
     b = sched([h.tierkv_tier(tmp_path / "b", worker="w")], model="org/model-b")

@@ -13,8 +13,9 @@ vLLM's ``SecondaryTierFactory`` builds the class with the primary tier's memoryv
 contiguous row per chunk) and the tier's config keys as keyword arguments. Every call runs on
 vLLM's scheduler thread and returns at once: stores and loads run on this tier's threads
 (``n_write_threads``, ``n_read_threads``), completions come back through
-``get_finished_jobs``; ``lookup`` asks the store's in-memory index (``sharing="exclusive"``)
-or, for a shared store whose lookups may read the tree, answers RETRY and asks on a thread
+``get_finished_jobs``; ``lookup`` answers HIT from the store's in-memory index without a system
+call, and for a key the index lacks, MISS (``sharing="exclusive"``) or, for a shared store (the
+default: data-parallel ranks and replicas open one worker), RETRY while a thread asks the tree
 (vLLM's ``AsyncLookupManager``).
 
 Keys: vLLM's 36-byte ``OffloadKey`` (a 32-byte block hash and a 4-byte KV-cache group) is
@@ -138,6 +139,8 @@ class TierkvSecondaryTier(SecondaryTierManager):
             config.get("worker") or f"vllm.{slug(str(ident['model_name']), 30)}.{digest.hex()[:16]}"
         )
         self.options = store_options(config)
+        # Several engines (data-parallel ranks, replicas) open one worker: shared unless told.
+        self.options.setdefault("sharing", "shared")
         self._done: "queue.SimpleQueue[JobResult]" = queue.SimpleQueue()
         self._loads = concurrent.futures.ThreadPoolExecutor(
             int(config.get("n_read_threads", 2)), thread_name_prefix="tierkv_vllm_load"
@@ -171,12 +174,14 @@ class TierkvSecondaryTier(SecondaryTierManager):
         bs = self.block_size_bytes
         return [self._flat[int(c) * bs : (int(c) + 1) * bs] for c in chunk_ids]
 
-    def _contains(self, keys: List[OffloadKey], op: str) -> List[bool]:
+    def _contains(self, keys: List[OffloadKey], op: str, tree: bool = True) -> List[bool]:
+        """Whether the store holds each key, from memory (`Store.lookup_many`); `tree=False`:
+        what its index holds, without any system call (vLLM's scheduler thread)."""
         store = self.store
         if store is None:
             return [False] * len(keys)
         try:
-            return [bool(b) for b in store.contains_many(self._keys(keys))]
+            return [bool(b) for b in store.lookup_many(self._keys(keys), tree=tree)]
         except Exception as e:  # noqa: BLE001
             self.failures.fail(op, e)
             return [False] * len(keys)
@@ -201,12 +206,15 @@ class TierkvSecondaryTier(SecondaryTierManager):
             return LookupResult.RETRY
         if key in self._bad or self.store is None:
             return LookupResult.MISS
+        if self._contains([key], "lookup", tree=False)[0]:
+            return LookupResult.HIT
         if self._async_lookup is not None:
+            # Shared: the tree may hold what this store does not know of; asked on a thread.
             found = self._async_lookup.lookup(key, req_context)
             if found is None:
                 return LookupResult.RETRY
             return LookupResult.HIT if found else LookupResult.MISS
-        return LookupResult.HIT if self._contains([key], "lookup")[0] else LookupResult.MISS
+        return LookupResult.MISS
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         keys = list(job_metadata.keys)

@@ -940,6 +940,20 @@ impl Store {
         Ok(keys.len())
     }
 
+    /// Whether each key is stored, answered as [`Store::lookup_prefix`] answers (from memory;
+    /// in shared mode a key the index lacks is asked of the tree once per negative time to
+    /// live), for keys that are not one chain.
+    pub fn lookup_many(&self, keys: &[BlockKey]) -> Vec<Result<bool>> {
+        keys.iter().map(|k| self.inner.lookup(k)).collect()
+    }
+
+    /// Whether this store's index holds each key: no system call, ever (what it stored, or
+    /// found in the tree; a key of another worker is not held). For a caller that must not
+    /// touch the filesystem on its thread and asks elsewhere about the rest.
+    pub fn known_many(&self, keys: &[BlockKey]) -> Vec<bool> {
+        keys.iter().map(|k| self.indexed(k)).collect()
+    }
+
     /// Makes this store look again at `keys` in the tree at their next lookup, forgetting
     /// what it remembers of them: a key its index holds is checked now (one `stat`: forgotten
     /// if its file is gone, as after a load that found it missing or corrupt); a key it
