@@ -33,6 +33,7 @@ STORE_OPTIONS = (
     "reuse_evicted",
     "sharing",
     "negative_ttl",
+    "read_only",
 )
 
 
