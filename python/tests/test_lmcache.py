@@ -312,3 +312,25 @@ def test_readmes_config_lines_load_through_lmcaches_own_config_loader(tmp_path, 
         assert got == 2 * h.CHUNK and torch.equal(back, kv)
     finally:
         h.destroy(e)
+
+
+def test_clear_empties_the_worker_and_a_replica_keeps_working(tmp_path, engines):
+    """LMCache's `clear()` (its storage manager clears every backend that has a `clear`) reaches
+    the plugin: every chunk of the worker goes, through the store, and a second engine on the
+    same root (a replica) keeps storing and finding what is stored after. Before, LMCache
+    logged that the backend does not support clear, and every chunk stayed."""
+    a = engines("tierkv", tmp_path / "kv")
+    b = engines("tierkv", tmp_path / "kv")
+    toks, kv = h.tokens(3), h.kv(3 * h.CHUNK)
+    h.store(a, toks, kv)
+    assert b.lookup(torch.tensor(toks)) == 3 * h.CHUNK
+    assert a.clear() == 3 * h.CHUNK
+    assert block_files(tmp_path / "kv") == set()
+    assert a.lookup(torch.tensor(toks)) == 0 and b.lookup(torch.tensor(toks)) == 0
+    later, kv2 = h.tokens(2, base=7000), h.kv(2 * h.CHUNK, seed=9)
+    h.store(b, later, kv2)
+    assert a.lookup(torch.tensor(later)) == 2 * h.CHUNK
+    got, back = h.retrieve(a, later)
+    assert got == 2 * h.CHUNK and torch.equal(back, kv2)
+    for e in (a, b):
+        assert h.plugin(e).tierkv_stats()["failures"] == {}

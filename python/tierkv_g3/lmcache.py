@@ -488,6 +488,16 @@ class TierkvStoragePlugin(StoragePluginInterface):
             self.failures.fail("remove", e)
             return False
 
+    def clear(self) -> int:
+        """LMCache's `clear` of its storage backends: every chunk of this worker removed
+        (`Store.clear()`, through the store: the directory stays, so replicas sharing it keep
+        working); the tokens they held, counted as whole chunks."""
+        try:
+            return int(self._store().clear()) * int(getattr(self.config, "chunk_size", 0) or 0)
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("clear", e)
+            return 0
+
     def get_allocator_backend(self) -> Any:
         return self.local_cpu_backend
 
