@@ -196,6 +196,31 @@ def test_two_models_never_share_a_chunk(sched, tmp_path):
     assert a2.lookup_all([0]) == {0: MISS}  # same root and worker, another model
 
 
+def test_two_checkpoints_at_one_path_never_share_a_chunk(sched, tmp_path):
+    """Issue 51, finding 2 for vLLM's tier: its identity had the model's name and dtype, not
+    its revision or quantization, so another checkpoint at the same path (a new revision
+    downloaded over it, a fine-tune of equal sizes) hit the old one's KV. For a model in a
+    local directory the identity now has the weights' identity and the declared quantization."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (model / "model.safetensors").write_bytes(bytes(4096))
+    a = sched([h.tierkv_tier(tmp_path / "kv")], model=str(model))
+    a.store([0, 1])
+    first = a.tier().worker
+    a.close()
+    again = sched([h.tierkv_tier(tmp_path / "kv")], model=str(model))
+    assert h.hits(again.lookup_all([0, 1])) == [0, 1] and again.tier().worker == first
+    again.close()
+    (model / "model.safetensors").write_bytes(bytes([1]) * 4096)  # another revision's bytes
+    b = sched([h.tierkv_tier(tmp_path / "kv")], model=str(model))
+    assert b.lookup_all([0, 1]) == {0: MISS, 1: MISS}
+    assert b.tier().worker != first
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": {"quant_method": "fp8"}}))
+    c = sched([h.tierkv_tier(tmp_path / "kv2")], model=str(model))
+    assert c.tier().worker != b.tier().worker
+
+
 def test_a_full_disk_fails_the_store_job_without_an_exception(sched):
     with tmpfs("256k") as mnt:
         s = sched([h.tierkv_tier(mnt)])

@@ -22,7 +22,8 @@ Keys: vLLM's 36-byte ``OffloadKey`` (a 32-byte block hash and a 4-byte KV-cache 
 folded into tierkv's 32-byte key as ``blake3(b"tierkv.vllm.v1" + identity + key)``, where the
 identity is a blake3 of the model, dtype, tokens per hash, blocks per chunk, KV-cache groups,
 parallel sizes (and rank, unless the layout is parallelism-agnostic), canonical layout and the
-chunk's byte size (vLLM's own ``FileMapper`` fields, plus the size): two models or layouts never
+chunk's byte size (vLLM's own ``FileMapper`` fields, plus the size) and, for a model in a local
+directory, its weights' identity and quantization: two models, checkpoints or layouts never
 share a block, even on one worker. The worker id (default ``vllm.<model>.<16 hex of the
 identity>``) gives each model its own directory and capacity under one root.
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -62,7 +64,7 @@ from vllm.v1.kv_offload.tiering.base import (
 )
 
 from . import Store
-from ._engines import STORE_OPTIONS, FailureLog, slug, store_options
+from ._engines import STORE_OPTIONS, FailureLog, slug, store_options, weights_identity
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -85,7 +87,25 @@ def identity(offloading_spec: "OffloadingSpec", block_size_bytes: int) -> Dict[s
         parallel_agnostic=True,
     ).get_run_config()
     fields["chunk_bytes"] = int(block_size_bytes)
+    fields["checkpoint"] = _checkpoint(str(offloading_spec.config.model.name))
     return fields
+
+
+def _checkpoint(model: str) -> Any:
+    """What identifies the weights beyond their name, for a model in a local directory (what
+    vLLM's config names, so the scheduler and every worker derive the same): the weights'
+    identity (`weights_identity`: each weight file's size and a hash of its bytes, which tells
+    two revisions or fine-tunes apart) and the quantization its config declares. A hub id
+    (resolved by vLLM, not here) adds nothing: its name is what identifies it."""
+    if not os.path.isdir(model):
+        return None
+    quantization = None
+    try:
+        with open(os.path.join(model, "config.json")) as f:
+            quantization = json.load(f).get("quantization_config")
+    except (OSError, ValueError):
+        pass
+    return {"weights": weights_identity(model, None), "quantization": quantization}
 
 
 def fold_key(prefix: bytes, key: OffloadKey) -> bytes:
