@@ -1095,3 +1095,88 @@ fn lookups_answer_from_memory_until_told_to_look_again() {
     reader.recheck_many(&ks[1..2]).unwrap();
     assert_eq!(reader.lookup_prefix(&ks).unwrap(), 1);
 }
+
+/// The chain links that removal follows: a root with descendants offered below a new parent
+/// is hung from it (removing the parent removes the whole chain), a block that has a parent
+/// keeps it (removing another chain's block does not take it), and a repeated key offered
+/// after a declined parent counts as not admitted, each time.
+#[test]
+fn chains_link_once_and_a_declined_repeat_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), "w");
+    let ks = keys(&store, 8);
+    let (a, b, c, x) = (&ks[0], &ks[1], &ks[2], &ks[3]);
+    let put = |chain: &[&tierkv::BlockKey]| {
+        let items: Vec<_> = chain
+            .iter()
+            .map(|k| ((*k).clone(), vec![1u8; 64]))
+            .collect();
+        for r in store.offer_many(&items) {
+            r.unwrap();
+        }
+    };
+    let held = |k: &tierkv::BlockKey| {
+        store.contains_many(std::slice::from_ref(k))[0]
+            .as_ref()
+            .copied()
+            .unwrap()
+    };
+    put(&[b, c]); // b a root with a child
+    put(&[a, b]); // b hung below the new root a
+    put(&[x, b]); // b has a parent: not moved below x
+    assert!(
+        store.remove_many(std::slice::from_ref(x))[0]
+            .as_ref()
+            .unwrap()
+    );
+    assert!(
+        held(b) && held(c),
+        "removing x took the chain it never held"
+    );
+    assert!(
+        store.remove_many(std::slice::from_ref(a))[0]
+            .as_ref()
+            .unwrap()
+    );
+    assert!(
+        !held(b) && !held(c),
+        "removing a left the chain hung below it"
+    );
+
+    let before = store.stats().not_admitted;
+    let absent = &ks[7];
+    for r in store.offer_many_after(
+        Some(absent),
+        &[(ks[4].clone(), vec![1u8; 8]), (ks[4].clone(), vec![1u8; 8])],
+    ) {
+        r.unwrap();
+    }
+    assert_eq!(store.stats().not_admitted - before, 2);
+}
+
+/// `clear()` also forgets what the index held of files gone behind its back (an exclusive
+/// store answers lookups from its index alone), and a store's close writes its last counters,
+/// marked closed.
+#[test]
+fn clear_forgets_stale_entries_and_close_marks_the_stats_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        worker("w"),
+        tierkv::StoreConfig::new().with_stats_interval(Some(std::time::Duration::from_secs(3600))),
+    )
+    .unwrap();
+    let ks = keys(&store, 2);
+    for r in store.put_many(&items(&ks, &[payload(0, 0, 64), payload(1, 0, 64)])) {
+        r.unwrap();
+    }
+    std::fs::remove_file(store.path_of(&ks[0].hash)).unwrap();
+    assert_eq!(store.known_many(&ks), [true, true]);
+    assert_eq!(store.clear().unwrap(), 1, "one file was left to remove");
+    assert_eq!(store.known_many(&ks), [false, false]);
+    let stats = store.dir().join("STATS.json");
+    drop(store);
+    let text = std::fs::read_to_string(&stats).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["open"], false, "{text}");
+}
