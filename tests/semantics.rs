@@ -870,23 +870,28 @@ fn an_offer_under_another_workers_parent_is_an_invalid_key() {
     assert_eq!(&b, b"xy");
 }
 
+/// A shared store of worker `w` under `root` and a read-only shared store of it (an engine's
+/// workers and its scheduler) remembering absent keys for `negative_ttl`.
+fn writer_and_reader(root: &std::path::Path, negative_ttl: std::time::Duration) -> (Store, Store) {
+    let shared = tierkv::StoreConfig::new()
+        .with_sharing(tierkv::Sharing::Shared)
+        .with_stats_interval(None);
+    let writer = Store::open(root, worker("w"), shared.clone()).unwrap();
+    let reader = Store::open(
+        root,
+        worker("w"),
+        shared.with_read_only(true).with_negative_ttl(negative_ttl),
+    )
+    .unwrap();
+    (writer, reader)
+}
+
 #[test]
 fn a_read_only_shared_store_sees_blocks_put_after_it_opened() {
     // Issue 50, finding 1: an engine's scheduler looks its prefixes up in a read-only store of
     // the tree its workers write; it must see what they stored after it opened.
     let dir = tempfile::tempdir().unwrap();
-    let shared = tierkv::StoreConfig::new()
-        .with_sharing(tierkv::Sharing::Shared)
-        .with_stats_interval(None);
-    let writer = Store::open(dir.path(), worker("w"), shared.clone()).unwrap();
-    let reader = Store::open(
-        dir.path(),
-        worker("w"),
-        shared
-            .with_read_only(true)
-            .with_negative_ttl(std::time::Duration::ZERO),
-    )
-    .unwrap();
+    let (writer, reader) = writer_and_reader(dir.path(), std::time::Duration::ZERO);
     let ks = chain_keys(&writer, 5, 3);
     assert_eq!(reader.contains_prefix(&ks).unwrap(), 0);
     let data = [payload(1, 0, 64), payload(2, 0, 64), payload(3, 0, 64)];
@@ -1045,18 +1050,7 @@ fn pins_hold_until_released_and_discard_removes_only_what_it_names() {
 #[test]
 fn lookups_answer_from_memory_until_told_to_look_again() {
     let dir = tempfile::tempdir().unwrap();
-    let shared = tierkv::StoreConfig::new()
-        .with_sharing(tierkv::Sharing::Shared)
-        .with_stats_interval(None);
-    let writer = Store::open(dir.path(), worker("w"), shared.clone()).unwrap();
-    let reader = Store::open(
-        dir.path(),
-        worker("w"),
-        shared
-            .with_read_only(true)
-            .with_negative_ttl(std::time::Duration::from_secs(600)),
-    )
-    .unwrap();
+    let (writer, reader) = writer_and_reader(dir.path(), std::time::Duration::from_secs(600));
     let ks = chain_keys(&writer, 9, 4);
     let data: Vec<Vec<u8>> = (0..4).map(|i| payload(i, 0, 64)).collect();
     for r in writer.put_many(&items(&ks[..2], &data[..2])) {
@@ -1098,8 +1092,9 @@ fn lookups_answer_from_memory_until_told_to_look_again() {
 
 /// The chain links that removal follows: a root with descendants offered below a new parent
 /// is hung from it (removing the parent removes the whole chain), a block that has a parent
-/// keeps it (removing another chain's block does not take it), and a repeated key offered
-/// after a declined parent counts as not admitted, each time.
+/// keeps it (removing another chain's block does not take it), a key put twice in one batch
+/// holds the later item, and a repeated key offered after a declined parent counts as not
+/// admitted, each time.
 #[test]
 fn chains_link_once_and_a_declined_repeat_counts() {
     let dir = tempfile::tempdir().unwrap();
@@ -1142,6 +1137,17 @@ fn chains_link_once_and_a_declined_repeat_counts() {
         !held(b) && !held(c),
         "removing a left the chain hung below it"
     );
+
+    // A key put twice in one batch: the later item replaces the earlier, as a put does.
+    for r in store.put_many(&[
+        (ks[5].clone(), vec![1u8; 64]),
+        (ks[5].clone(), vec![2u8; 64]),
+    ]) {
+        r.unwrap();
+    }
+    let mut buf = vec![0u8; 64];
+    assert_eq!(store.get(&ks[5], &mut buf).unwrap(), Lookup::Hit(64));
+    assert_eq!(buf, vec![2u8; 64], "the earlier item of a repeated key won");
 
     let before = store.stats().not_admitted;
     let absent = &ks[7];

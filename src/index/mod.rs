@@ -282,19 +282,16 @@ impl Index {
         // Pinned for the batch: what it touched stays while the rest is placed.
         let mut touched: Vec<BlockHash> = Vec::new();
         st.policy.on_chain(after.as_ref());
-        // The batch's keys so far: a key repeated in one batch is the block already placed
-        // (its hash names its content), neither a second access nor a link back into the
-        // chain (which would make a loop that eviction, cutting tails, never opens).
+        // The batch's keys so far: a key repeated in one batch is the block already placed,
+        // neither a second access nor a link back into the chain (which would make a loop
+        // that eviction, cutting tails, never opens); offered, it is only touched, and put
+        // (`replace`), its later item replaces the earlier one, as a put of a present key.
         let mut seen: HashSet<BlockHash> = HashSet::with_capacity(items.len());
         for &(hash, est) in items {
             let prev = parent.replace(hash);
-            if !seen.insert(hash) {
-                if declined {
-                    st.not_admitted += 1;
-                    out.push(Offer::NotAdmitted);
-                } else {
-                    out.push(Offer::Touched);
-                }
+            let repeat = !seen.insert(hash);
+            if repeat && (declined || !replace) {
+                out.push(Self::repeated(&mut st, declined));
                 continue;
             }
             if st.map.contains_key(&hash) && !declined {
@@ -324,11 +321,13 @@ impl Index {
                     touched.push(hash);
                     out.push(Offer::Touched);
                 }
-                Self::link(&mut st, prev, hash);
-                acc.push(Access {
-                    hash,
-                    inserted: false,
-                });
+                if !repeat {
+                    Self::link(&mut st, prev, hash);
+                    acc.push(Access {
+                        hash,
+                        inserted: false,
+                    });
+                }
                 continue;
             }
             if declined || st.map.contains_key(&hash) {
@@ -374,6 +373,17 @@ impl Index {
             }
         }
         (out, victims)
+    }
+
+    /// What a key repeated in one offer becomes: not admitted (counted) after a decline,
+    /// else touched (the block its first item placed).
+    fn repeated(st: &mut State, declined: bool) -> Offer {
+        if declined {
+            st.not_admitted += 1;
+            Offer::NotAdmitted
+        } else {
+            Offer::Touched
+        }
     }
 
     /// Before an admission, hands the policy the batch's accesses so far if any is a touch, so
