@@ -499,12 +499,8 @@ impl StoreConfig {
 
     /// The effective open-file cache capacity for the current `RLIMIT_NOFILE`.
     pub fn fd_cache_capacity(&self) -> usize {
-        self.fd_cache.unwrap_or_else(|| {
-            let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-                .current
-                .unwrap_or(1 << 20);
-            ((soft / 4) as usize).min(DEFAULT_FD_CACHE_MAX)
-        })
+        self.fd_cache
+            .unwrap_or_else(|| quarter_of_the_file_limit().min(DEFAULT_FD_CACHE_MAX))
     }
 }
 
@@ -514,10 +510,15 @@ impl StoreConfig {
 /// sub-batches, so that with the open-file cache (a quarter by default) a batch of any size
 /// stays under the limit.
 pub(crate) fn batch_files() -> usize {
+    quarter_of_the_file_limit().clamp(8, DEFAULT_FD_CACHE_MAX)
+}
+
+/// A quarter of this process's soft `RLIMIT_NOFILE` now (of 2^20 when it is unlimited).
+fn quarter_of_the_file_limit() -> usize {
     let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
         .current
         .unwrap_or(1 << 20);
-    ((soft / 4) as usize).clamp(8, DEFAULT_FD_CACHE_MAX)
+    (soft / 4) as usize
 }
 
 impl StoreConfig {

@@ -916,12 +916,7 @@ impl Store {
     /// How many leading keys of a block chain are present: the question an engine asks for a
     /// request's prefix. Stops at the first absent key.
     pub fn contains_prefix(&self, keys: &[BlockKey]) -> Result<usize> {
-        for (i, k) in keys.iter().enumerate() {
-            if !self.inner.contains(k)? {
-                return Ok(i);
-            }
-        }
-        Ok(keys.len())
+        leading(keys, |k| self.inner.contains(k))
     }
 
     /// How many leading keys of a block chain are stored, answered from what this store
@@ -932,12 +927,7 @@ impl Store {
     /// engine's scheduler asks for every waiting request at every step. Stops at the first
     /// absent key.
     pub fn lookup_prefix(&self, keys: &[BlockKey]) -> Result<usize> {
-        for (i, k) in keys.iter().enumerate() {
-            if !self.inner.lookup(k)? {
-                return Ok(i);
-            }
-        }
-        Ok(keys.len())
+        leading(keys, |k| self.inner.lookup(k))
     }
 
     /// Whether each key is stored, answered as [`Store::lookup_prefix`] answers (from memory;
@@ -1042,6 +1032,16 @@ impl Store {
         tracing::info!(dir = %inner.ns.path().display(), removed, "cleared");
         Ok(removed)
     }
+}
+
+/// How many leading keys `present` says yes to (it is asked up to the first no).
+fn leading(keys: &[BlockKey], present: impl Fn(&BlockKey) -> Result<bool>) -> Result<usize> {
+    for (i, k) in keys.iter().enumerate() {
+        if !present(k)? {
+            return Ok(i);
+        }
+    }
+    Ok(keys.len())
 }
 
 /// How long a shared store waits for another shared store that holds the worker lock
@@ -1532,6 +1532,12 @@ impl Inner {
         if self.index.contains(&key.hash) {
             return Ok(true);
         }
+        self.unindexed_in_tree(key)
+    }
+
+    /// A key the index does not hold: in the tree of a shared store, unless remembered absent
+    /// (one `stat`); never, for an exclusive one (its index is the tree's).
+    fn unindexed_in_tree(&self, key: &BlockKey) -> Result<bool> {
         if !self.ask_tree(&key.hash) {
             return Ok(false);
         }
@@ -1541,10 +1547,7 @@ impl Inner {
     fn contains(&self, key: &BlockKey) -> Result<bool> {
         self.check_key(key)?;
         if !self.index.contains(&key.hash) {
-            if !self.ask_tree(&key.hash) {
-                return Ok(false);
-            }
-            return self.contains_in_tree(key);
+            return self.unindexed_in_tree(key);
         }
         if let Some(block) = self.fds.get(&key.hash) {
             if rustix::fs::fstat(&block.fd).is_ok_and(|st| st.st_nlink > 0) {

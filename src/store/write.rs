@@ -1010,21 +1010,16 @@ impl Inner {
         }
         let estimates: Vec<u64> = new.iter().map(|&i| offered[i].1).collect();
         let keep: Vec<BlockHash> = offered.iter().map(|(h, _)| *h).chain(after).collect();
-        let ix = self.index.counts();
-        let fallback = super::shared::Usage {
-            bytes: ix.bytes,
-            files: ix.files,
+        let indexed = || {
+            let ix = self.index.counts();
+            super::shared::Usage {
+                bytes: ix.bytes,
+                files: ix.files,
+            }
         };
-        let recount = |forced: bool| {
-            self.learn_tree(forced).then(|| {
-                let ix = self.index.counts();
-                super::shared::Usage {
-                    bytes: ix.bytes,
-                    files: ix.files,
-                }
-            })
-        };
-        let granted = sh.reserve(&estimates, fallback, recount, |bytes, files| {
+        // A recount is the scan that teaches the index the tree's blocks, then its counts.
+        let recount = |forced: bool| self.learn_tree(forced).then(indexed);
+        let granted = sh.reserve(&estimates, indexed(), recount, |bytes, files| {
             self.evict_for_shared(bytes, files, &keep)
         })?;
         for &i in &new[granted..] {
