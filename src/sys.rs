@@ -1,7 +1,8 @@
 //! The bottom layer: the system-call loops that every other layer shares, the kinds of file
 //! the tree can hold, the reopening of a descriptor for cuFile, and the background threads
-//! that know the process that started them. It imports nothing from the crate, so the namespace layer (`ns`), the I/O
-//! engines and the tools use one copy of each loop (docs/design.md, "Layers").
+//! that know the process that started them. It imports nothing from the crate, so the
+//! namespace layer (`ns`), the I/O engines and the tools use one copy of each loop
+//! (docs/design.md, "Layers").
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::BorrowedFd;
@@ -143,6 +144,78 @@ impl std::fmt::Display for FileKind {
     }
 }
 
+/// The status flags a descriptor handed to cuFile (NIXL's GDS backends) must not carry:
+/// `cuFileHandleRegister` refuses them with `CU_FILE_INVALID_FILE_OPEN_FLAG` (seen with
+/// libcufile 1.14 on an H200, 2026-12-04). Every block file the store opens carries
+/// `O_NOFOLLOW`; reads are opened `O_NONBLOCK` first, and puts may be `O_TMPFILE` inodes.
+pub const CUFILE_REFUSED_FLAGS: rustix::fs::OFlags = rustix::fs::OFlags::NOFOLLOW
+    .union(rustix::fs::OFlags::NONBLOCK)
+    .union(rustix::fs::OFlags::TMPFILE)
+    .union(rustix::fs::OFlags::APPEND);
+
+/// The open file behind `fd`, opened again through its `/proc/self/fd` entry with `fd`'s
+/// access mode and `O_DIRECT` and no other status flag (see [`CUFILE_REFUSED_FLAGS`]). The
+/// entry names the very file `fd` has open (an unlinked or `O_TMPFILE` inode too), so no path
+/// in the tree is resolved again; the new descriptor is checked to be the same inode, so a
+/// `/proc` that is not procfs cannot hand over another file (`EXDEV`).
+pub fn reopen_plain(fd: BorrowedFd<'_>) -> rustix::io::Result<std::os::fd::OwnedFd> {
+    use rustix::fs::OFlags;
+    let flags = rustix::fs::fcntl_getfl(fd)?;
+    let keep = flags & (OFlags::RWMODE | OFlags::DIRECT);
+    let link = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+    let again = rustix::fs::openat(
+        rustix::fs::CWD,
+        link.as_str(),
+        keep | OFlags::CLOEXEC | OFlags::NOCTTY,
+        rustix::fs::Mode::empty(),
+    )?;
+    let (a, b) = (rustix::fs::fstat(fd)?, rustix::fs::fstat(&again)?);
+    if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino) {
+        return Err(Errno::XDEV);
+    }
+    Ok(again)
+}
+
+/// A background thread of this process, stopped by [`Thread::join`]: in the process that
+/// started it, joined; in a process forked from it since, forgotten. A child of `fork` has only
+/// the thread that forked, so joining a handle it inherited would wait on a thread that does
+/// not exist (the standard library panics there: "threads should not terminate unexpectedly").
+#[derive(Debug)]
+pub struct Thread {
+    handle: std::thread::JoinHandle<()>,
+    pid: u32,
+}
+
+impl Thread {
+    /// Starts thread `name` running `f`.
+    pub fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> io::Result<Thread> {
+        let handle = std::thread::Builder::new().name(name).spawn(f)?;
+        Ok(Thread {
+            handle,
+            pid: std::process::id(),
+        })
+    }
+
+    /// Whether this process started the thread (false in a process forked since).
+    pub fn ours(&self) -> bool {
+        self.pid == std::process::id()
+    }
+
+    /// Whether the thread has ended (in a fork: always, it does not run there).
+    pub fn is_finished(&self) -> bool {
+        !self.ours() || self.handle.is_finished()
+    }
+
+    /// Waits for the thread to end; false if it panicked. A handle in a process forked since
+    /// the thread started, or the calling thread's own, returns true at once.
+    pub fn join(self) -> bool {
+        if !self.ours() || self.handle.thread().id() == std::thread::current().id() {
+            return true;
+        }
+        self.handle.join().is_ok()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,77 +314,5 @@ mod tests {
             let read: Vec<u8> = bufs.concat();
             assert_eq!(&read[..9997], &data[3..], "chunk {chunk}");
         }
-    }
-}
-
-/// The status flags a descriptor handed to cuFile (NIXL's GDS backends) must not carry:
-/// `cuFileHandleRegister` refuses them with `CU_FILE_INVALID_FILE_OPEN_FLAG` (seen with
-/// libcufile 1.14 on an H200, 2026-12-04). Every block file the store opens carries
-/// `O_NOFOLLOW`; reads are opened `O_NONBLOCK` first, and puts may be `O_TMPFILE` inodes.
-pub const CUFILE_REFUSED_FLAGS: rustix::fs::OFlags = rustix::fs::OFlags::NOFOLLOW
-    .union(rustix::fs::OFlags::NONBLOCK)
-    .union(rustix::fs::OFlags::TMPFILE)
-    .union(rustix::fs::OFlags::APPEND);
-
-/// The open file behind `fd`, opened again through its `/proc/self/fd` entry with `fd`'s
-/// access mode and `O_DIRECT` and no other status flag (see [`CUFILE_REFUSED_FLAGS`]). The
-/// entry names the very file `fd` has open (an unlinked or `O_TMPFILE` inode too), so no path
-/// in the tree is resolved again; the new descriptor is checked to be the same inode, so a
-/// `/proc` that is not procfs cannot hand over another file (`EXDEV`).
-pub fn reopen_plain(fd: BorrowedFd<'_>) -> rustix::io::Result<std::os::fd::OwnedFd> {
-    let flags = rustix::fs::fcntl_getfl(fd)?;
-    use rustix::fs::OFlags;
-    let keep = flags & (OFlags::RWMODE | OFlags::DIRECT);
-    let link = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
-    let again = rustix::fs::openat(
-        rustix::fs::CWD,
-        link.as_str(),
-        keep | OFlags::CLOEXEC | OFlags::NOCTTY,
-        rustix::fs::Mode::empty(),
-    )?;
-    let (a, b) = (rustix::fs::fstat(fd)?, rustix::fs::fstat(&again)?);
-    if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino) {
-        return Err(Errno::XDEV);
-    }
-    Ok(again)
-}
-
-/// A background thread of this process, stopped by [`Thread::join`]: in the process that
-/// started it, joined; in a process forked from it since, forgotten. A child of `fork` has only
-/// the thread that forked, so joining a handle it inherited would wait on a thread that does
-/// not exist (the standard library panics there: "threads should not terminate unexpectedly").
-#[derive(Debug)]
-pub struct Thread {
-    handle: std::thread::JoinHandle<()>,
-    pid: u32,
-}
-
-impl Thread {
-    /// Starts thread `name` running `f`.
-    pub fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> io::Result<Thread> {
-        let handle = std::thread::Builder::new().name(name).spawn(f)?;
-        Ok(Thread {
-            handle,
-            pid: std::process::id(),
-        })
-    }
-
-    /// Whether this process started the thread (false in a process forked since).
-    pub fn ours(&self) -> bool {
-        self.pid == std::process::id()
-    }
-
-    /// Whether the thread has ended (in a fork: always, it does not run there).
-    pub fn is_finished(&self) -> bool {
-        !self.ours() || self.handle.is_finished()
-    }
-
-    /// Waits for the thread to end; false if it panicked. A handle in a process forked since
-    /// the thread started, or the calling thread's own, returns true at once.
-    pub fn join(self) -> bool {
-        if !self.ours() || self.handle.thread().id() == std::thread::current().id() {
-            return true;
-        }
-        self.handle.join().is_ok()
     }
 }

@@ -212,12 +212,12 @@ impl Shared {
     ///
     /// `fallback` is this store's own view (its index, which counts this batch already). A
     /// ledger that holds no valid record (written over by hand, say) counts as that view,
-    /// less the batch, and is rewritten. A record is checked, not believed ([`Shared::implausible`]): one that counts
-    /// fewer blocks than this store alone knows of, or more than twice the capacity, is
-    /// replaced by `recount(forced)` (a scan of the tree; unless forced, as for a count too
-    /// high, `None` when one ran too recently: then the record is raised to this store's
-    /// view), so that a ledger talked down never
-    /// lets the tree past its bound, and one talked up never evicts everything.
+    /// less the batch, and is rewritten. A record is checked, not believed
+    /// ([`Shared::implausible`]): one that counts fewer blocks than this store alone knows
+    /// of, or more than twice the capacity, is replaced by `recount(forced)` (a scan of the
+    /// tree; unless forced, as for a count too high, `None` when one ran too recently: then
+    /// the record is raised to this store's view), so that a ledger talked down never lets
+    /// the tree past its bound, and one talked up never evicts everything.
     pub fn reserve(
         &self,
         estimates: &[u64],
