@@ -1,9 +1,11 @@
 """What the engine backends (tierkv_g3.sglang, tierkv_g3.lmcache, tierkv_g3.vllm*) share: the
-Store options an engine's config may set, the identity of a model's weights, and the failure log (a backend never raises into its engine: every
-failure is counted per operation and logged at most once per interval)."""
+Store options an engine's config may set, the identity of a model's weights, and the failure
+log (a backend never raises into its engine: every failure is counted per operation and logged
+at most once per interval)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -64,15 +66,23 @@ def weights_identity(model: str, revision: Optional[str]) -> Any:
     for name in sorted(os.listdir(model)):
         if not name.endswith((".safetensors", ".bin", ".pt", ".gguf")):
             continue
-        path = os.path.join(model, name)
-        size = os.path.getsize(path)
-        h = hashlib.blake2b(digest_size=16)
-        with open(path, "rb") as f:
-            h.update(f.read(64 << 10))
-            f.seek(max(size - (1 << 20), 0))
-            h.update(f.read(1 << 20))
-        files.append((name, size, h.hexdigest()))
+        st = os.stat(os.path.join(model, name))
+        digest = _file_digest(os.path.join(model, name), st.st_ino, st.st_size, st.st_mtime_ns)
+        files.append((name, st.st_size, digest))
     return ("files", files, revision)
+
+
+@functools.lru_cache(maxsize=4096)
+def _file_digest(path: str, ino: int, size: int, mtime_ns: int) -> str:
+    """A hash of a weight file's first 64 KiB and last 1 MiB, computed once per version of
+    the file (its inode, size and modification time) in this process: a backend asks once
+    per pool and per rank, and a large checkpoint has hundreds of files."""
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        h.update(f.read(64 << 10))
+        f.seek(max(size - (1 << 20), 0))
+        h.update(f.read(1 << 20))
+    return h.hexdigest()
 
 
 def close_store(store: Any, fail: Any) -> None:

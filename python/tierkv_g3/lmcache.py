@@ -160,7 +160,9 @@ def decode_prefix(prefix: Any, key: CacheEngineKey) -> Tuple[Geometry, int, Opti
 
 
 # The plugin's own options (besides any keyword argument of tierkv_g3.Store).
-_PLUGIN_KEYS = {"module_path", "class_name", "root", "log_interval", "max_pending_bytes", "put_threads"}
+_PLUGIN_KEYS = {
+    "module_path", "class_name", "root", "log_interval", "max_pending_bytes", "put_threads",
+}
 
 
 def plugin_options(extra: Dict[str, Any], cls: type) -> Tuple[str, Dict[str, Any]]:

@@ -74,11 +74,11 @@ _SGLANG_KEYS = (
 
 def worker_id(config: HiCacheStorageConfig, pool: Any, pool_name: Optional[str] = None) -> str:
     """The tierkv worker id of one SGLang rank's pages: everything that changes a page's bytes
-    or which part of the model it holds (model, the checkpoint served (`_checkpoint`), page size, layout, dtype, per-token size, the
-    byte order of a page outside page_first (the interface's), the TP/PP/CP/DP ranks; for an
-    MLA model, whose ranks hold the same pages, no TP rank) is hashed
-    into it, so two models or two shardings never share a block. At most 64 characters:
-    ``sgl.<model>.p<page>.<rank>.<16 hex>``."""
+    or which part of the model it holds (model, the checkpoint served (`_checkpoint`), page
+    size, layout, dtype, per-token size, the byte order of a page outside page_first (the
+    interface's), the TP/PP/CP/DP ranks; for an MLA model, whose ranks hold the same pages, no
+    TP rank) is hashed into it, so two models or two shardings never share a block. At most 64
+    characters: ``sgl.<model>.p<page>.<rank>.<16 hex>``."""
     sidecar = pool_name is not None and str(pool_name) != "kv"
     # An MLA model's sidecars are replicated as its KV pages are (SGLang's storage writer
     # rank writes them), except Mamba state, which is TP-sharded (every rank writes its own).
@@ -127,7 +127,9 @@ def _checkpoint() -> Dict[str, Any]:
 
         m = get_model()
     except Exception as e:  # noqa: BLE001: nothing published in this process
-        logger.debug("tierkv: no SGLang model config published (%s): the served name identifies it", e)
+        logger.debug(
+            "tierkv: no SGLang model config published (%s): the served name identifies it", e
+        )
         return {}
     return {
         "weights": weights_identity(str(m.model_path), m.revision),
