@@ -128,7 +128,7 @@ echo "== a real vLLM engine on CPU loading its prefix from tierkv (python/tierkv
 # a script of requests), about 4 minutes; then `vllm serve` driven over HTTP by concurrent
 # clients (four server starts on 127.0.0.1, about 2 minutes).
 .venv-vllm/bin/python -m pytest -q python/tests/test_vllm_config.py python/tests/test_vllm_engine.py \
-  python/tests/test_vllm_serve.py
+  python/tests/test_vllm_hma.py python/tests/test_vllm_serve.py
 echo "== the end-to-end run beneath a real transformer (e2e/, tiny configuration)"
 cargo test -q -p engine_e2e
 if [ -s "$SKIPS" ]; then

