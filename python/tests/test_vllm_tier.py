@@ -6,12 +6,14 @@ tools/test.sh runs this file in .venv-vllm/ (tools/engines-venv.sh vllm)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -86,36 +88,41 @@ def test_lookup_is_retry_while_a_store_is_in_flight(sched, tmp_path):
 
 
 def test_submit_calls_return_before_the_io(sched, tmp_path):
-    """vLLM calls submit_store/submit_load on its scheduler thread: with the tier's one store
-    thread and one load thread held busy, both return and the I/O waits for the threads."""
-    s = sched([h.tierkv_tier(tmp_path, n_read_threads=1, n_write_threads=1)])
+    """vLLM calls submit_store/submit_load on its scheduler thread. Another holder of the
+    shared tree's ledger lock (a writer that does not let go, as a stalled filesystem would
+    hold it) stalls the tier's one transfer thread in its write: submit_store returns, the
+    chunks are not stored and their lookup RETRYs; a load queued behind it returns too and
+    stays pending; once the lock is let go, both complete, byte-exact."""
+    s = sched([h.tierkv_tier(tmp_path, n_read_threads=0, n_write_threads=1)])
     tier = s.tier()
-    gate = threading.Event()
-    tier._stores.submit(gate.wait, 60)  # our own pool, held (60 s at most); vLLM untouched
-    tier._loads.submit(gate.wait, 60)
     c = s.ctx()
     keys = [h.key(i) for i in range(3)]
-    out = s.mgr.prepare_store(keys, c)
-    for k, cid in zip(out.keys_to_store, out.store_spec.chunk_ids):
-        s.primary[int(cid)] = h.payload(keys.index(k), s.chunk_bytes)
-    s.mgr.complete_store(keys, c)  # submit_store, on this (the scheduler's) thread
-    s.mgr.on_request_finished(c)
-    for _ in range(5):
-        s.step()
-    assert tier.store.contains_many([fold_key(tier._prefix, k) for k in keys]) == [False] * 3
-    gate.set()
+    s.store([0])  # stored before the stall: the load below reads it
+    s.drop_primary()
+    ledger = os.open(os.path.join(tier.store.dir, "USAGE"), os.O_RDWR)
+    try:
+        fcntl.flock(ledger, fcntl.LOCK_EX)
+        c = s.ctx()
+        out = s.mgr.prepare_store(keys[1:], c)
+        for k, cid in zip(out.keys_to_store, out.store_spec.chunk_ids):
+            s.primary[int(cid)] = h.payload(keys.index(k), s.chunk_bytes)
+        s.mgr.complete_store(keys[1:], c)  # submit_store, on this (the scheduler's) thread
+        s.mgr.on_request_finished(c)
+        load = s.ctx()
+        assert s.mgr.lookup(keys[0], load) is LookupResult.HIT_PENDING  # promotion queued
+        for _ in range(5):
+            s.step()  # submit_load returned; the load waits behind the stalled write
+            assert s.mgr.lookup(keys[0], load) is LookupResult.HIT_PENDING
+            time.sleep(0.05)
+        assert tier.lookup(keys[1], c) is LookupResult.RETRY
+        assert tier.store.contains_many([fold_key(tier._prefix, k) for k in keys[1:]]) == [False] * 2
+    finally:
+        fcntl.flock(ledger, fcntl.LOCK_UN)
+        os.close(ledger)
+    s.mgr.on_request_finished(load)
     s.settle()
     s.drop_primary()
-    gate.clear()
-    tier._loads.submit(gate.wait, 60)
-    c = s.ctx()
-    assert s.mgr.lookup(keys[0], c) is LookupResult.HIT_PENDING  # promotion queued
-    for _ in range(5):
-        s.step()  # submit_load returned; the load waits for the thread
-        assert s.mgr.lookup(keys[0], c) is LookupResult.HIT_PENDING
-    gate.set()
-    s.mgr.on_request_finished(c)
-    assert s.lookup_all([0]) == {0: HIT} and exact(s, [0])
+    assert s.lookup_all([0, 1, 2]) == {0: HIT, 1: HIT, 2: HIT} and exact(s, [0, 1, 2])
 
 
 def test_the_capacity_holds_and_evicts_the_least_recently_used(sched, tmp_path):

@@ -11,9 +11,10 @@ Attach it with vLLM's offloading connector::
 
 vLLM's ``SecondaryTierFactory`` builds the class with the primary tier's memoryview (one
 contiguous row per chunk) and the tier's config keys as keyword arguments. Every call runs on
-vLLM's scheduler thread and returns at once: stores and loads run on this tier's threads
-(``n_write_threads``, ``n_read_threads``), completions come back through
-``get_finished_jobs``; ``lookup`` answers HIT from the store's in-memory index without a system
+vLLM's scheduler thread and returns at once: stores and loads are batches of a
+``tierkv_g3.Transfers`` over the primary rows (the Rust engine API: its own threads,
+``n_read_threads + n_write_threads`` of them, read and write the rows in place), whose
+completions come back through ``get_finished_jobs``; ``lookup`` answers HIT from the store's in-memory index without a system
 call, and for a key the index lacks, MISS (``sharing="exclusive"``) or, for a shared store (the
 default: data-parallel ranks and replicas open one worker), RETRY while a thread asks the tree
 (vLLM's ``AsyncLookupManager``).
@@ -35,15 +36,12 @@ a key whose load failed is a MISS until it is stored again.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import logging
 import os
-import queue
-import threading
 import time
 from collections.abc import Collection, Iterable
-from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional, Set
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional, Set, Tuple
 
 from blake3 import blake3
 from vllm.v1.kv_offload.base import (
@@ -63,7 +61,7 @@ from vllm.v1.kv_offload.tiering.base import (
     TransferJob,
 )
 
-from . import Store
+from . import Store, Transfers
 from ._engines import STORE_OPTIONS, FailureLog, slug, store_options, weights_identity
 
 if TYPE_CHECKING:
@@ -161,15 +159,11 @@ class TierkvSecondaryTier(SecondaryTierManager):
         self.options = store_options(config)
         # Several engines (data-parallel ranks, replicas) open one worker: shared unless told.
         self.options.setdefault("sharing", "shared")
-        self._done: "queue.SimpleQueue[JobResult]" = queue.SimpleQueue()
-        self._loads = concurrent.futures.ThreadPoolExecutor(
-            int(config.get("n_read_threads", 2)), thread_name_prefix="tierkv_vllm_load"
-        )
-        self._stores = concurrent.futures.ThreadPoolExecutor(
-            int(config.get("n_write_threads", 2)), thread_name_prefix="tierkv_vllm_store"
-        )
-        self._pending: Set[concurrent.futures.Future] = set()
-        self._pending_lock = threading.Lock()
+        self._threads = int(config.get("n_read_threads", 2)) + int(config.get("n_write_threads", 2))
+        self._done: List[JobResult] = []
+        # Transfer id -> (vLLM's job id, its keys, when submitted, whether a load).
+        self._jobs: Dict[int, Tuple[int, List[OffloadKey], float, bool]] = {}
+        self._transfers: Optional[Transfers] = None
         # Scheduler-thread state: keys being stored (lookup: RETRY), the keys of each job,
         # keys whose load failed (lookup: MISS until stored again).
         self._storing: Dict[OffloadKey, int] = {}
@@ -179,6 +173,10 @@ class TierkvSecondaryTier(SecondaryTierManager):
         self.store: Optional[Store] = None
         try:
             self.store = Store(self.root, self.worker, **self.options)
+            bs = self.block_size_bytes
+            self._transfers = Transfers(
+                self.store, self._flat, [(0, bs, bs)], len(self._flat) // bs, threads=self._threads
+            )
             logger.info("tierkv vLLM tier: %s (worker %s)", self.store.dir, self.worker)
         except Exception as e:  # noqa: BLE001: never raise into vLLM; every call misses
             self.failures.fail("open", e)
@@ -189,10 +187,6 @@ class TierkvSecondaryTier(SecondaryTierManager):
 
     def _keys(self, keys: Iterable[OffloadKey]) -> List[bytes]:
         return [fold_key(self._prefix, k) for k in keys]
-
-    def _slices(self, chunk_ids: Any) -> List[memoryview]:
-        bs = self.block_size_bytes
-        return [self._flat[int(c) * bs : (int(c) + 1) * bs] for c in chunk_ids]
 
     def _contains(self, keys: List[OffloadKey], op: str, tree: bool = True) -> List[bool]:
         """Whether the store holds each key, from memory (`Store.lookup_many`); `tree=False`:
@@ -206,15 +200,56 @@ class TierkvSecondaryTier(SecondaryTierManager):
             self.failures.fail(op, e)
             return [False] * len(keys)
 
-    def _submit(self, pool: concurrent.futures.ThreadPoolExecutor, fn: Any, *args: Any) -> None:
-        with self._pending_lock:
-            fut = pool.submit(fn, *args)
-            self._pending.add(fut)
-        fut.add_done_callback(self._forget)
+    def _submit(self, job: TransferJob, load: bool) -> None:
+        """Queues `job` on the transfers (rows named by its chunk ids) and returns; a job
+        that cannot be queued is a failed job."""
+        keys = list(job.keys)
+        try:
+            t = self._transfers
+            if t is None:
+                raise RuntimeError("no store (the open failed, or shut down)")
+            rows = [int(c) for c in job.chunk_ids]
+            if load:
+                tid = t.submit_load(self._keys(keys), rows)
+            else:
+                tid = t.submit_save(self._keys(keys), rows)
+            self._jobs[tid] = (job.job_id, keys, time.perf_counter(), load)
+        except Exception as e:  # noqa: BLE001 (closed transfers, ...): a failed job
+            self.failures.fail("load" if load else "store", e)
+            self._done.append(JobResult(job_id=job.job_id, success=False))
 
-    def _forget(self, fut: concurrent.futures.Future) -> None:
-        with self._pending_lock:
-            self._pending.discard(fut)
+    def _collect(self, done: List[Any]) -> None:
+        """Turns finished transfers into vLLM's job results: a store succeeds unless a chunk
+        failed (one not admitted under the capacity is a later miss, not a failure); a load
+        reports the keys read whole."""
+        now = time.perf_counter()
+        for tid, kind, outcomes, errors in done:
+            entry = self._jobs.pop(tid, None)
+            if entry is None:
+                continue
+            job_id, keys, t0, load = entry
+            op = "load" if load else "store"
+            for i, msg in errors[:1]:
+                self.failures.fail(op, f"chunk {i}: {msg}")
+            if not load:
+                ok = "failed" not in outcomes
+                nbytes = len(keys) * self.block_size_bytes if ok else None
+                self._done.append(
+                    JobResult(job_id=job_id, success=ok, transfer_time=now - t0, transfer_bytes=nbytes)
+                )
+                continue
+            read = [k for k, o in zip(keys, outcomes) if o == "loaded"]
+            if len(read) < len(keys):
+                self.failures.fail("load", f"{len(keys) - len(read)} of {len(keys)} chunks missed")
+            self._done.append(
+                JobResult(
+                    job_id=job_id,
+                    success=len(read) == len(keys),
+                    successful_keys=tuple(read) if 0 < len(read) < len(keys) else None,
+                    transfer_time=now - t0,
+                    transfer_bytes=len(read) * self.block_size_bytes,
+                )
+            )
 
     # -- vLLM's interface ----------------------------------------------------------------
 
@@ -237,37 +272,30 @@ class TierkvSecondaryTier(SecondaryTierManager):
         return LookupResult.MISS
 
     def submit_store(self, job_metadata: TransferJob) -> None:
+        """Queues the rows' chunks for writing, one chain (chunks already stored are only
+        touched); returns at once."""
         keys = list(job_metadata.keys)
         self._job_keys[job_metadata.job_id] = keys
         for k in keys:
             self._storing[k] = self._storing.get(k, 0) + 1
-        try:
-            args = (job_metadata.job_id, self._keys(keys), self._slices(job_metadata.chunk_ids))
-            self._submit(self._stores, self._store_task, *args)
-        except Exception as e:  # noqa: BLE001 (a shut-down pool, ...): a failed job
-            self.failures.fail("store", e)
-            self._done.put(JobResult(job_id=job_metadata.job_id, success=False))
+        self._submit(job_metadata, load=False)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
-        keys = list(job_metadata.keys)
-        self._job_keys[job_metadata.job_id] = keys
+        """Queues the reads of the chunks into their primary rows; returns at once."""
+        self._job_keys[job_metadata.job_id] = list(job_metadata.keys)
         self._load_jobs.add(job_metadata.job_id)
-        try:
-            args = (job_metadata.job_id, keys, self._slices(job_metadata.chunk_ids))
-            self._submit(self._loads, self._load_task, *args)
-        except Exception as e:  # noqa: BLE001
-            self.failures.fail("load", e)
-            self._done.put(JobResult(job_id=job_metadata.job_id, success=False))
+        self._submit(job_metadata, load=True)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
-        results = []
-        while True:
+        t = self._transfers
+        if t is not None:
             try:
-                result = self._done.get_nowait()
-            except queue.Empty:
-                break
+                self._collect(t.drain())
+            except Exception as e:  # noqa: BLE001
+                self.failures.fail("drain", e)
+        results, self._done = self._done, []
+        for result in results:
             self._finish(result)
-            results.append(result)
         return results
 
     def _finish(self, result: JobResult) -> None:
@@ -309,16 +337,20 @@ class TierkvSecondaryTier(SecondaryTierManager):
             self._async_lookup.flush()
 
     def drain_jobs(self) -> None:
-        """Waits for every submitted job (their results are queued for get_finished_jobs)."""
-        with self._pending_lock:
-            pending = list(self._pending)
-        concurrent.futures.wait(pending)
+        """Waits for every submitted job (their results are kept for get_finished_jobs)."""
+        t = self._transfers
+        try:
+            while t is not None and self._jobs:
+                self._collect(t.wait(1.0))
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("drain", e)
 
     def shutdown(self) -> None:
         try:
-            self.drain_jobs()
-            self._loads.shutdown(wait=True)
-            self._stores.shutdown(wait=True)
+            transfers, self._transfers = self._transfers, None
+            if transfers is not None:
+                # Runs what is queued, stops the threads, releases the primary rows.
+                self._collect(transfers.close())
             if self._async_lookup is not None:
                 self._async_lookup.shutdown()
             store, self.store = self.store, None
@@ -327,50 +359,6 @@ class TierkvSecondaryTier(SecondaryTierManager):
             self._flat.release()  # vLLM's primary region closes its mmap after this
         except Exception as e:  # noqa: BLE001
             self.failures.fail("shutdown", e)
-
-    # -- the jobs (on this tier's threads) -----------------------------------------------
-
-    def _store_task(self, job_id: int, keys: List[bytes], bufs: List[memoryview]) -> None:
-        """Writes a store job's chunks (blocks already stored are only touched)."""
-        t0 = time.perf_counter()
-        ok = False
-        try:
-            store = self.store
-            if store is None:
-                raise RuntimeError("no store (the open failed, or shut down)")
-            store.offer_many(keys, bufs)
-            ok = True
-        except Exception as e:  # noqa: BLE001
-            self.failures.fail("store", e)
-        nbytes = len(keys) * self.block_size_bytes
-        self._done.put(
-            JobResult(job_id=job_id, success=ok, transfer_time=time.perf_counter() - t0,
-                      transfer_bytes=nbytes if ok else None)
-        )
-
-    def _load_task(self, job_id: int, keys: List[OffloadKey], bufs: List[memoryview]) -> None:
-        """Reads a load job's chunks into their primary slots; reports the keys read whole."""
-        t0 = time.perf_counter()
-        got: List[Optional[int]] = [None] * len(keys)
-        try:
-            store = self.store
-            if store is None:
-                raise RuntimeError("no store (the open failed, or shut down)")
-            got = store.get_many_into(self._keys(keys), bufs)
-        except Exception as e:  # noqa: BLE001
-            self.failures.fail("load", e)
-        ok = [k for k, n in zip(keys, got) if n == self.block_size_bytes]
-        if len(ok) < len(keys):
-            self.failures.fail("load", f"{len(keys) - len(ok)} of {len(keys)} chunks missed")
-        self._done.put(
-            JobResult(
-                job_id=job_id,
-                success=len(ok) == len(keys),
-                successful_keys=tuple(ok) if 0 < len(ok) < len(keys) else None,
-                transfer_time=time.perf_counter() - t0,
-                transfer_bytes=len(ok) * self.block_size_bytes,
-            )
-        )
 
     # -- statistics ----------------------------------------------------------------------
 
