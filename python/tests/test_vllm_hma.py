@@ -12,6 +12,7 @@ are the engine alone's, token for token. tools/test.sh runs this file in .venv-v
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -135,3 +136,31 @@ def test_every_turn_of_a_conversation_hits_through_the_last_answer(model, tmp_pa
         done = t["prompt_tokens"] + len(t["tokens"]) - 1
     for i, t in enumerate(restarted):
         assert t["external_hits"] == (t["prompt_tokens"] - 1) // BLOCK * BLOCK, (i, t)
+
+
+def test_a_window_block_reused_while_its_save_is_stalled_is_stored_right(model, tmp_path):
+    """Saves stalled for 3 s (the shared tree's ledger lock held by another holder, as a hung
+    writer would), three 400-token prompts at once in a KV cache of 100 blocks: vLLM frees each
+    request's window blocks as it moves on and allocates them again to the next request while
+    their saves wait. The step that reuses one waits for its save first (the connector's
+    flush), so every block stored (13 per group per prompt) is what an engine with room to
+    spare stores, and the outputs are its own. Without the flush, 72 blocks were stored with
+    the next request's bytes."""
+    prompts = [vllm_prompt(400, seed=s) for s in (21, 22, 23)]
+    batch = {"op": "batch", "prompts": prompts, "max_tokens": 40}
+    stalled = [{"op": "hold_ledger", "seconds": 3}, batch] + [{"op": "reset"}] * 5
+    f = tmp_path / "stalled.json"
+    f.write_text(json.dumps(stalled))
+    root = tmp_path / "kv"
+    r = harness("serve", str(model), str(root), str(f), "--max-len", "512", "--blocks", "100")
+    clean = serve(model, tmp_path / "clean", [batch], tmp_path)
+    assert r["steps"][1]["tokens"] == clean["steps"][0]["tokens"]
+    w = r["connector"]["worker"]
+    assert w["failures"] == {} and w["saved_blocks"] == 3 * 13 * GROUPS, w
+    worker = w["worker"]
+    for p, out in zip(prompts, r["steps"][1]["tokens"]):
+        # Prompt and answer: 440 tokens, 13 full blocks.
+        for g, keys in enumerate(group_keys((p + out)[:416])):
+            got, want = payloads(root, worker, keys), payloads(tmp_path / "clean", worker, keys)
+            deltas = [float(np.max(np.abs(a - b))) for a, b in zip(got, want)]
+            assert max(deltas) < 1e-3, (g, deltas)

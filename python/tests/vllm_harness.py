@@ -11,7 +11,7 @@ process: python/tests/test_vllm_engine.py and tools/vllm-ttft.sh run it.
         vLLM's cached tokens and external (connector) prefix-cache counters, the first
         token's latency (vLLM's own: arrival to first token), and both connector sides'
         tierkv_stats().
-    vllm_harness.py serve MODEL_DIR ROOT STEPS_JSON [--no-connector] [--max-len N]
+    vllm_harness.py serve MODEL_DIR ROOT STEPS_JSON [--no-connector] [--max-len N] [--blocks N]
         one long-lived engine (as a server runs it) through a script of steps, a JSON list:
         {"op": "generate", "tokens": [...], "max_tokens": N} (greedy, ignore_eos; records the
         output tokens, vLLM's cached tokens and the external hits it counted),
@@ -20,8 +20,11 @@ process: python/tests/test_vllm_engine.py and tools/vllm-ttft.sh run it.
         is reset before each turn; records each turn as a generate),
         {"op": "reset"} (vLLM's reset_prefix_cache: the next requests must come from the
         tier), {"op": "damage", "key": HEX, "how": "flip" | "truncate" | "unlink"} (a stored
-        block's file, under the engine); prints one JSON object: per step its record, and both
-        connector sides' tierkv_stats() at the end.
+        block's file, under the engine), {"op": "batch", "prompts": [[...], ...], "max_tokens":
+        N} (the prompts at once, one generate call), {"op": "hold_ledger", "seconds": S} (the
+        worker's usage-ledger lock held by a thread for S seconds: every save waits meanwhile);
+        `--blocks N` sizes vLLM's own KV cache; prints one JSON object: per step its record,
+        and both connector sides' tierkv_stats() at the end.
     vllm_harness.py ttft MODEL_DIR WORKDIR [--lengths N ...] [--runs N]
         per prompt length, RUNS rounds of: an engine on an empty tree (cold: computes and
         stores the prompt), a fresh engine on that tree (cached, the blocks in the page
@@ -107,8 +110,9 @@ def prompt(n: int, seed: int = 1234) -> list:
     return [rng.randrange(3, VOCAB) for _ in range(n)]
 
 
-def engine(model: str, root: str, connector: bool, max_len: int):
-    """A vllm.LLM on the CPU: float32, eager, block size 32, the connector on `root`."""
+def engine(model: str, root: str, connector: bool, max_len: int, blocks: int = 0):
+    """A vllm.LLM on the CPU: float32, eager, block size 32, the connector on `root`; with
+    `blocks`, vLLM's KV cache holds that many blocks (its own cache overflows sooner)."""
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
@@ -133,6 +137,7 @@ def engine(model: str, root: str, connector: bool, max_len: int):
         enforce_eager=True,
         seed=0,
         disable_log_stats=False,
+        **({"num_gpu_blocks_override": blocks} if blocks else {}),
         **kw,
     )
 
@@ -217,12 +222,32 @@ def damage(root: Path, key: str, how: str) -> str:
     return str(path)
 
 
+def hold_ledger(root: Path, seconds: float) -> str:
+    """Holds the usage ledger's lock of the one worker under `root` for `seconds`, from a
+    thread (another holder of the shared tree's lock, as a hung writer would): every save
+    waits in its reservation meanwhile. Its path."""
+    import fcntl
+    import threading
+
+    [path] = list(root.glob("v1/*/USAGE"))
+    fd = os.open(path, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+    def release() -> None:
+        time.sleep(seconds)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+    threading.Thread(target=release, daemon=True).start()
+    return str(path)
+
+
 def serve(args) -> dict:
     """One engine through the steps of args.steps (see the module's docstring)."""
     from vllm import SamplingParams, TokensPrompt
 
     steps = json.loads(Path(args.steps).read_text())
-    llm = engine(args.model, args.root, not args.no_connector, args.max_len)
+    llm = engine(args.model, args.root, not args.no_connector, args.max_len, args.blocks)
 
     def generate(tokens: list, max_tokens: int) -> dict:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, seed=0)
@@ -238,6 +263,11 @@ def serve(args) -> dict:
 
     def reset() -> dict:
         return {"op": "reset", "ok": settle(llm)}
+
+    def batch(prompts: list, max_tokens: int) -> dict:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, seed=0)
+        outs = llm.generate([TokensPrompt(prompt_token_ids=t) for t in prompts], params, use_tqdm=False)
+        return {"op": "batch", "tokens": [list(o.outputs[0].token_ids) for o in outs]}
 
     records = []
     for step in steps:
@@ -255,6 +285,10 @@ def serve(args) -> dict:
                 history = history + r["tokens"]
         elif op == "reset":
             records.append(reset())
+        elif op == "batch":
+            records.append(batch(step["prompts"], step["max_tokens"]))
+        elif op == "hold_ledger":
+            records.append({"op": op, "path": hold_ledger(Path(args.root), step["seconds"])})
         elif op == "damage":
             records.append({"op": op, "path": damage(Path(args.root), step["key"], step["how"])})
         else:
@@ -352,6 +386,7 @@ def main() -> None:
     sv.add_argument("steps", help="a JSON file: the list of steps")
     sv.add_argument("--no-connector", action="store_true")
     sv.add_argument("--max-len", type=int, default=2048)
+    sv.add_argument("--blocks", type=int, default=0, help="vLLM's KV cache size in blocks")
     t = sub.add_parser("ttft")
     t.add_argument("model")
     t.add_argument("workdir")
