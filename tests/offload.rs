@@ -14,7 +14,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use common::*;
 use tierkv::engine::{EngineKind, FaultPlan, FaultyEngine, IoEngine, IoRequest};
 use tierkv::offload::{
-    DropReason, FilterKind, OffloadConfig, OffloadStats, Offloader, OnClose, Outcome, WhenFull,
+    DropReason, FilterKind, OffloadConfig, OffloadStats, Offloader, OnClose, Outcome, Payload,
+    PayloadParts, WhenFull,
 };
 use tierkv::{BlockHash, BlockKey, Lookup, Store, StoreConfig};
 
@@ -228,6 +229,77 @@ fn stored_and_queued_blocks_are_not_written_twice_and_queued_ones_are_served() {
         assert_eq!(r.unwrap(), Lookup::Hit(LEN));
     }
     assert_eq!(off.stats().served_from_queue, 6);
+}
+
+/// A vectored payload's guard: a header and a body, written as one payload; on drop it
+/// records whether the store held its block then (the notice an engine's buffer is free).
+struct Guarded {
+    header: Vec<u8>,
+    body: Vec<u8>,
+    store: Store,
+    key: BlockKey,
+    released: Arc<Mutex<Vec<(BlockKey, bool)>>>,
+}
+
+impl PayloadParts for Guarded {
+    fn parts(&self) -> Vec<&[u8]> {
+        vec![&self.header, &self.body]
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        let held = self.store.contains_many(std::slice::from_ref(&self.key))[0]
+            .as_ref()
+            .copied()
+            .unwrap_or(false);
+        self.released.lock().unwrap().push((self.key.clone(), held));
+    }
+}
+
+#[test]
+fn a_vectored_payload_is_one_block_and_its_guard_drops_after_the_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, gate) = gated_store(dir.path());
+    let off = Offloader::new(store.clone(), OffloadConfig::new()).unwrap();
+    let keys = chain_keys(&store, 1, 3);
+    let released = Arc::new(Mutex::new(Vec::new()));
+    let payloads: Vec<(BlockKey, Payload)> = keys
+        .iter()
+        .map(|k| {
+            let whole = bytes_of(&k.hash, LEN);
+            let guard = Guarded {
+                header: whole[..100].to_vec(),
+                body: whole[100..].to_vec(),
+                store: store.clone(),
+                key: k.clone(),
+                released: released.clone(),
+            };
+            (k.clone(), Payload::vectored(guard))
+        })
+        .collect();
+    assert_eq!(payloads[0].1.len(), LEN);
+    assert_eq!(off.offer(None, payloads).queued, 3);
+    // Queued (the writer at the gate): served whole from the queue, nothing released.
+    let mut bufs = vec![vec![0u8; LEN]; 3];
+    for (i, r) in off.get_many(&keys, &mut bufs).into_iter().enumerate() {
+        assert_eq!(r.unwrap(), Lookup::Hit(LEN));
+        assert_eq!(bufs[i], bytes_of(&keys[i].hash, LEN));
+    }
+    assert!(released.lock().unwrap().is_empty());
+    gate.open_gate();
+    off.flush();
+    // Each guard dropped once, after its block was stored; the block is the parts in order.
+    let mut got = released.lock().unwrap().clone();
+    got.sort_by_key(|(k, _)| k.hash.0);
+    let mut want: Vec<(BlockKey, bool)> = keys.iter().map(|k| (k.clone(), true)).collect();
+    want.sort_by_key(|(k, _)| k.hash.0);
+    assert_eq!(got, want);
+    let mut bufs = vec![vec![0u8; LEN]; 3];
+    for (i, r) in store.get_many(&keys, &mut bufs).into_iter().enumerate() {
+        assert_eq!(r.unwrap(), Lookup::Hit(LEN));
+        assert_eq!(bufs[i], bytes_of(&keys[i].hash, LEN));
+    }
 }
 
 #[test]

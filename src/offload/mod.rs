@@ -4,7 +4,7 @@
 //! [`Store`]: the engine hands it the blocks it computed ([`Offloader::offer`], owned
 //! buffers or a guard that keeps the engine's buffer alive, as a [`Payload`]) and returns at
 //! once; a writer thread of the offloader's own (a std thread, never a tokio worker) hands
-//! them to the store in batches, one [`Store::offer_many_after`] per chain batch, roots first.
+//! them to the store in batches, one [`Store::offer_many_vectored_after`] per chain batch, roots first.
 //!
 //! - Memory is bounded ([`OffloadConfig::max_bytes`], [`OffloadConfig::max_blocks`]: blocks
 //!   queued or being written). When full, the newest offer is dropped and counted
@@ -39,32 +39,65 @@ use crate::stats::{add, sub};
 pub use filter::{AdmitAll, Candidate, FilterKind, SecondOffer, WriteFilter};
 
 /// The bytes of one block offered for writing: owned by the offloader until the block is
-/// written or dropped. Built from a `Vec<u8>` (no copy), or from any guard that keeps the
-/// engine's buffer alive and derefs to its bytes ([`Payload::new`]). Cheap to clone.
+/// written or dropped. Built from a `Vec<u8>` (no copy), from any guard that keeps the
+/// engine's buffer alive and derefs to its bytes ([`Payload::new`]), or from a guard of
+/// several buffers written as one payload, in order ([`Payload::vectored`]: a header and the
+/// engine's buffer, say). The guard is dropped once the block is written or dropped: its
+/// `Drop` is the engine's notice that the buffer may be reused. Cheap to clone.
 #[derive(Clone)]
-pub struct Payload(Arc<dyn AsRef<[u8]> + Send + Sync>);
+pub struct Payload(Arc<dyn PayloadParts>);
+
+/// What a vectored [`Payload`] holds: the block's bytes in one or more parts, in payload
+/// order (borrowed from buffers the value keeps alive).
+pub trait PayloadParts: Send + Sync {
+    /// The parts, in order; their concatenation is the block's payload.
+    fn parts(&self) -> Vec<&[u8]>;
+}
+
+/// One buffer as a payload's only part.
+struct OnePart<T>(T);
+
+impl<T: AsRef<[u8]> + Send + Sync> PayloadParts for OnePart<T> {
+    fn parts(&self) -> Vec<&[u8]> {
+        vec![self.0.as_ref()]
+    }
+}
 
 impl Payload {
     /// Wraps `bytes`: a buffer, or a guard of the engine's (e.g. a pinned host buffer that is
     /// returned to its pool when the guard drops, after the write).
     pub fn new<T: AsRef<[u8]> + Send + Sync + 'static>(bytes: T) -> Self {
-        Payload(Arc::new(bytes))
+        Payload(Arc::new(OnePart(bytes)))
+    }
+
+    /// Wraps a guard of several buffers, written as one payload in the order of
+    /// [`PayloadParts::parts`] (no copy).
+    pub fn vectored<T: PayloadParts + 'static>(parts: T) -> Self {
+        Payload(Arc::new(parts))
+    }
+
+    /// The payload's parts, in order.
+    pub fn parts(&self) -> Vec<&[u8]> {
+        self.0.parts()
     }
 
     /// Payload bytes.
     pub fn len(&self) -> usize {
-        self.as_ref().len()
+        self.parts().iter().map(|p| p.len()).sum()
     }
 
     /// True for an empty block.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
 
-impl AsRef<[u8]> for Payload {
-    fn as_ref(&self) -> &[u8] {
-        (*self.0).as_ref()
+    /// Copies the payload into the front of `buf` (at least [`Payload::len`] bytes).
+    fn copy_to(&self, buf: &mut [u8]) {
+        let mut at = 0;
+        for part in self.parts() {
+            buf[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
     }
 }
 
@@ -576,7 +609,7 @@ impl Offloader {
                     }));
                 }
                 Some(p) => {
-                    buf[..p.len()].copy_from_slice(p.as_ref());
+                    p.copy_to(buf);
                     add(&self.shared.counters.served_from_queue, 1);
                     results[i] = Some(Ok(Lookup::Hit(p.len())));
                 }
@@ -963,12 +996,14 @@ fn writer_loop(sh: &Shared) {
             sh.counters.queue_wait.record(waited);
         }
         let parent = batch.parent.map(|h| sh.store.key(h));
-        let items: Vec<(BlockKey, Payload)> = batch
+        let parts: Vec<Vec<&[u8]>> = batch.entries.iter().map(|e| e.data.parts()).collect();
+        let items: Vec<(BlockKey, &[&[u8]])> = batch
             .entries
             .iter()
-            .map(|e| (e.key.clone(), e.data.clone()))
+            .zip(&parts)
+            .map(|(e, p)| (e.key.clone(), p.as_slice()))
             .collect();
-        let results = sh.store.offer_many_after(parent.as_ref(), &items);
+        let results = sh.store.offer_many_vectored_after(parent.as_ref(), &items);
         drop(items);
         add(&sh.counters.batches, 1);
         let outcomes: Vec<Outcome> = batch
@@ -1002,11 +1037,18 @@ fn writer_loop(sh: &Shared) {
             for e in &batch.entries {
                 release(sh, &mut st, e);
             }
+        }
+        // The payloads go before the batch counts as finished, outside the lock: a guard's
+        // drop (the engine's notice that its buffer may be reused) is over when `flush`
+        // returns.
+        let tracks: Vec<_> = batch.entries.into_iter().map(|e| e.track).collect();
+        {
+            let mut st = sh.lock();
             st.finished += 1;
             sh.progress.notify_all();
         }
-        for (e, o) in batch.entries.into_iter().zip(outcomes) {
-            if let Some((t, i)) = e.track {
+        for (track, o) in tracks.into_iter().zip(outcomes) {
+            if let Some((t, i)) = track {
                 t.set(i, o);
             }
         }
