@@ -24,6 +24,7 @@ use tierkv::{
 mod buffer;
 mod errors;
 mod lmcache;
+mod offload;
 mod transfer;
 
 use buffer::{Span, View};
@@ -781,6 +782,7 @@ fn _tierkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyStore>()?;
     m.add_class::<lmcache::LMCacheConnector>()?;
     m.add_class::<transfer::PyTransfers>()?;
+    m.add_class::<offload::PyOffloader>()?;
     m.add_function(wrap_pyfunction!(chain_hashes, m)?)?;
     m.add_function(wrap_pyfunction!(_raise_rust_error, m)?)?;
     errors::register(m)?;

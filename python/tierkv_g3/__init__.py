@@ -35,6 +35,7 @@ from ._tierkv import (
     InvalidKeyError,
     IoError,
     LayoutMismatchError,
+    Offloader,
     LMCacheConnector,
     NoSpaceError,
     ReadOnlyError,
@@ -50,6 +51,7 @@ __all__ = [
     "Store",
     "LMCacheConnector",
     "Transfers",
+    "Offloader",
     "chain_hashes",
     "aligned_array",
     "Error",
@@ -155,6 +157,3 @@ class Store(_tierkv.Store):
         """:meth:`contains_prefix` on a thread."""
         return await asyncio.to_thread(self.contains_prefix, keys)
 
-    # The write-behind offloader (issue 16: a queue of puts drained by background threads,
-    # so an engine's step never waits for the disk) gets its Python face here once the Rust
-    # side lands, as `Store.offloader(...)` returning an object with submit()/flush().

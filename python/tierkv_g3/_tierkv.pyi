@@ -3,7 +3,7 @@
 # bytearray, memoryview, numpy arrays); get_many_into needs writable ones.
 from os import PathLike
 from pathlib import Path
-from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 Key = Union[str, bytes]
 
@@ -103,6 +103,33 @@ class Store:
 
 # A finished transfer: (id, "load" | "save", one outcome per block, [(index, error message)]).
 Transfer = Tuple[int, str, List[str], List[Tuple[int, str]]]
+
+class Offloader:
+    """The write-behind offloader (src/offload): `offer` queues a chain of blocks (each a list
+    of buffers written as one payload, straight from them) and returns at once; the
+    offloader's own thread writes them. A block already stored or queued is not written
+    twice; past `max_bytes` of payloads queued or being written the newest blocks are dropped,
+    counted, never waited for. `releases[i]` is called from the writer once block `i` is
+    written or dropped: until then its buffers must stay as they are."""
+
+    def __init__(
+        self,
+        store: Store,
+        max_bytes: Optional[int] = None,
+        max_blocks: Optional[int] = None,
+        max_batch_blocks: Optional[int] = None,
+    ) -> None: ...
+    def offer(
+        self,
+        keys: Sequence[Union[str, bytes]],
+        parts: Sequence[Sequence[Any]],
+        parent: Optional[Union[str, bytes]] = None,
+        releases: Optional[Sequence[Optional[Callable[[], Any]]]] = None,
+    ) -> Dict[str, int]: ...
+    def is_queued(self, key: Union[str, bytes]) -> bool: ...
+    def flush(self) -> None: ...
+    def stats(self) -> Dict[str, Any]: ...
+    def close(self, drop: bool = False) -> None: ...
 
 class Transfers:
     """The engine-facing asynchronous API (src/transfer): loads and saves of whole batches of
