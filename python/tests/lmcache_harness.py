@@ -145,9 +145,15 @@ def wait_written(e: LMCacheEngine, timeout: float = 30.0) -> None:
     for name, b in e.storage_manager.storage_backends.items():
         if name == "LocalCPUBackend":
             continue
-        while getattr(b, "_pending", None) or _disk_busy(b):
+        while _tierkv_pending(b) or _disk_busy(b):
             assert time.monotonic() < deadline, f"{name}: writes still in flight"
             time.sleep(0.01)
+
+
+def _tierkv_pending(b: Any) -> bool:
+    """Whether our plugin's offloader has chunks queued or being written."""
+    stats = getattr(b, "tierkv_stats", None)
+    return bool(stats is not None and stats()["pending"])
 
 
 def _disk_busy(b: Any) -> bool:

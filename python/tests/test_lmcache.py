@@ -6,11 +6,13 @@ tools/test.sh runs this file in .venv-engines/ (tools/engines-venv.sh lmcache)."
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -104,6 +106,34 @@ def test_puts_past_the_queue_bound_are_dropped_not_waited_for(tmp_path, engines)
     assert e.lookup(torch.tensor(toks)) == 2 * h.CHUNK
     got, back = h.retrieve(e, toks)
     assert got == 2 * h.CHUNK and torch.equal(back[:, :, :got], kv[:, :, :got])
+
+
+def test_a_store_returns_while_the_disk_is_stalled(tmp_path, engines):
+    """LMCache's store hands the chunks to the plugin's offloader and returns while its
+    writer is stalled (the shared tree's ledger lock held by another open file, as a hung
+    writer would hold it): nothing written yet, every chunk in LMCache's put tasks; once the
+    lock is let go all 4 are written and retrieved byte-exact, and each MemoryObj released."""
+    e = engines("tierkv", tmp_path / "kv")
+    plug = h.plugin(e)
+    toks, kv = h.tokens(4), h.kv(4 * h.CHUNK)
+    fd = os.open(os.path.join(plug.store.dir, "USAGE"), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        t0 = time.monotonic()
+        e.store(torch.tensor(toks), kvcaches=kv)
+        assert time.monotonic() - t0 < 5.0  # the ledger wait is 10 s
+        time.sleep(0.3)
+        keys = keys_of(e, toks)
+        assert all(plug.exists_in_put_tasks(k) for k in keys)
+        assert block_files(tmp_path / "kv") == set()
+        assert plug.tierkv_stats()["pending"] == 4
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    h.wait_written(e)
+    assert len(block_files(tmp_path / "kv")) == 4 and plug.tierkv_stats()["failures"] == {}
+    got, back = h.retrieve(e, toks)
+    assert got == len(toks) and torch.equal(back, kv)
 
 
 def run_harness(*args: str) -> dict:

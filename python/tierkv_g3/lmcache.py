@@ -17,7 +17,8 @@ Options are ``storage_plugin.<name>.<option>`` (``<name>`` is the name in
 (``capacity_bytes``, ``policy``, ``verify``, ...), ``max_pending_bytes`` (bytes of chunks
 queued for writing at most, default half of LMCache's CPU pool, ``max_local_cpu_size``: the
 queued objects hold that memory; past it chunks are dropped and counted, never waited for),
-``put_threads`` (default 1) and ``log_interval`` (seconds, default 10).
+``put_threads`` (accepted for older configs; the offloader writes on one thread of its own)
+and ``log_interval`` (seconds, default 10).
 
 **Blocks.** One tierkv block per LMCache chunk: a 4 KiB self-describing prefix (magic, the
 chunk's key string, shapes, dtypes, memory format, byte count, cached positions) and the
@@ -34,9 +35,11 @@ or two dtypes never share a block.
 
 **Never an exception into LMCache**: every failure (no store, a full disk, an I/O error, a
 foreign or corrupt block) is a miss / False / 0, counted (``tierkv_stats()["failures"]``) and
-logged at most once per ``log_interval`` per operation. Puts are queued to a small thread
-pool (``batched_submit_put_task`` returns at once; ``exists_in_put_tasks`` is true until the
-block is written); ``close`` waits for them.
+logged at most once per ``log_interval`` per operation. Puts go to tierkv's write-behind
+``Offloader`` (the Rust engine API; no Python thread or queue here):
+``batched_submit_put_task`` offers the chunks and returns at once, the offloader's own
+thread writes them and, once each is written or dropped, releases its ``MemoryObj``;
+``exists_in_put_tasks`` is true until the block is written; ``close`` writes what is queued.
 """
 
 from __future__ import annotations
@@ -46,8 +49,7 @@ import hashlib
 import json
 import logging
 import struct
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -55,7 +57,7 @@ from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
-from . import Store
+from . import Offloader, Store
 from ._engines import STORE_OPTIONS, FailureLog, close_store, slug, store_options
 
 logger = logging.getLogger(__name__)
@@ -219,14 +221,17 @@ class TierkvStoragePlugin(StoragePluginInterface):
         self.max_pending_bytes = int(opts.get("max_pending_bytes", cpu_pool / 2))
         self.worker = worker_id(config, metadata)
         self.fmt = engine_format(config, metadata)
-        self._lock = threading.Lock()
-        self._pending: Dict[CacheEngineKey, MemoryObj] = {}
-        self._pending_bytes = 0
         self._dropped = 0
-        self._pool = ThreadPoolExecutor(int(opts.get("put_threads", 1)), "tierkv-lmcache-put")
+        self._failed_writes = 0  # the offloader's failed writes already counted as failures
         self.store: Optional[Store] = None
+        self._offloader: Optional[Offloader] = None
         try:
             self.store = Store(self.root, self.worker, **self.options)
+            # The bound is of chunk bytes; each chunk's payload also carries its prefix.
+            chunks = max(1, self.max_pending_bytes // max(1, nbytes_of(self._full_geometry())))
+            self._offloader = Offloader(
+                self.store, max_bytes=self.max_pending_bytes + chunks * PREFIX
+            )
             logger.info("tierkv LMCache plugin %s: %s", self.name, self.store.dir)
         except Exception as e:  # noqa: BLE001: never raise into LMCache
             self.failures.fail("open", e)
@@ -273,8 +278,12 @@ class TierkvStoragePlugin(StoragePluginInterface):
         return self.batched_contains(keys, pin)
 
     def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
-        with self._lock:
-            return key in self._pending
+        off = self._offloader
+        try:
+            return off is not None and off.is_queued(block_key(key))
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("exists_in_put_tasks", e)
+            return False
 
     def pin(self, key: CacheEngineKey) -> bool:
         return self.batched_contains([key], pin=True) == 1
@@ -300,71 +309,68 @@ class TierkvStoragePlugin(StoragePluginInterface):
         transfer_spec: Any = None,
         on_complete_callback: Optional[Callable[[CacheEngineKey], None]] = None,
     ) -> None:
-        """Queues the chunks for writing and returns: each object is referenced
-        (ref_count_up) until its block is written. Chunks already queued are skipped; past
+        """Offers the chunks ([prefix, the object's bytes], one chain, root first) to the
+        offloader and returns: each object is referenced (ref_count_up) until its block is
+        written or dropped. Chunks already queued or stored are not written again; past
         ``max_pending_bytes`` queued the rest of the batch is dropped (counted), never
         waited for."""
         try:
-            if self.store is None:
+            off = self._offloader
+            if off is None:
                 raise RuntimeError("no store (the open failed, or closed)")
-            batch: List[Tuple[CacheEngineKey, MemoryObj]] = []
-            full = False
-            with self._lock:
-                for key, obj in zip(keys, objs):
-                    if key in self._pending:
-                        continue
-                    size = obj.get_size()
-                    if full or self._pending_bytes + size > self.max_pending_bytes:
-                        full = True  # the rest too: chunks past a gap never hit
-                        self._dropped += 1
-                        continue
-                    obj.ref_count_up()
-                    self._pending[key] = obj
-                    self._pending_bytes += size
-                    batch.append((key, obj))
-            if batch:
-                self._pool.submit(self._put_batch, batch, on_complete_callback)
-        except Exception as e:  # noqa: BLE001
-            self.failures.fail("put", e)
-        return None
-
-    def _put_batch(
-        self,
-        batch: List[Tuple[CacheEngineKey, MemoryObj]],
-        on_complete: Optional[Callable[[CacheEngineKey], None]],
-    ) -> None:
-        """On a put thread: writes the chunks not stored yet ([prefix, the object's bytes],
-        one chain, root first), touches the others, releases the objects."""
-        done: List[CacheEngineKey] = []
-        try:
-            store = self._store()
-            hkeys = [block_key(k) for k, _ in batch]
-            have = store.contains_many(hkeys)
-            new = [i for i, h in enumerate(have) if not h]
-            if len(new) < len(batch):
-                store.touch_many([hkeys[i] for i, h in enumerate(have) if h])
-            parts = []
-            for i in new:
-                key, obj = batch[i]
+            hkeys, parts, releases = [], [], []
+            for key, obj in zip(keys, objs):
                 data = obj.byte_array
                 parts.append([encode_prefix(key, obj, len(data)), data])
-            if new:
-                store.put_many_vectored([hkeys[i] for i in new], parts)
-            done = [k for k, _ in batch]
+                hkeys.append(block_key(key))
+                obj.ref_count_up()
+                releases.append(self._release(obj, key, hkeys[-1], on_complete_callback))
+            got = off.offer(hkeys, parts, releases=releases)
+            self._dropped += int(got["dropped"])
         except Exception as e:  # noqa: BLE001
             self.failures.fail("put", e)
-        finally:
-            with self._lock:
-                for key, obj in batch:
-                    if self._pending.pop(key, None) is not None:
-                        self._pending_bytes -= obj.get_size()
-            for _, obj in batch:
-                obj.ref_count_down()
-        for key in done if on_complete is not None else []:
+        self._offloader_stats()
+        return None
+
+    def _offloader_stats(self) -> Dict[str, Any]:
+        """The offloader's counters; the writes it saw fail since the last look are counted
+        (and logged) as put failures."""
+        off = self._offloader
+        try:
+            stats = off.stats() if off is not None else {}
+        except Exception:  # noqa: BLE001 (closed meanwhile)
+            return {}
+        failed = int(stats.get("failed", 0))
+        if failed > self._failed_writes:
+            self.failures.fail(
+                "put", f"{failed - self._failed_writes} chunk writes failed (the store's errors "
+                "are in its log)"
+            )
+            self._failed_writes = failed
+        return stats
+
+    def _release(
+        self,
+        obj: MemoryObj,
+        key: CacheEngineKey,
+        hkey: str,
+        on_complete: Optional[Callable[[CacheEngineKey], None]],
+    ) -> Callable[[], None]:
+        """What the offloader's thread calls once `obj`'s chunk is written or dropped: the
+        object released, and LMCache's callback told of a chunk that is stored."""
+
+        def release() -> None:
+            obj.ref_count_down()
+            if on_complete is None:
+                return
             try:
-                on_complete(key)  # type: ignore[misc]
+                store = self.store
+                if store is not None and store.contains_many([hkey])[0]:
+                    on_complete(key)
             except Exception as e:  # noqa: BLE001
                 self.failures.fail("on_complete_callback", e)
+
+        return release
 
     # -- gets ------------------------------------------------------------------------------
 
@@ -504,9 +510,11 @@ class TierkvStoragePlugin(StoragePluginInterface):
         return self.local_cpu_backend
 
     def close(self) -> None:
-        """Waits for the queued puts, then closes the store."""
+        """Writes the queued puts, then closes the store."""
+        off, self._offloader = self._offloader, None
         try:
-            self._pool.shutdown(wait=True)
+            if off is not None:
+                off.close()
         except Exception as e:  # noqa: BLE001
             self.failures.fail("close", e)
         store, self.store = self.store, None
@@ -515,12 +523,11 @@ class TierkvStoragePlugin(StoragePluginInterface):
     def tierkv_stats(self) -> Dict[str, Any]:
         """The worker id, failures per operation, chunks dropped (queue full), chunks queued,
         and the store's counters (`Store.stats()`)."""
-        with self._lock:
-            pending, dropped = len(self._pending), self._dropped
+        pending = int(self._offloader_stats().get("in_flight_blocks", 0))
         out: Dict[str, Any] = {
             "worker": self.worker,
             "failures": self.failures.snapshot(),
-            "dropped": dropped,
+            "dropped": self._dropped,
             "pending": pending,
         }
         try:
