@@ -255,6 +255,14 @@ def test_every_turn_of_a_conversation_hits_through_the_last_answer(model, tmp_pa
     loads from the tier everything up to the end of turn N's answer (the blocks decoding
     filled are stored); an engine restarted on the tree hits every usable block of every
     turn; the outputs are the engine alone's."""
+    check_conversation_turns(model, tmp_path)
+
+
+def check_conversation_turns(model: Path, tmp_path: Path) -> None:
+    """Three turns (200, 70, 90 new tokens, 100-token answers) through one engine with its
+    prefix cache reset before each, then through a restarted one: the engine alone's
+    outputs; turn N+1's tier hit reaches the end of turn N's answer, and after the restart
+    every usable block of every turn."""
     turns = [vllm_prompt(200, seed=11), vllm_prompt(70, seed=12), vllm_prompt(90, seed=13)]
     conv = [{"op": "conversation", "turns": turns, "max_tokens": 100, "reset": True}]
     ref = generations(serve(model, tmp_path / "ref", conv, tmp_path, connector=False))
