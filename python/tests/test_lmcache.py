@@ -6,12 +6,14 @@ tools/test.sh runs this file in .venv-engines/ (tools/engines-venv.sh lmcache)."
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -134,6 +136,31 @@ def test_a_store_returns_while_the_disk_is_stalled(tmp_path, engines):
     assert len(block_files(tmp_path / "kv")) == 4 and plug.tierkv_stats()["failures"] == {}
     got, back = h.retrieve(e, toks)
     assert got == len(toks) and torch.equal(back, kv)
+
+
+def test_get_non_blocking_gives_the_chunk_with_and_without_an_event_loop(tmp_path, engines):
+    """LMCache's single-chunk non-blocking get: a future of the stored chunk, byte-exact, read
+    on a running event loop's executor or, without one, at once; None for a chunk not
+    stored; never an exception."""
+    e = engines("tierkv", tmp_path / "kv")
+    plug = h.plugin(e)
+    toks, kv = h.tokens(2), h.kv(2 * h.CHUNK)
+    h.store(e, toks, kv)
+    keys = keys_of(e, toks)
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    try:
+        for plug.loop in (None, loop):
+            fut = plug.get_non_blocking(keys[1])
+            obj = fut.result(timeout=30)
+            assert torch.equal(obj.tensor, kv[:, :, h.CHUNK :]), plug.loop
+            obj.ref_count_down()
+        assert plug.get_non_blocking(keys_of(e, h.tokens(1, base=9000))[0]) is None
+        assert plug.tierkv_stats()["failures"] == {}
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(timeout=5)
 
 
 def run_harness(*args: str) -> dict:

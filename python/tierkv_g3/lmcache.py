@@ -467,9 +467,22 @@ class TierkvStoragePlugin(StoragePluginInterface):
     def get_non_blocking(
         self, key: CacheEngineKey, location: Optional[str] = None
     ) -> Optional[Future]:
-        if not self.contains(key):
+        """A future of the chunk (None when it is not stored): read off the caller's thread on
+        LMCache's event loop (its default executor; the plugin keeps no thread of its own),
+        or at once into a finished future where LMCache gave no running loop."""
+        try:
+            if not self.contains(key):
+                return None
+            loop = self.loop
+            if loop is not None and loop.is_running():
+                read = asyncio.to_thread(self.get_blocking, key)
+                return asyncio.run_coroutine_threadsafe(read, loop)
+            done: Future = Future()
+            done.set_result(self.get_blocking(key))
+            return done
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("get", e)
             return None
-        return self._pool.submit(self.get_blocking, key)
 
     async def batched_get_non_blocking(
         self, lookup_id: str, keys: List[CacheEngineKey], transfer_spec: Any = None
