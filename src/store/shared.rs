@@ -91,6 +91,11 @@ pub(crate) struct Shared {
 /// The least time between two scans of the tree for victims.
 pub(crate) const RESCAN_INTERVAL: Duration = Duration::from_secs(30);
 
+/// How many more files than the ledger a store's own index may count before the ledger is
+/// taken for talked down: blocks other stores removed or replaced that the index has not
+/// seen go yet (racing puts of one key by three stores left it 1 or 2 ahead).
+const STALE_FILES: u64 = 8;
+
 impl Shared {
     pub fn new(
         ns: &BlockDir,
@@ -294,12 +299,17 @@ impl Shared {
         Ok(granted)
     }
 
-    /// Why the ledger's usage `u` cannot be the tree's, if it cannot: fewer files than this
-    /// store's own view (`own`) knows of, or bytes under seven eighths of it (sizes are
-    /// estimates until published); more than twice the capacity (puts are granted only while
-    /// they fit).
+    /// Why the ledger's usage `u` cannot be the tree's, if it cannot: files or bytes under
+    /// seven eighths of this store's own view (`own`), and at least [`STALE_FILES`] files (or
+    /// their bytes) under it, since that view may count a few blocks other stores have
+    /// removed or replaced meanwhile (and sizes are estimates until published); more than
+    /// twice the capacity (puts are granted only while they fit).
     fn implausible(&self, u: Usage, own: Usage) -> Option<Implausible> {
-        let low = u.files < own.files || u.bytes < own.bytes - own.bytes / 8;
+        let stale = (own.files / 8).max(STALE_FILES);
+        let per_file = own.bytes.checked_div(own.files).unwrap_or(0);
+        let stale_bytes = (own.bytes / 8).max(stale.saturating_mul(per_file));
+        let low = u.files.saturating_add(stale) < own.files
+            || u.bytes.saturating_add(stale_bytes) < own.bytes;
         let high = self
             .limits
             .max_bytes
