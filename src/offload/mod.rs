@@ -45,7 +45,11 @@ pub use filter::{AdmitAll, Candidate, FilterKind, SecondOffer, WriteFilter};
 /// engine's buffer, say). The guard is dropped once the block is written or dropped: its
 /// `Drop` is the engine's notice that the buffer may be reused. Cheap to clone.
 #[derive(Clone)]
-pub struct Payload(Arc<dyn PayloadParts>);
+pub struct Payload {
+    parts: Arc<dyn PayloadParts>,
+    /// The parts' total length, summed once: the queue's accounting reads it per block.
+    len: usize,
+}
 
 /// What a vectored [`Payload`] holds: the block's bytes in one or more parts, in payload
 /// order (borrowed from buffers the value keeps alive).
@@ -67,23 +71,27 @@ impl Payload {
     /// Wraps `bytes`: a buffer, or a guard of the engine's (e.g. a pinned host buffer that is
     /// returned to its pool when the guard drops, after the write).
     pub fn new<T: AsRef<[u8]> + Send + Sync + 'static>(bytes: T) -> Self {
-        Payload(Arc::new(OnePart(bytes)))
+        Payload::vectored(OnePart(bytes))
     }
 
     /// Wraps a guard of several buffers, written as one payload in the order of
     /// [`PayloadParts::parts`] (no copy).
     pub fn vectored<T: PayloadParts + 'static>(parts: T) -> Self {
-        Payload(Arc::new(parts))
+        let len = parts.parts().iter().map(|p| p.len()).sum();
+        Payload {
+            parts: Arc::new(parts),
+            len,
+        }
     }
 
     /// The payload's parts, in order.
     pub fn parts(&self) -> Vec<&[u8]> {
-        self.0.parts()
+        self.parts.parts()
     }
 
     /// Payload bytes.
     pub fn len(&self) -> usize {
-        self.parts().iter().map(|p| p.len()).sum()
+        self.len
     }
 
     /// True for an empty block.
