@@ -212,7 +212,6 @@ class _Job:
     block_ids: List[int]
     parent: Optional[str] = None
     seq: int = 0  # a save's number, for the workers' report of its completion
-    group: int = 0
 
 
 @dataclass
@@ -467,12 +466,13 @@ class TierkvConnector(KVConnectorBase_V1, SupportsHMA):
         """(the leading blocks stored in every group, the blocks a load can give, at most
         `usable`): full attention needs every block before the end of the hit, a sliding
         window the blocks it keeps there."""
-        stored = min(int(store.lookup_prefix(k)) for k in keys)
+        runs = [int(store.lookup_prefix(k)) for k in keys]
+        stored = min(runs)
         windowed = [g for g, w in enumerate(self._windows) if w is not None]
         if not windowed:
             return stored, min(stored, usable)
-        full = [g for g, w in enumerate(self._windows) if w is None]
-        n = min([int(store.lookup_prefix(keys[g])) for g in full] + [usable, len(keys[0])])
+        full = [runs[g] for g, w in enumerate(self._windows) if w is None]
+        n = min(full + [usable, len(keys[0])])
         present = {g: store.lookup_many(keys[g][:n]) for g in windowed} if n > 0 else {}
         while n > 0 and not all(
             all(present[g][self._kept(g, n * self.block_size) : n]) for g in windowed
@@ -605,7 +605,7 @@ class TierkvConnector(KVConnectorBase_V1, SupportsHMA):
             self._save_reqs[self._seq] = (req_id, 0)
             job = _Job(
                 req_id, group_keys[lo:last], st.block_ids[g][lo:last],
-                group_keys[lo - 1] if lo else None, self._seq, g,
+                group_keys[lo - 1] if lo else None, self._seq,
             )
             if self._windows[g] is not None:
                 # vLLM frees a window's blocks while the request runs: until this save
@@ -764,25 +764,22 @@ class TierkvConnector(KVConnectorBase_V1, SupportsHMA):
         else:
             self._invalid.update(job.block_ids[ok:])
 
-    def _wait_for_seqs(self, seqs: List[int]) -> None:
-        """Waits for the saves numbered `seqs` still in flight (their blocks are about to be
-        written by this step)."""
-        t, want = self._transfers, set(seqs)
-        while t is not None and want and any(j.seq in want for j in self._inflight.values()):
-            self._settle(t.wait(1.0))
-
-    def _wait_for_saves(self, req_ids: List[str]) -> None:
-        """Waits for the saves in flight of `req_ids` (their blocks are about to be reused)."""
-        t = self._transfers
-        while t is not None and any(r in self._saving for r in req_ids):
+    def _wait_before_reuse(self, meta: TierkvConnectorMetadata) -> None:
+        """Waits for the saves in flight whose blocks this step reuses: those of the preempted
+        requests, and those numbered in `flush` (blocks a sliding window freed)."""
+        t, req_ids, seqs = self._transfers, meta.preempted, set(meta.flush)
+        while t is not None and any(
+            j.req_id in req_ids or j.seq in seqs
+            for j in self._inflight.values()
+            if j.seq
+        ):
             self._settle(t.wait(1.0))
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         """Before the step's forward: a preempted request's blocks are reused at once, and so
         are blocks a sliding window freed: their saves in flight complete first."""
         if isinstance(kv_connector_metadata, TierkvConnectorMetadata):
-            self._wait_for_saves(kv_connector_metadata.preempted)
-            self._wait_for_seqs(kv_connector_metadata.flush)
+            self._wait_before_reuse(kv_connector_metadata)
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         """Submits this step's loads; returns at once. A preempted request's saves complete
@@ -790,8 +787,7 @@ class TierkvConnector(KVConnectorBase_V1, SupportsHMA):
         meta = self._connector_metadata
         if not isinstance(meta, TierkvConnectorMetadata):
             return
-        self._wait_for_saves(meta.preempted)
-        self._wait_for_seqs(meta.flush)
+        self._wait_before_reuse(meta)
         for job in meta.loads:
             self._submit(job, load=True)
 
