@@ -159,10 +159,11 @@ class TierkvSecondaryTier(SecondaryTierManager):
         self.options = store_options(config)
         # Several engines (data-parallel ranks, replicas) open one worker: shared unless told.
         self.options.setdefault("sharing", "shared")
-        self._threads = int(config.get("n_read_threads", 2)) + int(config.get("n_write_threads", 2))
+        threads = int(config.get("n_read_threads", 2)) + int(config.get("n_write_threads", 2))
         self._done: List[JobResult] = []
-        # Transfer id -> (vLLM's job id, its keys, when submitted, whether a load).
-        self._jobs: Dict[int, Tuple[int, List[OffloadKey], float, bool]] = {}
+        # Transfer id -> (vLLM's job id, when submitted); its keys and kind are in
+        # `_job_keys` and `_load_jobs`, kept until get_finished_jobs reports it.
+        self._jobs: Dict[int, Tuple[int, float]] = {}
         self._transfers: Optional[Transfers] = None
         # Scheduler-thread state: keys being stored (lookup: RETRY), the keys of each job,
         # keys whose load failed (lookup: MISS until stored again).
@@ -175,7 +176,7 @@ class TierkvSecondaryTier(SecondaryTierManager):
             self.store = Store(self.root, self.worker, **self.options)
             bs = self.block_size_bytes
             self._transfers = Transfers(
-                self.store, self._flat, [(0, bs, bs)], len(self._flat) // bs, threads=self._threads
+                self.store, self._flat, [(0, bs, bs)], len(self._flat) // bs, threads=threads
             )
             logger.info("tierkv vLLM tier: %s (worker %s)", self.store.dir, self.worker)
         except Exception as e:  # noqa: BLE001: never raise into vLLM; every call misses
@@ -203,17 +204,14 @@ class TierkvSecondaryTier(SecondaryTierManager):
     def _submit(self, job: TransferJob, load: bool) -> None:
         """Queues `job` on the transfers (rows named by its chunk ids) and returns; a job
         that cannot be queued is a failed job."""
-        keys = list(job.keys)
         try:
             t = self._transfers
             if t is None:
                 raise RuntimeError("no store (the open failed, or shut down)")
+            keys = self._keys(self._job_keys[job.job_id])
             rows = [int(c) for c in job.chunk_ids]
-            if load:
-                tid = t.submit_load(self._keys(keys), rows)
-            else:
-                tid = t.submit_save(self._keys(keys), rows)
-            self._jobs[tid] = (job.job_id, keys, time.perf_counter(), load)
+            tid = t.submit_load(keys, rows) if load else t.submit_save(keys, rows)
+            self._jobs[tid] = (job.job_id, time.perf_counter())
         except Exception as e:  # noqa: BLE001 (closed transfers, ...): a failed job
             self.failures.fail("load" if load else "store", e)
             self._done.append(JobResult(job_id=job.job_id, success=False))
@@ -227,7 +225,9 @@ class TierkvSecondaryTier(SecondaryTierManager):
             entry = self._jobs.pop(tid, None)
             if entry is None:
                 continue
-            job_id, keys, t0, load = entry
+            job_id, t0 = entry
+            keys = self._job_keys.get(job_id, [])
+            load = job_id in self._load_jobs
             op = "load" if load else "store"
             for i, msg in errors[:1]:
                 self.failures.fail(op, f"chunk {i}: {msg}")
