@@ -7,7 +7,6 @@ tools/test.sh runs this file in .venv-engines/ (tools/engines-venv.sh lmcache)."
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import os
 import shutil
@@ -25,6 +24,7 @@ require_engine("lmcache.v1.cache_engine", "lmcache", "test_lmcache.py")
 
 import torch  # noqa: E402
 
+import ledger  # noqa: E402
 import lmcache_harness as h  # noqa: E402
 from tierkv_g3 import Store  # noqa: E402
 from tierkv_g3.lmcache import PREFIX, TierkvStoragePlugin, block_key, worker_id  # noqa: E402
@@ -118,9 +118,7 @@ def test_a_store_returns_while_the_disk_is_stalled(tmp_path, engines):
     e = engines("tierkv", tmp_path / "kv")
     plug = h.plugin(e)
     toks, kv = h.tokens(4), h.kv(4 * h.CHUNK)
-    fd = os.open(os.path.join(plug.store.dir, "USAGE"), os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with ledger.held(plug.store.dir):
         t0 = time.monotonic()
         e.store(torch.tensor(toks), kvcaches=kv)
         assert time.monotonic() - t0 < 5.0  # the ledger wait is 10 s
@@ -129,9 +127,6 @@ def test_a_store_returns_while_the_disk_is_stalled(tmp_path, engines):
         assert all(plug.exists_in_put_tasks(k) for k in keys)
         assert block_files(tmp_path / "kv") == set()
         assert plug.tierkv_stats()["pending"] == 4
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
     h.wait_written(e)
     assert len(block_files(tmp_path / "kv")) == 4 and plug.tierkv_stats()["failures"] == {}
     got, back = h.retrieve(e, toks)

@@ -8,12 +8,10 @@ file (as a hung writer on the tree would hold it), so every put waits in its res
 
 from __future__ import annotations
 
-import fcntl
-import os
 import threading
 import time
-from contextlib import contextmanager
 
+import ledger
 import numpy as np
 
 import tierkv_g3
@@ -23,18 +21,6 @@ LEN = 8192
 
 def payload(i: int) -> np.ndarray:
     return (np.arange(LEN, dtype=np.uint32) * (i + 7)).astype(np.uint8)
-
-
-@contextmanager
-def stalled(store):
-    """The worker's ledger lock held by another open file while inside."""
-    fd = os.open(os.path.join(store.dir, "USAGE"), os.O_RDWR)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    try:
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
 
 
 class Releases:
@@ -60,7 +46,7 @@ def test_an_offer_returns_while_the_disk_is_stalled_and_releases_after_the_write
         keys = tierkv_g3.chain_hashes(list(range(3 * 16)), 16)
         rel = Releases(store, keys)
         data = [payload(i) for i in range(3)]
-        with stalled(store):
+        with ledger.held(store.dir):
             t0 = time.monotonic()
             got = off.offer(
                 keys, [[d[:100], d[100:]] for d in data], releases=[rel.of(i) for i in range(3)]
@@ -85,7 +71,7 @@ def test_a_full_queue_drops_the_newest_and_releases_them_at_once(tmp_path):
         off = tierkv_g3.Offloader(store, max_bytes=2 * LEN)
         keys = tierkv_g3.chain_hashes(list(range(4 * 16)), 16)
         rel = Releases(store, keys)
-        with stalled(store):
+        with ledger.held(store.dir):
             got = off.offer(keys, [[payload(i)] for i in range(4)], releases=[rel.of(i) for i in range(4)])
             assert got == {"queued": 2, "deduped": 0, "dropped": 2}
             # The dropped two are let go now, while the queued two wait for the disk.

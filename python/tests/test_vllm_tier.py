@@ -6,7 +6,6 @@ tools/test.sh runs this file in .venv-vllm/ (tools/engines-venv.sh vllm)."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from conftest import require_engine  # noqa: E402
 
 require_engine("vllm.v1.kv_offload.tiering.manager", "vllm", "test_vllm_tier.py")
 
+import ledger  # noqa: E402
 import vllm_tier_harness as h  # noqa: E402
 from conftest import tmpfs  # noqa: E402
 from vllm.v1.kv_offload.base import LookupResult  # noqa: E402
@@ -95,13 +95,10 @@ def test_submit_calls_return_before_the_io(sched, tmp_path):
     stays pending; once the lock is let go, both complete, byte-exact."""
     s = sched([h.tierkv_tier(tmp_path, n_read_threads=0, n_write_threads=1)])
     tier = s.tier()
-    c = s.ctx()
     keys = [h.key(i) for i in range(3)]
     s.store([0])  # stored before the stall: the load below reads it
     s.drop_primary()
-    ledger = os.open(os.path.join(tier.store.dir, "USAGE"), os.O_RDWR)
-    try:
-        fcntl.flock(ledger, fcntl.LOCK_EX)
+    with ledger.held(tier.store.dir):
         c = s.ctx()
         out = s.mgr.prepare_store(keys[1:], c)
         for k, cid in zip(out.keys_to_store, out.store_spec.chunk_ids):
@@ -116,9 +113,6 @@ def test_submit_calls_return_before_the_io(sched, tmp_path):
             time.sleep(0.05)
         assert tier.lookup(keys[1], c) is LookupResult.RETRY
         assert tier.store.contains_many([fold_key(tier._prefix, k) for k in keys[1:]]) == [False] * 2
-    finally:
-        fcntl.flock(ledger, fcntl.LOCK_UN)
-        os.close(ledger)
     s.mgr.on_request_finished(load)
     s.settle()
     s.drop_primary()

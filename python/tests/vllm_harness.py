@@ -226,20 +226,20 @@ def hold_ledger(root: Path, seconds: float) -> str:
     """Holds the usage ledger's lock of the one worker under `root` for `seconds`, from a
     thread (another holder of the shared tree's lock, as a hung writer would): every save
     waits in its reservation meanwhile. Its path."""
-    import fcntl
     import threading
 
-    [path] = list(root.glob("v1/*/USAGE"))
-    fd = os.open(path, os.O_RDWR)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    import ledger
+
+    [worker] = [p.parent for p in root.glob("v1/*/USAGE")]
+    lock = ledger.held(str(worker))
+    path = lock.__enter__()
 
     def release() -> None:
         time.sleep(seconds)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        lock.__exit__(None, None, None)
 
     threading.Thread(target=release, daemon=True).start()
-    return str(path)
+    return path
 
 
 def serve(args) -> dict:
