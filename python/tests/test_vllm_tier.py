@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -220,6 +221,39 @@ def test_two_checkpoints_at_one_path_never_share_a_chunk(sched, tmp_path):
     (model / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": {"quant_method": "fp8"}}))
     c = sched([h.tierkv_tier(tmp_path / "kv2")], model=str(model))
     assert c.tier().worker != b.tier().worker
+
+
+def test_two_revisions_of_one_hub_id_never_share_a_chunk(tmp_path):
+    """A model named by its hub id: vLLM's OffloadingConfig gives the tier its name and KV
+    dtype only, so two revisions (or the same weights quantized by vLLM) shared chunks. The tier
+    now reads the revision, the config's commit and vLLM's quantization from the vllm_config
+    of the vLLM scheduler building it (here vLLM's own OffloadingConnectorScheduler)."""
+    made: list = []
+
+    def build(revision: str, quantization=None, commit="c1") -> h.Sched:
+        hf = SimpleNamespace(_commit_hash=commit)
+        s = h.built_by_vllm(
+            h.make_spec([h.tierkv_tier(tmp_path / "kv")], model="org/tiny"),
+            model="org/tiny", revision=revision, quantization=quantization, hf_config=hf,
+        )
+        made.append(s)
+        return s
+
+    try:
+        v1 = build("v1")
+        v1.store([0, 1])
+        first = v1.tier().worker
+        v1.close()
+        again = build("v1")
+        assert again.tier().worker == first and h.hits(again.lookup_all([0, 1])) == [0, 1]
+        again.close()
+        others = [build("v2"), build("v1", quantization="fp8"), build("v1", commit="c2")]
+        assert len({first, *(s.tier().worker for s in others)}) == 4
+        for s in others:
+            assert s.lookup_all([0, 1]) == {0: MISS, 1: MISS}
+    finally:
+        for s in made:
+            s.close()
 
 
 def test_a_full_disk_fails_the_store_job_without_an_exception(sched):

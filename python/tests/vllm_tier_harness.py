@@ -70,6 +70,33 @@ def make_spec(
     return TieringOffloadingSpec(config)
 
 
+def built_by_vllm(spec: TieringOffloadingSpec, **model_config: Any) -> "Sched":
+    """A Sched whose manager (and so our tier) vLLM's own `OffloadingConnectorScheduler`
+    built, as in a server: inside its `__init__`, with a `vllm_config` whose model config has
+    `model_config`'s fields (model, revision, quantization, hf_config) beside the spec's."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
+        OffloadingConnectorScheduler,
+    )
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
+
+    vllm_config = SimpleNamespace(
+        model_config=SimpleNamespace(**model_config),
+        cache_config=SimpleNamespace(prefix_cache_retention_interval=None, enable_prefix_caching=True),
+        parallel_config=SimpleNamespace(world_size=1, decode_context_parallel_size=1),
+        speculative_config=None,
+    )
+    group = spec.config.groups[0]
+    attention = FullAttentionSpec(
+        block_size=group.tokens_per_block, num_kv_heads=1, head_size=64, dtype=torch.float16
+    )
+    groups = SimpleNamespace(kv_cache_groups=[KVCacheGroupSpec(list(group.layer_names), attention)])
+    OffloadingConnectorScheduler(spec, vllm_config, groups)
+    return Sched(spec)
+
+
 def key(i: int, group: int = 0) -> bytes:
     """vLLM's OffloadKey of chunk i: a 32-byte block hash and a group index."""
     return make_offload_key(i.to_bytes(8, "little") * 4, group)

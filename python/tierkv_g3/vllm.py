@@ -23,9 +23,10 @@ Keys: vLLM's 36-byte ``OffloadKey`` (a 32-byte block hash and a 4-byte KV-cache 
 folded into tierkv's 32-byte key as ``blake3(b"tierkv.vllm.v1" + identity + key)``, where the
 identity is a blake3 of the model, dtype, tokens per hash, blocks per chunk, KV-cache groups,
 parallel sizes (and rank, unless the layout is parallelism-agnostic), canonical layout and the
-chunk's byte size (vLLM's own ``FileMapper`` fields, plus the size) and, for a model in a local
-directory, its weights' identity and quantization: two models, checkpoints or layouts never
-share a block, even on one worker. The worker id (default ``vllm.<model>.<16 hex of the
+chunk's byte size (vLLM's own ``FileMapper`` fields, plus the size) and the checkpoint: the
+weights' identity of a local directory, and the revision, config commit and quantization of the
+vLLM config building the tier (``_checkpoint``): two models, revisions, checkpoints or layouts
+never share a block, even on one worker. The worker id (default ``vllm.<model>.<16 hex of the
 identity>``) gives each model its own directory and capacity under one root.
 
 A failure never raises into vLLM: it is a MISS or a failed job, counted
@@ -39,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional, Set, Tuple
@@ -90,12 +92,29 @@ def identity(offloading_spec: "OffloadingSpec", block_size_bytes: int) -> Dict[s
 
 
 def _checkpoint(model: str) -> Any:
-    """What identifies the weights beyond their name, for a model in a local directory (what
-    vLLM's config names, so the scheduler and every worker derive the same): the weights'
-    identity (`weights_identity`: each weight file's size and a hash of its bytes, which tells
-    two revisions or fine-tunes apart) and the quantization its config declares. A hub id
-    (resolved by vLLM, not here) adds nothing: its name is what identifies it."""
+    """What identifies the weights beyond their name: the weights' identity
+    (`weights_identity`: for a local directory, each weight file's size and a hash of its
+    bytes, which tells two revisions or fine-tunes apart) and, from the vLLM config that is
+    building this tier (`_building_config`), the revision, the commit its Hugging Face config
+    came from and the quantization vLLM applies; without that config, the quantization a
+    local directory's config.json declares. A hub id without that config (the tier built
+    outside vLLM) is identified by its name alone, and a warning says so."""
+    vc = _building_config(model)
+    if vc is not None:
+        mc = vc.model_config
+        revision = getattr(mc, "revision", None)
+        commit = getattr(getattr(mc, "hf_config", None), "_commit_hash", None)
+        return {
+            "weights": weights_identity(model, revision),
+            "revision": str(revision),
+            "commit": str(commit),
+            "quantization": str(getattr(mc, "quantization", None)),
+        }
     if not os.path.isdir(model):
+        logger.warning(
+            "tierkv vLLM tier: no vLLM config for %s in sight: its revision and quantization "
+            "are not in the tier's identity, only its name", model,
+        )
         return None
     quantization = None
     try:
@@ -104,6 +123,33 @@ def _checkpoint(model: str) -> Any:
     except (OSError, ValueError):
         pass
     return {"weights": weights_identity(model, None), "quantization": quantization}
+
+
+def _building_config(model: str) -> Any:
+    """The vLLM config of the engine building this tier, for `model`. vLLM's `OffloadingConfig`
+    carries the model's name and KV dtype only; the tier is built (scheduler side, the only
+    side that has one) inside `OffloadingConnector.__init__(vllm_config, ...)`, outside any
+    `set_current_vllm_config` context, so the config is the nearest caller's `vllm_config`
+    whose model is `model` (or the current one, where vLLM set it). None if neither is."""
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+
+        current = get_current_vllm_config_or_none()
+    except ImportError:
+        current = None
+    if _describes(current, model):
+        return current
+    frame = sys._getframe(1)
+    while frame is not None:
+        vc = frame.f_locals.get("vllm_config")
+        if _describes(vc, model):
+            return vc
+        frame = frame.f_back
+    return None
+
+
+def _describes(vc: Any, model: str) -> bool:
+    return str(getattr(getattr(vc, "model_config", None), "model", None)) == model
 
 
 def fold_key(prefix: bytes, key: OffloadKey) -> bytes:
