@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,32 @@ def test_zero_copy_and_legacy_interfaces_round_trip(tmp_path, controllers):
         b.clear()
         assert b.batch_exists(h.hashes(tokens(5))) == 0 and h.prefetch(ctrl, tokens(5)) == []
         assert threads_alive(ctrl)
+
+
+DISK_CALLS = (
+    "batch_get_v1", "batch_set_v1", "batch_exists", "batch_get", "batch_set", "get", "set",
+    "exists",
+)
+
+
+def test_the_schedulers_thread_never_reaches_the_disk(tmp_path, controllers):
+    """SGLang's scheduler (this thread, driving the controller as the radix cache does) only
+    queues backups and prefetches; every call that reaches the backend's disk (writes, hit
+    queries, reads) runs on the controller's own storage threads: the backend's half of
+    README's "the engine's thread never waits on the disk" for SGLang."""
+    ctrl = controllers(tmp_path / "kv")
+    b = ctrl.storage_backend
+    calls: list = []
+    for name in DISK_CALLS:
+        def recorded(*a, _name=name, _f=getattr(b, name), **kw):
+            calls.append((_name, threading.get_ident()))
+            return _f(*a, **kw)
+
+        setattr(b, name, recorded)
+    pages = h.backup(ctrl, tokens(5))
+    assert h.prefetch(ctrl, tokens(8)) == pages
+    assert {"batch_set_v1", "batch_exists", "batch_get_v1"} <= {n for n, _ in calls}, calls
+    assert threading.get_ident() not in {t for _, t in calls}
 
 
 def test_two_tp_ranks_keep_their_own_pages(tmp_path):
