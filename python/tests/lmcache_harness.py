@@ -173,6 +173,24 @@ def retrieve(e: LMCacheEngine, toks: List[int]) -> tuple:
     return int(mask.sum()), out
 
 
+def prefetch(e: LMCacheEngine, toks: List[int], timeout: float = 30.0) -> int:
+    """LMCache's async loading (`enable_async_loading`), as vLLM's scheduler drives it: the
+    lookup and prefetch of request "r" (what `retrieve` then takes), the tokens it found.
+    LMCache answers the scheduler through its lookup server once every chunk is read; the
+    server's transport (ZMQ to vLLM's scheduler) is stood in for by a queue."""
+    import queue
+    import types
+
+    answers: "queue.Queue" = queue.Queue()
+    e.storage_manager.async_lookup_server = types.SimpleNamespace(
+        send_response_to_scheduler=lambda lookup_id, n: answers.put((lookup_id, n))
+    )
+    e.async_lookup_and_prefetch("r", torch.tensor(toks))
+    lookup_id, n = answers.get(timeout=timeout)
+    assert lookup_id == "r"
+    return int(n)
+
+
 def run(cmd: str, backend: str, root: str, n: int) -> Dict[str, Any]:
     e = engine(config(backend, root))
     toks, kvt = tokens(n), kv(n * CHUNK)

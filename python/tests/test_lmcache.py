@@ -158,6 +158,43 @@ def test_get_non_blocking_gives_the_chunk_with_and_without_an_event_loop(tmp_pat
         runner.join(timeout=5)
 
 
+def reads_by_thread(plugin) -> list:
+    """Patches `plugin`'s blocking reads (every read of a chunk goes through
+    `batched_get_blocking`) to record the thread of each call; the list of those threads."""
+    readers: list = []
+    read = plugin.batched_get_blocking
+
+    def recorded(keys):
+        readers.append(threading.get_ident())
+        return read(keys)
+
+    plugin.batched_get_blocking = recorded
+    return readers
+
+
+def test_with_async_loading_the_engines_retrieve_reads_no_disk(tmp_path, engines):
+    """README's LMCache config turns on LMCache's async loading: the chunks are read on
+    LMCache's event loop during the lookup (`async_lookup_and_prefetch`, which vLLM's scheduler
+    waits on before it schedules the request), and the engine's `retrieve`, which vLLM's
+    worker runs in its step, takes them from memory, byte-exact: no read of the plugin runs on
+    the engine's thread. Without async loading, `retrieve` reads on the engine's thread (the
+    second half: what the README's line avoids)."""
+    toks, kv = h.tokens(4), h.kv(4 * h.CHUNK)
+    e = engines("tierkv", tmp_path / "kv", lmc={"enable_async_loading": True})
+    h.store(e, toks, kv)
+    readers = reads_by_thread(h.plugin(e))
+    assert h.prefetch(e, toks) == len(toks)
+    assert readers and threading.get_ident() not in readers
+    got, back = h.retrieve(e, toks)
+    assert got == len(toks) and torch.equal(back, kv)
+    assert threading.get_ident() not in readers
+
+    blocking = engines("tierkv", tmp_path / "kv")
+    readers = reads_by_thread(h.plugin(blocking))
+    got, back = h.retrieve(blocking, toks)
+    assert got == len(toks) and torch.equal(back, kv) and readers == [threading.get_ident()]
+
+
 def run_harness(*args: str) -> dict:
     out = subprocess.run(
         [sys.executable, str(HARNESS), *args], capture_output=True, text=True, timeout=300
@@ -339,16 +376,17 @@ def test_removing_one_chunk_removes_only_it(tmp_path, engines):
 
 
 def test_readmes_config_lines_load_through_lmcaches_own_config_loader(tmp_path, engines):
-    """README's two config-file lines, as pasted (the root moved here), in a YAML file that
+    """README's three config-file lines, as pasted (the root moved here), in a YAML file that
     LMCache's own loader reads (`LMCacheEngineConfig.from_file`): the engine it configures
     loads our plugin with the line's capacity, and stores and retrieves a request."""
     import re
 
     readme = Path(__file__).resolve().parents[2] / "README.md"
     text = readme.read_text().splitlines()
-    lines = [x for x in text if x.startswith(("storage_plugins:", "extra_config:"))]
-    assert len(lines) == 2 and '"storage_plugin.tierkv.capacity_bytes"' in lines[1]
-    lines[1] = re.sub(r'"(storage_plugin\.tierkv\.root)": "[^"]*"', rf'"\1": "{tmp_path / "kv"}"', lines[1])
+    keys = ("enable_async_loading:", "storage_plugins:", "extra_config:")
+    lines = [x for x in text if x.startswith(keys)]
+    assert len(lines) == 3 and '"storage_plugin.tierkv.capacity_bytes"' in lines[2]
+    lines[2] = re.sub(r'"(storage_plugin\.tierkv\.root)": "[^"]*"', rf'"\1": "{tmp_path / "kv"}"', lines[2])
     path = tmp_path / "lmcache.yaml"
     path.write_text("\n".join([f"chunk_size: {h.CHUNK}", "local_cpu: false", "max_local_cpu_size: 0.05", *lines]) + "\n")
     from lmcache.v1.config import LMCacheEngineConfig
@@ -358,8 +396,10 @@ def test_readmes_config_lines_load_through_lmcaches_own_config_loader(tmp_path, 
         plugin = h.plugin(e)
         assert isinstance(plugin, TierkvStoragePlugin) and plugin.store is not None
         assert plugin.tierkv_stats()["store"]["capacity_bytes"] == 1099511627776
+        assert e.async_loading  # loads are read during the lookup, not in the engine's step
         toks, kv = h.tokens(2), h.kv(2 * h.CHUNK)
         h.store(e, toks, kv)
+        assert h.prefetch(e, toks) == 2 * h.CHUNK
         got, back = h.retrieve(e, toks)
         assert got == 2 * h.CHUNK and torch.equal(back, kv)
     finally:
