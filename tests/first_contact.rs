@@ -110,7 +110,7 @@ fn readme_first_screen_names_the_tools_and_how_to_build_them() {
         "README.md",
         "docs/bench.md",
         "docs/stat.md",
-        "docs/engine.md",
+        "docs/engine-api.md",
     ] {
         assert!(!read(doc).contains("--features tools"), "{doc}");
     }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The TTFT table of docs/engine.md: candle's Llama 2 (--model small, random weights) beneath
+# The TTFT table of docs/engine-api.md: candle's Llama 2 (--model small, random weights) beneath
 # tierkv, per prompt length, 3/4 of the prompt shared with an earlier request; the prefix
 # warm in the page cache, then cold (O_DIRECT reads of files dropped from the page cache).
 # Usage: tools/engine-ttft.sh [PROMPT_TOKENS...]   (default 1024 2048 4096)

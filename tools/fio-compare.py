@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """tierkv-bench against fio, interleaved round by round: the tables of docs/benchmarks.md
-("Hot reads", "Cold reads at the disk's limit", "Puts", "Streamed puts") and docs/engines.md
+("Hot reads", "Cold reads at the disk's limit", "Puts", "Streamed puts") and docs/io-engines.md
 ("Against fio, and NIXL's queues"), one subcommand per section. Each size's figures are
 medians over the rounds; ratios are medians of the per-round ratios (this VM's disk drifts
 by 30 % between runs, so only runs within one round are compared), with their spread.
@@ -487,7 +487,7 @@ Per round: fio on the block files (--opendir, io_uring, iodepth 32); tierkv get_
 blocks (a barrier every 32 reads), of 256 and of 1,024 streamed through a ring of depth 32;
 the nixl engine (NIXL's POSIX backend on libaio and io_uring, get_many of 32) when its
 library is present (tools/fetch-nixl.sh). Prints each round's MiB/s and the row of
-docs/engines.md: fio's median MiB/s and the median of each per-round ratio to fio."""
+docs/io-engines.md: fio's median MiB/s and the median of each per-round ratio to fio."""
 
 
 def main(argv=None):

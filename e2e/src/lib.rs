@@ -2,7 +2,7 @@
 //! RMSNorm, RoPE, grouped-query attention, SwiGLU) on the CPU with weights drawn from a fixed
 //! seed, so nothing is downloaded and the KV tensors are real attention outputs.
 //!
-//! [`KvLayout`] is the block convention (docs/engine.md, "Block layout v1"): how the K and V
+//! [`KvLayout`] is the block convention (docs/engine-api.md, "Block layout v1"): how the K and V
 //! tensors of one block of tokens are laid out in a block's payload.
 
 use std::collections::HashMap;

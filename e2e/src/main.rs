@@ -1,7 +1,7 @@
 //! `engine_e2e`: two requests through a real transformer with tierkv beneath it.
 //!
 //! Request 1 (one process) prefills a prompt of `--prompt-tokens` tokens, cuts every layer's K
-//! and V into blocks of `--block-tokens` (layout v1, docs/engine.md), keys them by the chain
+//! and V into blocks of `--block-tokens` (layout v1, docs/engine-api.md), keys them by the chain
 //! hash of their tokens and offers them through the write-behind [`Offloader`]. Request 2 (a
 //! second process, a fresh engine instance) shares the first `--shared-tokens` tokens: it asks
 //! `contains_prefix`, loads the cached blocks with one `get_many`, rebuilds the KV cache and

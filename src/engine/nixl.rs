@@ -54,7 +54,7 @@ pub struct NixlConfig {
     /// GPU buffer registrations kept between transfers, least recently used dropped first
     /// (default 0: each transfer registers its GPU buffers and drops them). Registering a
     /// GPU buffer and dropping it cost about 6 ms (cuFile compat mode on an H200,
-    /// docs/engines.md), so a batch of 32 blocks spent 0.2 s on them; kept, a read into a
+    /// docs/io-engines.md), so a batch of 32 blocks spent 0.2 s on them; kept, a read into a
     /// buffer seen before (same address, length and device) registers nothing. Only for GPU
     /// buffers that stay allocated while the engine lives (an engine's KV pool, which
     /// NIXL's own users register once): before such a buffer is freed, its registration

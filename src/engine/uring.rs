@@ -6,7 +6,7 @@
 //!
 //! The first version handed batches to a dedicated ring thread through a channel; on this
 //! project's 2-vCPU VMs the two thread hand-offs per batch cost about 100 us, more than a hot
-//! 64 KiB read (docs/engines.md). A ring per calling thread has no hand-off. Rings stay off
+//! 64 KiB read (docs/io-engines.md). A ring per calling thread has no hand-off. Rings stay off
 //! tokio's worker threads all the same: the store's async API runs batches on tokio's
 //! blocking pool.
 

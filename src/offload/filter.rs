@@ -5,7 +5,7 @@
 //! [`Offloader`](super::Offloader) before it is queued and says whether to write it.
 //! [`AdmitAll`] writes everything; [`SecondOffer`] writes a block only when it is offered a
 //! second time within a window (the doorkeeper Dynamo's KV block manager uses to spare disk
-//! writes). docs/engine.md gives their hit ratios and bytes written on the shared trace.
+//! writes). docs/engine-api.md gives their hit ratios and bytes written on the shared trace.
 
 use std::fmt;
 

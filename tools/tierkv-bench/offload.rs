@@ -1,6 +1,6 @@
 //! `--rw offload`: the engine thread's time per offer through the write-behind offloader
 //! while the writer keeps the disk saturated, and the sustained write throughput, side by
-//! side with plain `put_many` of the same blocks (docs/engine.md).
+//! side with plain `put_many` of the same blocks (docs/engine-api.md).
 
 use std::io::Write;
 use std::path::Path;
