@@ -295,7 +295,7 @@ fn evicted_files_that_cannot_be_unlinked_still_count() {
     }
 }
 
-/// Issue 51, finding 9: a key repeated in one batch (`[k, k]`), or chains whose parents loop
+/// A key repeated in one batch (`[k, k]`), or chains whose parents loop
 /// (`[a, b, a]` in one batch; `[x]`, `[y, x]`, `[x, y]` across three), pinned their blocks
 /// until the store reopened: the loop was never a tail, so eviction never took it, and the
 /// capacity shrank for good. With LRU, 100 newer single-block puts now evict every one of

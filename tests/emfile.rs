@@ -81,7 +81,7 @@ fn thousands_of_blocks_under_an_open_file_limit_of_64() {
     setrlimit(Resource::Nofile, old).unwrap();
 }
 
-/// Issue 51, finding 6: a put of 2,000 blocks at a soft limit of 1,024 stored 508 and raised
+/// A put of 2,000 blocks at a soft limit of 1,024 stored 508 and raised
 /// EMFILE; a get of 2,000 stored blocks did the same. Here the limit is 64 and one batch holds
 /// 2,000 blocks: every block is stored and read back whole.
 #[test]

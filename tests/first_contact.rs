@@ -1,4 +1,4 @@
-//! First contact: the checks a newcomer's first commands rely on (issue 12).
+//! First contact: the checks a newcomer's first commands rely on.
 
 use std::io::Write;
 use std::process::{Command, Stdio};

@@ -813,7 +813,7 @@ fn verify_always_serves_a_good_cached_block_every_time() {
 }
 
 /// A stats interval under 1 ms (one that rounds to nothing: Python's `stats_interval=1e-300`)
-/// is refused at open instead of rewriting STATS.json in a busy loop (issue 27 item 11).
+/// is refused at open instead of rewriting STATS.json in a busy loop.
 #[test]
 fn a_stats_interval_under_a_millisecond_is_refused() {
     let root = tempfile::tempdir().unwrap();
@@ -888,7 +888,7 @@ fn writer_and_reader(root: &std::path::Path, negative_ttl: std::time::Duration) 
 
 #[test]
 fn a_read_only_shared_store_sees_blocks_put_after_it_opened() {
-    // Issue 50, finding 1: an engine's scheduler looks its prefixes up in a read-only store of
+    // An engine's scheduler looks its prefixes up in a read-only store of
     // the tree its workers write; it must see what they stored after it opened.
     let dir = tempfile::tempdir().unwrap();
     let (writer, reader) = writer_and_reader(dir.path(), std::time::Duration::ZERO);
@@ -904,7 +904,7 @@ fn a_read_only_shared_store_sees_blocks_put_after_it_opened() {
     assert_eq!(buf, data[2]);
 }
 
-/// Issue 51, finding 4: `clear()` empties a worker through the store, never around it. Two
+/// `clear()` empties a worker through the store, never around it. Two
 /// shared stores on one worker (two ranks of an MLA model, two replicas): one clears, and the
 /// other's blocks go too (it finds them missing, never an error); the directories and control
 /// files stay, so both keep storing and each finds what the other puts after. A read-only
@@ -970,7 +970,7 @@ fn clear_empties_a_worker_and_every_store_on_it_keeps_working() {
     ));
 }
 
-/// Issue 51, finding 11 in Rust: a pinned block is never this store's victim until unpinned
+/// A pinned block is never this store's victim until unpinned
 /// (as many times as pinned); an absent key is not pinned. `discard_many` removes exactly the
 /// keys named, where `remove_many` takes the rest of the chain.
 #[test]
@@ -1043,7 +1043,7 @@ fn pins_hold_until_released_and_discard_removes_only_what_it_names() {
     );
 }
 
-/// Issue 50, finding 7: an engine's scheduler asks for every waiting request's prefix at
+/// An engine's scheduler asks for every waiting request's prefix at
 /// every step. `lookup_prefix` answers from memory (a block once found is present without a
 /// system call; an absent one is remembered for the negative time), and `recheck_many` makes
 /// it look again: after the engine saved a block, or a load found one missing.

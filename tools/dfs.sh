@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tools/dfs.sh — a two-node GlusterFS cluster on one machine, for tierkv's
-# shared-store (multi-node) tests and measurements (issue 15).
+# shared-store (multi-node) tests and measurements.
 #
 #   tools/dfs.sh up [--coherent|--defaults]   start (idempotent); prints "nN MOUNTPOINT" per node
 #   tools/dfs.sh down                         tear everything down (idempotent)

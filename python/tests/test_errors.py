@@ -101,7 +101,7 @@ def test_read_only_worker_busy_layout_mismatch_config(open_store, tmp_path):
             tierkv_g3.Store(tmp_path, "rank1", **kw)
     with pytest.raises(ValueError):
         tierkv_g3.Store(tmp_path, "rank1", stats_interval=0)
-    # Too long for a duration: an error, not a Rust panic (issue 27 item 11).
+    # Too long for a duration: an error, not a Rust panic.
     with pytest.raises(ValueError, match="stats_interval"):
         tierkv_g3.Store(tmp_path, "rank1", stats_interval=1e300)
     # Rounds to nothing, or under the store's 1 ms: refused, not a busy loop.
@@ -173,7 +173,7 @@ def test_too_many_open_files(tmp_path):
 
 
 def test_a_batch_of_any_size_works_under_the_open_file_limit(tmp_path):
-    # Issue 51, finding 6, as found (LMCache's server keeps a soft limit of 1,024): a put of
+    # As found (LMCache's server keeps a soft limit of 1,024): a put of
     # 2,000 blocks stored 508 and raised TooManyOpenFilesError, and so did the get.
     script = textwrap.dedent(f"""
         import resource, tierkv_g3

@@ -1,4 +1,4 @@
-"""Issue 51, finding 7: engines and their launchers fork. A store (or a Transfers over it)
+"""Engines and their launchers fork. A store (or a Transfers over it)
 closed or dropped in a forked child aborted the child ("panic in a destructor during
 cleanup": joining a background thread that does not exist there) or raised
 pyo3_runtime.PanicException, a BaseException that escapes every `except Exception`. Closing

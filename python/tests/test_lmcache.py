@@ -1,4 +1,4 @@
-"""tierkv_g3.lmcache against the real LMCache on CPU (issue 26): LMCacheEngine's store, lookup
+"""tierkv_g3.lmcache against the real LMCache on CPU: LMCacheEngine's store, lookup
 and retrieve through the plugin LMCache loads from its config (storage_plugins +
 extra_config), beside LMCache's own LocalDiskBackend. python/tests/lmcache_harness.py builds
 the engine; its GPU connector is a copying stand-in (no GPU here), the rest is LMCache's own.
@@ -315,7 +315,7 @@ def test_a_missing_root_is_a_miss_never_an_exception(tmp_path, engines):
 
 
 def test_a_misspelt_option_is_refused_at_start_naming_it(tmp_path, engines, caplog):
-    """Issue 51, finding 10: `capacity_byte` for `capacity_bytes` left the store unbounded
+    """`capacity_byte` for `capacity_bytes` left the store unbounded
     without a word; the plugin now refuses an option it does not know, by its full name
     (LMCache logs the refusal and runs without the backend)."""
     e = engines("tierkv", tmp_path / "kv", capacity_byte=1 << 20)
@@ -327,7 +327,7 @@ def test_a_misspelt_option_is_refused_at_start_naming_it(tmp_path, engines, capl
 
 
 def test_two_engines_of_one_model_share_a_root_by_default(tmp_path, engines):
-    """Issue 51, finding 5: a second engine (another `lmcache server`, a replica) on one root
+    """A second engine (another `lmcache server`, a replica) on one root
     had no disk tier; with the documented config both work, each hitting what the other
     stored."""
     e1 = engines("tierkv", tmp_path / "kv")
@@ -340,7 +340,7 @@ def test_two_engines_of_one_model_share_a_root_by_default(tmp_path, engines):
 
 
 def test_a_pinned_lookup_keeps_its_chunks_until_unpinned(tmp_path, engines):
-    """Issue 51, finding 11: LMCache pins what a lookup found until it retrieves it
+    """LMCache pins what a lookup found until it retrieves it
     (`lookup(pin=True)`, then `lookup_unpin`). The plugin only touched the blocks: one evicted
     in between was missing at the retrieve (under vLLM's default `kv_load_failure_policy` a
     failed request). Now the chunks stay while pinned, and go once unpinned."""
@@ -359,7 +359,7 @@ def test_a_pinned_lookup_keeps_its_chunks_until_unpinned(tmp_path, engines):
 
 
 def test_removing_one_chunk_removes_only_it(tmp_path, engines):
-    """Issue 51, finding 11: a batch is stored as one chain, and LMCache's `remove(key)` of
+    """A batch is stored as one chain, and LMCache's `remove(key)` of
     one chunk removed the chunks stored after it too (other objects to LMCache, which its
     accounting never heard of). Now only the chunk named goes."""
     e = engines("tierkv", tmp_path / "kv")

@@ -197,7 +197,7 @@ def test_lmcache_eviction_deletes_the_blocks(lmc, adapter):
 
 
 def test_deleting_one_key_of_a_task_deletes_only_it(lmc, adapter):
-    """Issue 51, finding 11: a task's keys are stored as one chain, and LMCache's L2
+    """A task's keys are stored as one chain, and LMCache's L2
     `delete(key)` of the first removed the task's later keys too, which the adapter's usage
     never heard of. Now only the keys named go, and the usage says so."""
     keys = [okey(lmc, i) for i in range(3)]
@@ -302,7 +302,7 @@ def test_the_json_line_is_what_lmcache_parses(lmc, tmp_path):
 
 
 def test_two_servers_on_one_root_share_it_by_default(lmc, tmp_path):
-    """Issue 51, finding 5: a second `lmcache server` of one model on one root had no disk
+    """A second `lmcache server` of one model on one root had no disk
     tier (its store's open failed); with README's line both work, each loading what the
     other stored."""
     a, b = adapter_of(lmc, tmp_path), adapter_of(lmc, tmp_path)

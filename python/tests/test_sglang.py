@@ -1,4 +1,4 @@
-"""tierkv_g3.sglang against the real SGLang on CPU (issue 26): SGLang's host pools, its
+"""tierkv_g3.sglang against the real SGLang on CPU: SGLang's host pools, its
 HiCacheController with its threads and its backend factory (`dynamic`) around the backend
 (python/tests/sglang_harness.py builds them). tools/test.sh runs this file in .venv-engines/
 (tools/engines-venv.sh sglang installs sglang 0.5.23, lmcache 0.5.6 and their torch there)."""
@@ -269,7 +269,7 @@ def test_a_backup_hangs_from_the_sequences_earlier_pages(tmp_path):
 
 
 def test_readmes_line_turns_the_tier_on_through_sglangs_own_parser(tmp_path):
-    """Issue 51, finding 3: README's SGLang line, as pasted (with --file-storage-path beside
+    """README's SGLang line, as pasted (with --file-storage-path beside
     it, which SGLang injects into the extra config), parsed by SGLang's own
     `prepare_server_args`: HiCache on, our backend named, prefix keys passed; the backend
     built by SGLang's factory from what was parsed stores and restores a page."""
@@ -323,7 +323,7 @@ def test_readmes_line_turns_the_tier_on_through_sglangs_own_parser(tmp_path):
 
 
 def test_the_backends_metrics_stay_bounded_without_get_stats(tmp_path):
-    """Issue 51, finding 8: SGLang calls get_stats only with its storage metrics on; the
+    """SGLang calls get_stats only with its storage metrics on; the
     samples of every get and set must not pile up meanwhile."""
     import tierkv_g3.sglang as sg
 
@@ -344,7 +344,7 @@ def test_the_backends_metrics_stay_bounded_without_get_stats(tmp_path):
 
 @pytest.mark.parametrize("first_v1", [False, True])
 def test_switching_the_interface_never_serves_scrambled_pages(tmp_path, controllers, first_v1):
-    """Issue 51, finding 1: a layer_first host pool backs up pages through one interface
+    """A layer_first host pool backs up pages through one interface
     (legacy: K of every layer, then V; v1: K0, V0, K1, V1, ...) and the server restarts with
     the other on the same root: every page restored is byte-exact, never scrambled (here: the
     other interface's pages are another worker's, so a miss)."""
@@ -361,7 +361,7 @@ def test_switching_the_interface_never_serves_scrambled_pages(tmp_path, controll
 
 
 def test_two_checkpoints_under_one_served_name_never_share_pages(tmp_path, controllers):
-    """Issue 51, finding 2: two checkpoints served under one `--served-model-name` (a
+    """Two checkpoints served under one `--served-model-name` (a
     fine-tune: the same architecture, files and sizes, other weights) shared a worker id, and
     the second restored the first's KV. Each server's backend is built inside the model
     config SGLang publishes in its scheduler (`create_context`, as `publish` does): the
@@ -402,7 +402,7 @@ def test_two_checkpoints_under_one_served_name_never_share_pages(tmp_path, contr
 
 
 def test_two_servers_of_one_model_share_a_root_by_default(tmp_path, controllers):
-    """Issue 51, finding 5: a second server (a replica) of one model on one root had no
+    """A second server (a replica) of one model on one root had no
     disk tier (its store's open failed: the worker was the first's). With the documented
     config both work: what one backs up, the other restores."""
     toks = tokens(5)

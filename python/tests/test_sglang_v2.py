@@ -1,4 +1,4 @@
-"""tierkv_g3.sglang's HiCache v2 interface (issue 26 item 1) against the real SGLang on CPU.
+"""tierkv_g3.sglang's HiCache v2 interface against the real SGLang on CPU.
 
 What is real: SGLang's host pools (an `MHATokenToKVPoolHost` as the "kv" anchor, a second
 MHA host pool as the TRAILING_PAGES sidecar `PoolName.SWA`, an `MLATokenToKVPoolHost` as
@@ -216,7 +216,7 @@ def test_an_mla_models_sidecars_are_shared_by_its_ranks_but_mamba(tmp_path):
 
 
 def test_clear_on_every_rank_of_an_mla_model_keeps_every_rank_working(tmp_path):
-    """Issue 51, finding 4: SGLang's `/clear_hicache_storage_backend` runs `clear()` on every
+    """SGLang's `/clear_hicache_storage_backend` runs `clear()` on every
     rank. At TP=2 with MLA (one worker for both ranks), rank 0 removed the directory and
     reopened it, rank 1 kept a descriptor of the removed one and saw 0 of 6 pages from then
     on; rank 1's clear also removed the sidecar directories rank 0 had just reopened, and

@@ -1,5 +1,5 @@
 """Store(sharing="shared", negative_ttl=...): several stores on one worker directory (what
-the SGLang backend opens for the ranks of an MLA model; issue 26)."""
+the SGLang backend opens for the ranks of an MLA model)."""
 
 from __future__ import annotations
 

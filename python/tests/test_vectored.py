@@ -1,5 +1,5 @@
 """Store.put_many_vectored / get_many_into_vectored: a block written from and read into
-several buffers in place (an MHA page's K and V regions, which are not contiguous; issue 26)."""
+several buffers in place (an MHA page's K and V regions, which are not contiguous)."""
 
 from __future__ import annotations
 

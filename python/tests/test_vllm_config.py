@@ -1,6 +1,5 @@
 """README's vLLM connector line, checked by vLLM's own argument parser, and the connector's
-worker id, which must name the weights and their KV, not where they are (issue 50, findings 5
-and 6). Runs in .venv-vllm/ (no engine is started)."""
+worker id, which must name the weights and their KV, not where they are. Runs in .venv-vllm/ (no engine is started)."""
 
 from __future__ import annotations
 

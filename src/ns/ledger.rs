@@ -176,7 +176,7 @@ mod tests {
     use crate::ns::tests::*;
 
     /// The ledger's lock waits for another holder at most its wait, then fails naming the
-    /// ledger (issue 27 item 9); once the holder lets go it is taken again.
+    /// ledger; once the holder lets go it is taken again.
     #[test]
     fn the_ledger_lock_waits_at_most_its_wait() {
         let (t, d) = bd();

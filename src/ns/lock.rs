@@ -249,7 +249,7 @@ mod tests {
     use super::*;
     use crate::ns::tests::*;
 
-    /// `keep_lock` (issue 27 item 8): a held lock file stays; a removed one is put back,
+    /// `keep_lock`: a held lock file stays; a removed one is put back,
     /// locked; one replaced by a file another store holds is lost.
     #[test]
     fn a_removed_lock_file_is_put_back_and_a_taken_one_is_lost() {

@@ -122,7 +122,7 @@ mod tests {
         assert_eq!(node_id(), node_id_of(&host_name(), Some(&boot), Some(&ns)));
     }
 
-    /// Issue 27 item 7: two stores in `unshare -mpf` namespaces with a tmpfs over /proc read
+    /// Two stores in `unshare -mpf` namespaces with a tmpfs over /proc read
     /// no boot id and no pid namespace, and shared one node id.
     #[test]
     fn without_a_boot_id_or_a_pid_namespace_each_process_is_its_own_node() {

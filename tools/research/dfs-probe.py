@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """dfs-probe.py — measure, across two client mounts of one shared filesystem, the
-semantics a shared block store (tierkv's shared mode, issue 15) depends on.
+semantics a shared block store (tierkv's shared mode) depends on.
 
 Usage (after `tools/dfs.sh up`, which prints the two mount points):
 

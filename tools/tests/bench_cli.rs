@@ -1092,7 +1092,7 @@ fn reuse_evicted_writes_into_the_files_a_full_store_evicts() {
 }
 
 /// A `--trace` naming a FIFO that no writer has open is a usage error naming it, at once
-/// (issue 27 item 11: the bench waited for a writer for ever); an empty file is one too.
+/// (the bench waited for a writer for ever); an empty file is one too.
 #[test]
 fn a_trace_fifo_without_a_writer_or_an_empty_trace_is_a_usage_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -1130,7 +1130,7 @@ fn a_trace_fifo_without_a_writer_or_an_empty_trace_is_a_usage_error() {
     }
 }
 
-/// `puts=` counts the puts that succeeded (issue 27 item 12: it subtracted the errors from
+/// `puts=` counts the puts that succeeded (it subtracted the errors from
 /// that count a second time, and printed 18446744073709551078 on a tmpfs out of inodes once
 /// they outnumbered the successes): with `put-errors=` it adds up to the puts made.
 #[test]

@@ -769,7 +769,7 @@ fn deleting_the_lock_file_does_not_unlock() {
     }
 }
 
-/// Issue 27 item 8: on GlusterFS the directory's flock holds only on one client, so the lock
+/// On GlusterFS the directory's flock holds only on one client, so the lock
 /// file alone keeps other nodes out, and `rm FLOCK` let another node's store open the
 /// worker. The holder puts a removed (or replaced) lock file back within a few checks of
 /// `ns::LOCK_KEEP_INTERVAL`, locked, so the next opener anywhere is refused by it.

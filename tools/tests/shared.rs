@@ -716,7 +716,7 @@ fn shared_control_files_that_are_symlinks_or_fifos_are_refused() {
     }
 }
 
-/// Issue 51, finding 12: the ledger is checked against the tree it counts, not believed.
+/// The ledger is checked against the tree it counts, not believed.
 /// Rewritten to zero under two running stores (write access to the tree is enough), it let
 /// the tree grow to 400 block files for a 256-file capacity; rewritten to the largest count,
 /// every later put was declined and every block evicted. Now both are healed by a recount at

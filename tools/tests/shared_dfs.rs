@@ -499,7 +499,7 @@ fn a_capacity_shared_by_two_nodes_holds_while_they_run() {
     }
 }
 
-/// Issue 27 item 8: GlusterFS keeps directory locks to one client, so only the lock file keeps
+/// GlusterFS keeps directory locks to one client, so only the lock file keeps
 /// other nodes out of an exclusive store's worker; with it removed, five exclusive opens and a
 /// `tierkv-stat --repair` on the other node got in while the first node wrote (and swept its
 /// live temp files). The holder now puts the file back, locked (`ns::BlockDir::keep_lock`), and

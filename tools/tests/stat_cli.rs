@@ -436,7 +436,7 @@ fn a_file_under_a_reusing_writers_lease_is_skipped_as_gone() {
 }
 
 /// Names taken from a STATS file reach the terminal as text: an escape sequence in the policy
-/// or host (issue 27 item 10) is written as `\u{1b}`, never as the control character.
+/// or host is written as `\u{1b}`, never as the control character.
 #[test]
 fn live_text_output_escapes_control_characters_from_stats_files() {
     let dir = tempfile::tempdir().unwrap();

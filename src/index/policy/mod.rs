@@ -294,8 +294,8 @@ pub(crate) mod tests {
     }
 
     /// Mooncake's conversation trace (one hour of a real chat service: 12,031 requests, every
-    /// one behind the same system-prompt block), as lists of ids: the trace issue 30 was opened
-    /// on.
+    /// one behind the same system-prompt block), as lists of ids: the one real
+    /// trace the rules' table below was measured on.
     pub(crate) fn mooncake_conversation() -> Vec<Vec<u64>> {
         read_trace(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -364,7 +364,7 @@ pub(crate) mod tests {
                 round(lru),
                 round(admit)
             );
-            // Issue 30's target on the one real trace, as the shapes test reads it: at least
+            // The target on the one real trace, as the shapes test reads it: at least
             // the best of the three rules, or within 0.005 of its hit ratio (ARC leads at
             // 1,000 and 16,000 blocks; docs/eviction.md, "Hit ratios").
             assert!(
@@ -385,17 +385,17 @@ pub(crate) mod tests {
         }
     }
 
-    /// Issue 30's table, on the trace it was measured on (Mooncake's conversation trace): the
-    /// three rules' hit ratios as the issue gives them (its replay was through a store; this
+    /// The rules' table, on the trace it was measured on (Mooncake's conversation trace): the
+    /// three rules' hit ratios as first measured (that replay was through a store; this
     /// one, through the index, gives the same figures), and the default at least the best of
     /// them, or within 0.5 % of its hit ratio (read both ways: 0.005 of the references, and
-    /// 0.995x), over the whole trace as the issue measured it.
+    /// 0.995x), over the whole trace.
     #[test]
     #[cfg_attr(
         debug_assertions,
         ignore = "optimised only: cargo test --release --lib policy"
     )]
-    fn issue_30s_table_on_the_conversation_trace() {
+    fn the_rules_table_holds_on_the_conversation_trace() {
         let reqs = mooncake_conversation();
         let round = |x: f64| (x * 1e4).round() / 1e4;
         // (capacity, lru, admit2, arc), from the issue.
