@@ -45,6 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     offload.flush(); // an engine need not wait: closing writes what is queued
     assert_eq!(store.contains_prefix(&keys)?, 4);
     println!("{:?}", store.stats().offload); // queued, written, dropped by reason, queue wait
+    // README end
 
     // The store's own calls are synchronous: put_many writes each block atomically (temp
     // file + rename) before it returns; NoSpace, Io { path, .. } leave nothing partial.
@@ -52,7 +53,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for r in store.put_many(&[(keys[0].clone(), &block[..])]) {
         r?;
     }
-    // README end
     // One store per worker directory: close this one before reopening the worker bounded.
     drop(offload);
     drop(store);

@@ -108,7 +108,7 @@ fn readme_first_screen_names_the_tools_and_how_to_build_them() {
     // No command in the README or the docs still asks for the old `tools` feature.
     for doc in [
         "README.md",
-        "docs/bench.md",
+        "docs/benchmarks.md",
         "docs/stat.md",
         "docs/engine-api.md",
     ] {
