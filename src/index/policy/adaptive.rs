@@ -14,7 +14,8 @@ use crate::key::BlockHash;
 /// whole and its prefix hits can be counted) at capacity / `2^k`, which estimates the hit ratio
 /// of the full-size cache (spatial sampling, Waldspurger et al., "SHARDS", FAST'15). Below it the
 /// shadows are exact; above it their memory stays a constant, not a share of the cache. Sampling
-/// costs accuracy: docs/eviction-log.md measures sampled shadows against exact ones at 16k blocks.
+/// costs accuracy: docs/eviction-log.md at commit 2f3502f (`git show 2f3502f:docs/eviction-log.md`)
+/// measures sampled shadows against exact ones at 16k blocks.
 pub const SHADOW_BLOCKS: usize = 32768;
 
 /// The doorkeeper remembers a first offer for between 4 and 8 capacities' worth of other
@@ -38,9 +39,10 @@ pub const SWITCH_SIGMAS: f64 = 3.0;
 /// two, 0.14; three, 0.011; one that no reference has yet told apart from the leader (one hit
 /// where the other missed), 0. So with a clear leader the real cache is the leader's shadow,
 /// and near a tie it keeps what most of the close shadows keep instead of what one of them,
-/// perhaps by chance, keeps. Over the 216 cells of 8 seeds in docs/eviction-log.md, 1 leaves the
-/// fewest cells below the best simple rule by more than 0.005 of the widths tried (7 at 1,
-/// 8 at 0.5, 9 at 1.5, 10 at 2), with 33 below 0.995x the best (36 at 0.5).
+/// perhaps by chance, keeps. Over the 216 cells of 8 seeds in docs/eviction-log.md at commit
+/// 2f3502f, 1 leaves the fewest cells below the best simple rule by more than 0.005 of the
+/// widths tried (7 at 1, 8 at 0.5, 9 at 1.5, 10 at 2), with 33 below 0.995x the best (36 at
+/// 0.5).
 pub const VOTE_SIGMAS: f64 = 1.0;
 
 /// With sampled shadows (above [`SHADOW_BLOCKS`]), the leader changes when another shadow leads
@@ -306,7 +308,8 @@ impl Shadow {
 /// leader's rule to its own orders. With exact shadows it also keeps a duel per regime of the
 /// workload ([`REGIME_SHIFT`]), so a regime that comes back brings back the rule that won in
 /// it. No constant is fitted to a trace; each is fixed with its reason beside it, and
-/// docs/eviction-log.md shows their sensitivity.
+/// docs/eviction-log.md at commit 2f3502f (`git show 2f3502f:docs/eviction-log.md`) shows their
+/// sensitivity.
 ///
 /// Chain order is the index's: eviction takes only blocks without present children, whichever
 /// order chooses among them.
@@ -526,7 +529,7 @@ impl Adaptive {
         Self::with_constants(SHADOW_BLOCKS, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES)
     }
 
-    /// With other constants (for the sensitivity tables of docs/eviction-log.md).
+    /// With other constants (for the sensitivity tables of docs/eviction-log.md at commit 2f3502f).
     pub fn with_constants(
         shadow_blocks: usize,
         half_life_capacities: usize,

@@ -12,7 +12,7 @@ use crate::key::BlockHash;
 /// sightings for second ones, so which blocks are admitted early depended on the blocks'
 /// hashes: the shared trace replayed through the index with the test's counter hashes and
 /// through a store with blake3 hashes gave 0.0951 and 0.0931 at 1,000 blocks
-/// (docs/eviction-log.md, "The exact doorkeeper"). Exact, the two agree.
+/// (docs/eviction-log.md at commit 2f3502f, "The exact doorkeeper"). Exact, the two agree.
 pub const EXACT_DOOR_WINDOW: usize = super::DOOR_WINDOW_CAPACITIES * super::SHADOW_BLOCKS;
 
 /// Bits of filter per remembered sighting (with [`PROBES`] probes: about 1 % false "seen").

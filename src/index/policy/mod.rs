@@ -615,8 +615,8 @@ pub(crate) mod tests {
     /// Chat's traffic hangs off 3 system prompts, so shadows that sample chains by their root
     /// see 0 to 3 of them. At half of its blocks on seed 2 (25,487 blocks), sampled shadows
     /// misjudged LRU against ARC and the default fell 0.0142 below LRU after the first 10 %
-    /// (more than 0.005 below on 7 of 8 seeds: docs/eviction-log.md, "On other seeds"); with
-    /// shadows exact up to [`SHADOW_BLOCKS`] it is within 0.005.
+    /// (more than 0.005 below on 7 of 8 seeds: docs/eviction-log.md at commit 2f3502f, "On other
+    /// seeds"); with shadows exact up to [`SHADOW_BLOCKS`] it is within 0.005.
     #[test]
     #[cfg_attr(
         debug_assertions,
