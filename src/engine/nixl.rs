@@ -9,9 +9,10 @@
 //! backend; a file a GPU transfer uses is registered with both backends (a deregistration
 //! removes a file from every backend), others with POSIX alone. Host buffers stay on POSIX.
 //!
-//! Per batch: one FILE registration per request (offset 0 to the end of the transfer, the fd as
-//! device id) and one DRAM registration per buffer segment, one descriptor pair per segment,
-//! one transfer request per direction, posted and polled to completion. Reads are clamped to
+//! Per batch: one FILE registration per distinct descriptor (offset 0 to the furthest byte the
+//! batch asks of it, the fd as device id; kept while the descriptor is in the open-file
+//! cache), one DRAM registration per buffer segment, one descriptor pair per segment, one
+//! transfer request per direction, posted and polled to completion. Reads are clamped to
 //! the file's length first (NIXL reports no byte counts), so a read that reaches the end of a
 //! file is short exactly as with the other engines.
 
