@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """tierkv-bench against fio, interleaved round by round: the tables of docs/benchmarks.md
-("Hot reads", "Cold reads at the disk's limit", "Puts", "Streamed puts") and docs/io-engines.md
+("Hot reads", "Cold reads at the disk's limit", "Streamed puts") and docs/io-engines.md
 ("Against fio, and NIXL's queues"), one subcommand per section. Each size's figures are
 medians over the rounds; ratios are medians of the per-round ratios (this VM's disk drifts
 by 30 % between runs, so only runs within one round are compared), with their spread.

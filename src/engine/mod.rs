@@ -85,8 +85,8 @@ impl fmt::Debug for Feed<'_> {
 }
 
 /// The most bytes the psync engine reads before it feeds them to a [`Feed`]: a piece that
-/// stays in a core's L2 cache, measured here (2 MiB blocks, XXH3-128) as fast as 128 KiB and
-/// faster than 512 KiB (docs/benchmarks.md, "Verified prefix loads").
+/// stays in a core's L2 cache, measured (2 MiB blocks, XXH3-128: pieces of 32 KiB to
+/// 512 KiB within 0.80-0.83x of a plain read; docs/benchmarks.md, "Verified prefix loads").
 pub const FEED_CHUNK: usize = 256 * 1024;
 
 impl<'a> IoRequest<'a> {
