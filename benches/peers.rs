@@ -15,7 +15,7 @@ use foyer::{
     BlockEngineConfig, DeviceBuilder, FsDeviceBuilder, HybridCache, HybridCacheBuilder,
     HybridCachePolicy, RecoverMode,
 };
-use tierkv::buf::AlignedBuf;
+use tierkv::AlignedBuf;
 use tierkv::{BlockHash, Layout, Lookup, Store, StoreConfig, VerifyMode, WorkerId};
 
 /// Blocks per size: 1,000 of 64 and 256 KiB, 200 of 2 MiB (400 MiB per peer).

@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use tierkv::index::policy::{Access, Policy};
+use tierkv::{Access, Policy};
 use tierkv::{BlockHash, PolicyKind};
 
 const SIZES: [u64; 4] = [1 << 14, 1 << 15, 1 << 16, 1 << 20];

@@ -91,7 +91,7 @@ fn main() -> Result<ExitCode, Box<dyn std::error::Error>> {
             // Page-aligned, as an engine's page pool (and bench.py's arrays) are: the kernel
             // copies into a buffer off a 64-byte line several times slower (docs/python.md).
             let mut bufs: Vec<_> = (0..batch)
-                .map(|_| tierkv::buf::AlignedBuf::zeroed(2 << 20))
+                .map(|_| tierkv::AlignedBuf::zeroed(2 << 20))
                 .collect();
             let mut times = Vec::with_capacity(iters);
             for i in 0..n.div_ceil(batch) + iters {

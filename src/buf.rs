@@ -9,12 +9,12 @@ use std::ptr::NonNull;
 /// common logical block size).
 pub const DIRECT_ALIGN: usize = 4096;
 
-/// Rounds `n` up to a multiple of [`DIRECT_ALIGN`].
+/// Rounds `n` up to a multiple of `DIRECT_ALIGN`.
 pub const fn align_up(n: usize) -> usize {
     n.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN
 }
 
-/// A zero-initialised byte buffer whose address is a multiple of [`DIRECT_ALIGN`].
+/// A zero-initialised byte buffer whose address is a multiple of `DIRECT_ALIGN`.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,

@@ -5,17 +5,18 @@
 //! instead of recomputing. A [`Store`] serves one worker (tensor-parallel rank) under a root
 //! directory shared with other workers.
 //!
-//! The modules follow the architecture:
-//! - where bytes live: [`layout`] (the sharded directory tree), [`format`](mod@format) (the
-//!   block file) and [`ns`] (every file operation, beneath the worker directory, never
-//!   through a symlink);
-//! - how I/O is submitted: [`engine`] (the [`IoEngine`](engine::IoEngine) trait, psync);
-//! - what is kept: [`index`] (capacity, eviction policies) and [`store`] (put/get semantics,
-//!   the open-file cache, counters, the rebuild on open);
-//! - what the engine calls to write: [`offload`] (write-behind: a bounded queue in front of a
-//!   store, an admission filter, batches written on a thread of its own);
-//! - what users run (with the `tools` feature): `tierkv-bench` (the fio-style benchmark) and
-//!   `tierkv-stat` (what a cache tree holds, the live counters of its stores), in `tools/`.
+//! The crate's root is its API: [`Store`] and [`StoreConfig`] (put/get semantics, capacity,
+//! sharing), the keys ([`BlockHash`], [`BlockKey`], [`WorkerId`]), and what an inference engine
+//! calls: the write-behind [`Offloader`], the batch [`Transfers`] between the engine's KV memory
+//! and the store, and the [`Completions`] queue. Three modules are public beside it:
+//! [`engine`] (the [`IoEngine`](engine::IoEngine) contract and its psync, io_uring and NIXL
+//! engines), [`format`](mod@format) (the block file) and [`inspect`] (what a cache tree
+//! holds, for `tierkv-stat`); with the `testing` feature, `testing` holds the fault-injecting
+//! doubles the tests use. Inside, the modules follow the architecture: where bytes live
+//! (`layout`, `format`, `ns`: every file operation, beneath the worker directory, never
+//! through a symlink), how I/O is submitted (`engine`), what is kept (`index`, `store`), what
+//! an engine calls (`offload`, `transfer`, `queue`). The tools (`tierkv-bench`, `tierkv-stat`)
+//! are a crate of their own, in `tools/`. Linux only.
 //!
 //! ```
 //! use tierkv::{BlockHash, Lookup, Store, StoreConfig, WorkerId};
@@ -39,26 +40,38 @@
 
 #![warn(missing_docs)]
 
-pub mod buf;
+mod buf;
 pub mod engine;
 mod error;
 pub mod format;
-pub mod index;
+mod index;
+pub mod inspect;
 mod key;
-pub mod layout;
-pub mod ns;
-pub mod offload;
-pub mod queue;
+mod layout;
+mod ns;
+mod offload;
+mod queue;
 mod stats;
-pub mod store;
-pub mod sys;
-pub mod transfer;
+mod store;
+mod sys;
+#[cfg(feature = "testing")]
+pub mod testing;
+mod transfer;
 
-pub use error::{CorruptReason, Error, Result};
-pub use index::policy::PolicyKind;
+pub use buf::{AlignedBuf, DeviceMem, align_up};
+pub use error::{CorruptReason, Error, HeaderError, Result};
+pub use index::policy::belady::NEVER;
+pub use index::policy::{Access, Belady, Oracle, Policy, PolicyKind};
 pub use key::{BlockHash, BlockKey, MAX_WORKER_ID_LEN, WorkerId};
 pub use layout::Layout;
-pub use offload::{OffloadConfig, Offloader, Payload};
+pub use offload::{
+    DropReason, FilterKind, OfferCompletion, OfferOutcome, Offered, OffloadConfig, OffloadStats,
+    Offloader, OnClose, Payload, PayloadParts, WhenFull,
+};
 pub use queue::{Completion, Completions, Outcome};
-pub use store::{Lookup, Parts, Publish, Sharing, Store, StoreConfig, StoreStats, VerifyMode};
+pub use store::{
+    DEFAULT_DIRECT_PUTS_FROM, DEFAULT_MAX_BLOCK_SIZE, DEFAULT_READ_THREADS, DEFAULT_TEMP_LEASE,
+    ErrorCounts, LatencySummary, Lookup, MIN_STATS_INTERVAL, PARALLEL_READ_MIN, Parts, Publish,
+    Sharing, Store, StoreConfig, StoreStats, VerifyMode,
+};
 pub use transfer::{KvMemory, LoadOutcome, Region, SaveOutcome, Transfer, Transfers};

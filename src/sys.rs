@@ -148,6 +148,7 @@ impl std::fmt::Display for FileKind {
 /// `cuFileHandleRegister` refuses them with `CU_FILE_INVALID_FILE_OPEN_FLAG` (seen with
 /// libcufile 1.14 on an H200, 2026-12-04). Every block file the store opens carries
 /// `O_NOFOLLOW`; reads are opened `O_NONBLOCK` first, and puts may be `O_TMPFILE` inodes.
+#[cfg(any(test, feature = "nixl"))]
 pub const CUFILE_REFUSED_FLAGS: rustix::fs::OFlags = rustix::fs::OFlags::NOFOLLOW
     .union(rustix::fs::OFlags::NONBLOCK)
     .union(rustix::fs::OFlags::TMPFILE)
@@ -158,6 +159,7 @@ pub const CUFILE_REFUSED_FLAGS: rustix::fs::OFlags = rustix::fs::OFlags::NOFOLLO
 /// entry names the very file `fd` has open (an unlinked or `O_TMPFILE` inode too), so no path
 /// in the tree is resolved again; the new descriptor is checked to be the same inode, so a
 /// `/proc` that is not procfs cannot hand over another file (`EXDEV`).
+#[cfg(any(test, feature = "nixl"))]
 pub fn reopen_plain(fd: BorrowedFd<'_>) -> rustix::io::Result<std::os::fd::OwnedFd> {
     use rustix::fs::OFlags;
     let flags = rustix::fs::fcntl_getfl(fd)?;
@@ -202,6 +204,7 @@ impl Thread {
     }
 
     /// Whether the thread has ended (in a fork: always, it does not run there).
+    #[cfg(test)]
     pub fn is_finished(&self) -> bool {
         !self.ours() || self.handle.is_finished()
     }

@@ -13,10 +13,9 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::sync::Arc;
 
 use common::*;
-use tierkv::buf::DeviceMem;
-use tierkv::engine::{
-    EngineKind, FaultPlan, FaultyEngine, IoEngine, IoKind, IoRequest, PsyncEngine,
-};
+use tierkv::DeviceMem;
+use tierkv::engine::{EngineKind, IoEngine, IoKind, IoRequest, PsyncEngine};
+use tierkv::testing::{FaultPlan, FaultyEngine};
 use tierkv::{Error, Lookup, Store, StoreConfig, VerifyMode};
 
 /// "Device" memory that is host memory: moves `ReadDevice`/`WriteDevice` with pread/pwrite.

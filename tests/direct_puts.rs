@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use common::*;
 use rustix::io::Errno;
-use tierkv::ns::{NsFaults, NsOp};
+use tierkv::testing::{NsFaults, NsOp};
 use tierkv::{Lookup, Publish, Store, StoreConfig};
 
 const BIG: usize = 2 << 20;
@@ -99,7 +99,7 @@ fn large_puts_leave_no_new_page_cache_and_small_ones_stay_buffered() {
     let (res, pages) = put_resident(&store, 2, &small);
     assert_eq!(res, pages, "a 64 KiB put is buffered");
     // A payload from an aligned buffer (an engine's pool) is written from the caller's memory.
-    let mut aligned = tierkv::buf::AlignedBuf::zeroed(BIG);
+    let mut aligned = tierkv::AlignedBuf::zeroed(BIG);
     aligned.copy_from_slice(&payload(3, 0, BIG));
     let (res, _) = put_resident(&store, 3, &aligned);
     assert_eq!(res, 0, "an aligned 2 MiB put");

@@ -78,9 +78,9 @@ fn round_trips_misses_and_corruption() {
                 }
             }
             // Page-aligned buffers: with O_DIRECT the payload lands in them without a bounce.
-            let mut aligned: Vec<tierkv::buf::AlignedBuf> = sizes
+            let mut aligned: Vec<tierkv::AlignedBuf> = sizes
                 .iter()
-                .map(|_| tierkv::buf::AlignedBuf::zeroed(tierkv::buf::align_up(300_001)))
+                .map(|_| tierkv::AlignedBuf::zeroed(tierkv::align_up(300_001)))
                 .collect();
             for (i, r) in store.get_many(&ks, &mut aligned).into_iter().enumerate() {
                 assert_eq!(
@@ -385,7 +385,7 @@ fn a_sync_batch_syncs_each_directory_once() {
 /// a buffer too small, and files truncated or grown behind the store's back, for every engine.
 #[test]
 fn fresh_direct_reads_land_in_aligned_buffers() {
-    use tierkv::buf::{AlignedBuf, align_up};
+    use tierkv::{AlignedBuf, align_up};
     for (name, engine) in engines() {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
         let cfg = || StoreConfig::new().with_direct_io(true).with_fd_cache(0);
@@ -469,7 +469,7 @@ fn fresh_direct_reads_land_in_aligned_buffers() {
 /// buffer, for every engine.
 #[test]
 fn direct_puts_from_aligned_payloads() {
-    use tierkv::buf::AlignedBuf;
+    use tierkv::AlignedBuf;
     for (name, engine) in engines() {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
         let store = store_with(
@@ -664,7 +664,7 @@ fn large_buffered_put_batches_stream_on_two_threads_and_direct_ones_on_one() {
 #[test]
 fn large_gets_split_between_read_threads_keep_every_block_in_its_buffer() {
     use tierkv::engine::EngineKind;
-    let min = tierkv::store::PARALLEL_READ_MIN;
+    let min = tierkv::PARALLEL_READ_MIN;
     // 48 blocks of 200-250 KiB (about 10 MiB), of which every fifth key is never put.
     let n = 48u64;
     let len = |i: u64| 200 * 1024 + (i as usize * 1031) % (50 * 1024);
@@ -744,7 +744,7 @@ fn split_at<'a>(buf: &'a mut [u8], at: &[usize]) -> Vec<&'a mut [u8]> {
 /// are an error, and a byte changed in the file a miss.
 #[test]
 fn vectored_puts_and_gets_split_blocks_across_buffers() {
-    use tierkv::buf::{AlignedBuf, align_up};
+    use tierkv::{AlignedBuf, align_up};
     let shapes: [(usize, usize); 4] = [(3000, 5000), (8192, 8192), (4096, 0), (1, 300_000)];
     for (name, engine) in engines() {
         for direct in [false, true] {

@@ -5,7 +5,8 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use tierkv::engine::{FaultPlan, FaultyEngine, IoEngine, PsyncEngine};
+use tierkv::engine::{IoEngine, PsyncEngine};
+use tierkv::testing::{FaultPlan, FaultyEngine};
 use tierkv::{Error, Lookup, Store, StoreConfig};
 
 fn faulty_store(dir: &std::path::Path, plan: FaultPlan) -> (Store, Arc<FaultyEngine>) {
@@ -301,7 +302,7 @@ fn a_large_batch_keeps_each_result_with_its_block_when_writes_fail() {
 #[test]
 fn a_temp_name_taken_already_is_retried_and_other_create_errors_are_not() {
     use rustix::io::Errno;
-    use tierkv::ns::{NsFaults, NsOp};
+    use tierkv::testing::{NsFaults, NsOp};
     let data = payload(1, 0, 5000);
     // Taken once: the next name is used.
     let dir = tempfile::tempdir().unwrap();

@@ -12,12 +12,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use common::*;
-use tierkv::engine::{EngineKind, FaultPlan, FaultyEngine, IoEngine, IoRequest};
-use tierkv::offload::{
-    DropReason, FilterKind, OffloadConfig, OffloadStats, Offloader, OnClose, Outcome, Payload,
+use tierkv::engine::{EngineKind, IoEngine, IoRequest};
+use tierkv::testing::{FaultPlan, FaultyEngine};
+use tierkv::{BlockHash, BlockKey, Lookup, Store, StoreConfig};
+use tierkv::{
+    DropReason, FilterKind, OfferOutcome, OffloadConfig, OffloadStats, Offloader, OnClose, Payload,
     PayloadParts, WhenFull,
 };
-use tierkv::{BlockHash, BlockKey, Lookup, Store, StoreConfig};
 
 /// Writes wait at a gate until the test opens it; reads pass.
 #[derive(Debug)]
@@ -111,8 +112,8 @@ fn assert_add_up(s: &OffloadStats) {
     );
 }
 
-fn reasons(outcomes: &[Outcome]) -> Vec<Option<DropReason>> {
-    outcomes.iter().map(Outcome::drop_reason).collect()
+fn reasons(outcomes: &[OfferOutcome]) -> Vec<Option<DropReason>> {
+    outcomes.iter().map(OfferOutcome::drop_reason).collect()
 }
 
 #[test]
@@ -210,7 +211,7 @@ fn stored_and_queued_blocks_are_not_written_twice_and_queued_ones_are_served() {
         reasons(&outcomes[..4]),
         vec![Some(DropReason::AlreadyQueued); 4]
     );
-    assert!(outcomes[4..].iter().all(Outcome::is_written));
+    assert!(outcomes[4..].iter().all(OfferOutcome::is_written));
     off.flush();
     // Stored now: offered again, nothing is written.
     let got = off.offer(None, blocks(&a));
@@ -382,7 +383,7 @@ fn close_can_drop_what_is_queued_counted() {
     }
     gate.open_gate();
     let s = closer.join().unwrap();
-    assert!(first_done.wait().iter().all(Outcome::is_written));
+    assert!(first_done.wait().iter().all(OfferOutcome::is_written));
     assert_eq!((s.written, s.dropped_closed, s.in_flight_blocks), (2, 4, 0));
     assert_add_up(&s);
     assert_eq!(store.contains_prefix(&first).unwrap(), 2);
@@ -409,7 +410,7 @@ fn each_offer_can_ask_for_its_outcomes() {
     assert!(out[0].is_written() && out[1].is_written(), "{out:?}");
     for o in &out[2..] {
         assert!(
-            matches!(o, Outcome::Failed(tierkv::Error::Io { .. })),
+            matches!(o, OfferOutcome::Failed(tierkv::Error::Io { .. })),
             "{out:?}"
         );
     }
@@ -456,7 +457,7 @@ fn each_offer_can_ask_for_its_outcomes() {
     let out = off.offer_tracked(None, blocks(&d)).wait();
     assert_eq!(reasons(&out), vec![Some(DropReason::Filtered); 3]);
     let out = off.offer_tracked(None, blocks(&d)).wait();
-    assert!(out.iter().all(Outcome::is_written), "{out:?}");
+    assert!(out.iter().all(OfferOutcome::is_written), "{out:?}");
     let s = off.stats();
     assert_eq!(
         (s.filter.as_str(), s.dropped_filtered, s.written),

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use common::*;
 use rustix::io::Errno;
 use tierkv::engine::{EngineKind, IoEngine, IoRequest};
-use tierkv::ns::{NsFaults, NsOp};
+use tierkv::testing::{NsFaults, NsOp};
 use tierkv::{BlockKey, Lookup, Parts, PolicyKind, Store, StoreConfig};
 
 const LEN: usize = 64 * 1024;

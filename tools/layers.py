@@ -20,6 +20,7 @@ LAYERS = [
     ["store"],            # the store
     ["offload", "queue"], # write-behind, and the completion queue, over the store
     ["transfer"],         # the engine-facing API: batches between KV memory and the store
+    ["inspect", "testing"], # public views for the tools and the tests, over everything
 ]
 LEVEL = {m: i for i, ms in enumerate(LAYERS) for m in ms}
 __doc__ += "\n" + "\n".join("  %d: %s" % (i, ", ".join(ms)) for i, ms in enumerate(LAYERS))

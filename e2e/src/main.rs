@@ -23,8 +23,8 @@ use engine_e2e::{
     new_cache, tokens,
 };
 use serde_json::{Value, json};
-use tierkv::offload::{OffloadConfig, Offloader, OnClose, Outcome};
 use tierkv::{BlockHash, Lookup, Store, StoreConfig, StoreStats, WorkerId};
+use tierkv::{OfferOutcome, OffloadConfig, Offloader, OnClose};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Role {
@@ -169,7 +169,7 @@ fn first(args: &Args) -> Result<Value, BoxError> {
     let outcomes = done.wait();
     let written = outcomes.iter().filter(|o| o.is_written()).count();
     for o in &outcomes {
-        if let Outcome::Failed(e) = o {
+        if let OfferOutcome::Failed(e) = o {
             return Err(format!("offload failed: {e}").into());
         }
     }

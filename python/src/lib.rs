@@ -178,7 +178,7 @@ impl PyStore {
     #[pyo3(signature = (
         root, worker, *, capacity_bytes=None, capacity_files=None, policy="adaptive", engine="auto",
         read_only=false, verify="on-open", direct_io=false,
-        direct_puts_from=Some(tierkv::store::DEFAULT_DIRECT_PUTS_FROM), sync_writes=false, fd_cache=None,
+        direct_puts_from=Some(tierkv::DEFAULT_DIRECT_PUTS_FROM), sync_writes=false, fd_cache=None,
         max_block_size=None, layout=None, publish="rename", watermarks=None, queue_depth=None,
         stats_interval=Some(1.0), keep_temp_files=false, reuse_evicted=true, sharing="exclusive",
         negative_ttl=None

@@ -14,8 +14,8 @@ use std::sync::{Mutex, MutexGuard};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use tierkv::offload::{OffloadConfig, OnClose, Payload, PayloadParts};
 use tierkv::{BlockKey, WorkerId};
+use tierkv::{OffloadConfig, OnClose, Payload, PayloadParts};
 
 use crate::buffer::{Span, View};
 use crate::errors;

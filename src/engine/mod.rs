@@ -19,13 +19,13 @@ use std::sync::Arc;
 use crate::buf::DeviceMem;
 use crate::error::Error;
 
-mod fault;
+#[cfg(any(test, feature = "testing"))]
+pub(crate) mod fault;
 #[cfg(feature = "nixl")]
 pub mod nixl;
 mod psync;
 mod uring;
 
-pub use fault::{FaultPlan, FaultyEngine};
 pub use psync::PsyncEngine;
 pub use uring::{DEFAULT_QUEUE_DEPTH, UringEngine};
 

@@ -160,7 +160,7 @@ pub fn check_file(
 
 impl Header {
     /// The header for `payload` stored under `key`, written on the machine booted as
-    /// `writer_boot` (see [`crate::ns::boot_id`]).
+    /// `writer_boot` (see `crate::ns::boot_id`).
     pub fn for_payload(key: BlockHash, payload: &[u8], writer_boot: Option<[u8; 16]>) -> Header {
         Header::for_parts(key, &[payload], writer_boot)
     }

@@ -11,7 +11,9 @@ use std::str::FromStr;
 
 use crate::error::{Error, Result};
 use crate::format::FORMAT_VERSION;
-use crate::key::{BlockHash, WorkerId};
+use crate::key::BlockHash;
+#[cfg(test)]
+use crate::key::WorkerId;
 
 /// Name of the file in each worker directory that records its layout.
 pub const LAYOUT_FILE: &str = "LAYOUT";
@@ -113,7 +115,7 @@ pub struct Layout {
 
 impl Default for Layout {
     /// Depth 2, fan-out 256 (65,536 leaf directories): chosen from the measurements in
-    /// docs/layout.md, for a store whose size is unknown or above [`SMALL_TREE_FILES`]
+    /// docs/layout.md, for a store whose size is unknown or above `SMALL_TREE_FILES`
     /// ([`Layout::for_files`]).
     fn default() -> Self {
         Layout {
@@ -131,7 +133,7 @@ pub const LEAF_FILES: u64 = 2048;
 /// The block size assumed when a store's size is known in bytes only (a byte capacity, or the
 /// filesystem's free space): 256 KiB. Real KV blocks are 0.5-8 MiB per block of 16 tokens for
 /// the models in docs/benchmarks.md; a store of smaller blocks fills its leaves with more
-/// files (64 KiB blocks: 4x [`LEAF_FILES`], about 8,000), which ext4 still handles well.
+/// files (64 KiB blocks: 4x `LEAF_FILES`, about 8,000), which ext4 still handles well.
 pub const TYPICAL_BLOCK_BYTES: u64 = 256 << 10;
 /// The most files a new worker gets the small tree for: depth 1, fan-out 256, 256 leaves of
 /// up to [`LEAF_FILES`] files each (524,288).
@@ -216,7 +218,7 @@ impl Layout {
     }
 
     /// The layout of a new worker that will hold at most `files` block files (`None`:
-    /// unknown): depth 1, fan-out 256 up to [`SMALL_TREE_FILES`] (256 leaves, created when the
+    /// unknown): depth 1, fan-out 256 up to `SMALL_TREE_FILES` (256 leaves, created when the
     /// store opens), else [`Layout::default`] (depth 2, 65,536 leaves, created by the puts
     /// that need them). A worker's recorded `LAYOUT` always wins over this.
     pub fn for_files(files: Option<u64>) -> Layout {
@@ -235,7 +237,7 @@ impl Layout {
     }
 
     /// Every leaf directory's relative path (`ab` at depth 1, `ab/cd` at depth 2), in order;
-    /// empty at depth 0. Only for trees of at most [`EAGER_LEAVES_MAX`] leaves.
+    /// empty at depth 0. Only for trees of at most `EAGER_LEAVES_MAX` leaves.
     pub fn leaf_dirs(&self) -> Vec<String> {
         if self.depth == 0 || self.leaves() > EAGER_LEAVES_MAX {
             return Vec::new();
@@ -347,6 +349,7 @@ pub fn version_dir(root: &Path) -> PathBuf {
 }
 
 /// The directory of a worker: `<root>/v1/<worker>`.
+#[cfg(test)]
 pub fn worker_dir(root: &Path, worker: &WorkerId) -> PathBuf {
     version_dir(root).join(worker.as_str())
 }

@@ -6,7 +6,7 @@ use super::*;
 impl BlockDir {
     /// Reads the control file `name` of the worker directory: `None` if it does not exist.
     /// Refuses a symlink, a non-regular file (a FIFO cannot hang the read) and a file over
-    /// [`MAX_CONTROL_LEN`]; errors name the path and never quote the contents.
+    /// `MAX_CONTROL_LEN`; errors name the path and never quote the contents.
     pub fn read_control(&self, name: &str) -> Result<Option<Vec<u8>>> {
         let path = self.full(name);
         let fd = match self.open_file(name, OFlags::RDONLY | OFlags::NOATIME) {

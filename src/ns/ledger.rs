@@ -126,7 +126,7 @@ impl Drop for LedgerGuard<'_> {
 impl BlockDir {
     /// Opens (creating it if missing) the shared worker's usage ledger [`USAGE_FILE`], a
     /// regular file beneath the worker directory (a symlink or FIFO there is refused), whose
-    /// lock waits at most `wait` ([`Ledger::lock`]).
+    /// lock waits at most `wait` (`Ledger::lock`).
     ///
     /// It is opened `O_DIRECT` where the filesystem allows it: no page cache of this client
     /// (nor a distributed filesystem's client caches) may serve another client's older record

@@ -55,7 +55,7 @@ fn lock_holder(text: &str) -> String {
 impl BlockDir {
     /// Tries to take the worker lock: `flock(LOCK_EX | LOCK_NB)` on the worker directory
     /// itself, which cannot be unlinked or replaced behind the holder's back, and on the
-    /// regular file [`FLOCK_FILE`] in it (created if missing, never rewritten): a distributed
+    /// regular file `FLOCK_FILE` in it (created if missing, never rewritten): a distributed
     /// filesystem may keep directory locks to one client (GlusterFS does) while it honours
     /// file locks across clients. False if another open descriptor holds either.
     pub fn try_lock(&self) -> rustix::io::Result<bool> {
@@ -63,7 +63,7 @@ impl BlockDir {
     }
 
     /// Tries to take the worker lock shared (`flock(LOCK_SH | LOCK_NB)` on the directory and
-    /// on [`FLOCK_FILE`]), as stores in shared mode do: they exclude an exclusive store, not
+    /// on `FLOCK_FILE`), as stores in shared mode do: they exclude an exclusive store, not
     /// each other. False if an exclusive lock is held. A held exclusive lock is converted.
     pub fn try_lock_shared(&self) -> rustix::io::Result<bool> {
         self.flock_both(FlockOperation::NonBlockingLockShared)
@@ -136,12 +136,12 @@ impl BlockDir {
 
     /// Checks that the lock file this store holds its worker lock on (taken with `op`, as
     /// [`BlockDir::try_lock`] or [`BlockDir::try_lock_shared`] did) is still the file named
-    /// [`FLOCK_FILE`], and puts one back if not. A distributed filesystem that keeps
+    /// `FLOCK_FILE`, and puts one back if not. A distributed filesystem that keeps
     /// directory locks to one client (GlusterFS) excludes other nodes through that file
     /// alone: once it is removed (or renamed over), another node's store creates a new one
     /// and locks it. So a new file is made under a temp name, locked with `op`, and linked as
-    /// [`FLOCK_FILE`]; if another store made one first, that one is locked instead. Run by
-    /// the store every [`LOCK_KEEP_INTERVAL`].
+    /// `FLOCK_FILE`; if another store made one first, that one is locked instead. Run by
+    /// the store every `LOCK_KEEP_INTERVAL`.
     pub fn keep_lock(&self, op: FlockOperation) -> rustix::io::Result<LockKept> {
         let mut lf = self.lock_file.lock().unwrap_or_else(|e| e.into_inner());
         let Some(held) = lf.as_ref() else {
@@ -221,7 +221,7 @@ impl BlockDir {
     }
 
     /// True if some other descriptor holds the worker lock exclusively (an exclusive store
-    /// is running), checked with shared locks (on the directory and on [`FLOCK_FILE`]) that
+    /// is running), checked with shared locks (on the directory and on `FLOCK_FILE`) that
     /// are released at once. Stores in shared mode are seen by their stats files instead.
     pub fn is_locked_by_other(&self) -> rustix::io::Result<bool> {
         let probe = self.open_raw(".", OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;

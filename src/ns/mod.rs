@@ -20,7 +20,7 @@
 //!   an `O_EXCL` temp name that is then renamed into place ([`BlockDir::write_control`]).
 //!
 //! [`NsFaults`] is the layer's fault-injecting twin: tests make any operation fail with an
-//! errno of their choice, as [`FaultyEngine`](crate::engine::FaultyEngine) does for data I/O.
+//! errno of their choice, as `FaultyEngine` does for data I/O.
 
 mod control;
 mod fault;
@@ -42,9 +42,9 @@ use rustix::io::Errno;
 
 pub use fault::{NsFaults, NsOp};
 pub use lease::{PagesDropped, drop_pages};
-pub use ledger::{LEDGER_LEN, Ledger, LedgerGuard};
-pub use lock::{LOCK_FILE_GRACE, LOCK_KEEP_INTERVAL, LockKept};
-pub use node::{BOOT_ID_PATH, boot_id, host_name, node_id, node_id_of, parse_boot_id, pid_alive};
+pub use ledger::{Ledger, LedgerGuard};
+pub use lock::{LOCK_KEEP_INTERVAL, LockKept};
+pub use node::{boot_id, host_name, node_id, pid_alive};
 
 use crate::error::{Error, Result};
 use crate::format::FORMAT_VERSION;

@@ -6,7 +6,7 @@
 /// other's pids (so a temp file's owner can be checked with `kill(pid, 0)`); a reboot, another
 /// host or another pid namespace (a container) is another node. Where the boot id or the pid
 /// namespace cannot be read (no /proc, or another /proc mounted over it), this process is a
-/// node of its own ([`node_id_of`]).
+/// node of its own (`node_id_of`).
 pub fn node_id() -> u64 {
     static ID: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *ID.get_or_init(|| {

@@ -85,6 +85,7 @@ impl SecondOffer {
     }
 
     /// The window, in offered blocks.
+    #[cfg(test)]
     pub fn window(&self) -> usize {
         self.door.window()
     }
@@ -104,9 +105,9 @@ impl WriteFilter for SecondOffer {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FilterKind {
-    /// [`AdmitAll`].
+    /// `AdmitAll`.
     All,
-    /// [`SecondOffer`] with this window (in offered blocks).
+    /// `SecondOffer` with this window (in offered blocks).
     SecondOffer(usize),
 }
 

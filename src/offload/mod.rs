@@ -17,7 +17,7 @@
 //! - [`Offloader::flush`] waits for what was offered before it; [`Offloader::close`] writes
 //!   or drops what is queued ([`OnClose`]), counted either way. A crash loses the queued
 //!   blocks only: each write is the store's atomic put, so no partial block is ever published.
-//! - Each offer can be tracked ([`Offloader::offer_tracked`]): one [`Outcome`] per block,
+//! - Each offer can be tracked ([`Offloader::offer_tracked`]): one [`OfferOutcome`] per block,
 //!   written, dropped with its [`DropReason`], or failed with its error.
 //! - Counters ([`OffloadStats`]) are part of [`Store::stats`], so of `STATS.json`,
 //!   `tierkv-stat --live` and its Prometheus output.
@@ -36,7 +36,7 @@ pub mod filter;
 pub(crate) use crate::stats::OffloadCounters;
 pub use crate::stats::OffloadStats;
 use crate::stats::{add, sub};
-pub use filter::{AdmitAll, Candidate, FilterKind, SecondOffer, WriteFilter};
+pub use filter::{Candidate, FilterKind, WriteFilter};
 
 /// The bytes of one block offered for writing: owned by the offloader until the block is
 /// written or dropped. Built from a `Vec<u8>` (no copy), from any guard that keeps the
@@ -260,7 +260,7 @@ impl DropReason {
 /// What became of one offered block.
 #[derive(Debug)]
 #[non_exhaustive]
-pub enum Outcome {
+pub enum OfferOutcome {
     /// The store holds it.
     Written,
     /// Not written, for this reason.
@@ -269,16 +269,16 @@ pub enum Outcome {
     Failed(Error),
 }
 
-impl Outcome {
-    /// True for [`Outcome::Written`].
+impl OfferOutcome {
+    /// True for [`OfferOutcome::Written`].
     pub fn is_written(&self) -> bool {
-        matches!(self, Outcome::Written)
+        matches!(self, OfferOutcome::Written)
     }
 
     /// The reason, for a dropped block.
     pub fn drop_reason(&self) -> Option<DropReason> {
         match self {
-            Outcome::Dropped(r) => Some(*r),
+            OfferOutcome::Dropped(r) => Some(*r),
             _ => None,
         }
     }
@@ -298,7 +298,7 @@ pub struct Offered {
 
 #[derive(Debug)]
 struct Slots {
-    outcomes: Vec<Option<Outcome>>,
+    outcomes: Vec<Option<OfferOutcome>>,
     remaining: usize,
 }
 
@@ -320,7 +320,7 @@ impl Tracker {
         })
     }
 
-    fn set(&self, i: usize, o: Outcome) {
+    fn set(&self, i: usize, o: OfferOutcome) {
         let mut s = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         if s.outcomes[i].is_none() {
             s.remaining -= 1;
@@ -335,9 +335,9 @@ impl Tracker {
 /// The outcomes of one tracked offer ([`Offloader::offer_tracked`]), one per block, known
 /// once each block is written, dropped or failed.
 #[derive(Debug)]
-pub struct Completion(Arc<Tracker>);
+pub struct OfferCompletion(Arc<Tracker>);
 
-impl Completion {
+impl OfferCompletion {
     /// True once every block's outcome is known.
     pub fn is_done(&self) -> bool {
         self.0
@@ -348,9 +348,12 @@ impl Completion {
             == 0
     }
 
-    /// As [`Completion::wait`], for at most `timeout`: `Err(self)` if some outcome is still
+    /// As [`OfferCompletion::wait`], for at most `timeout`: `Err(self)` if some outcome is still
     /// unknown then.
-    pub fn wait_timeout(self, timeout: std::time::Duration) -> Result<Vec<Outcome>, Completion> {
+    pub fn wait_timeout(
+        self,
+        timeout: std::time::Duration,
+    ) -> Result<Vec<OfferOutcome>, OfferCompletion> {
         let deadline = Instant::now() + timeout;
         {
             let mut s = self.0.slots.lock().unwrap_or_else(|e| e.into_inner());
@@ -372,7 +375,7 @@ impl Completion {
     }
 
     /// Waits for every block's outcome; one per block, in the offer's order.
-    pub fn wait(self) -> Vec<Outcome> {
+    pub fn wait(self) -> Vec<OfferOutcome> {
         let mut s = self.0.slots.lock().unwrap_or_else(|e| e.into_inner());
         while s.remaining > 0 {
             s = self.0.done.wait(s).unwrap_or_else(|e| e.into_inner());
@@ -428,10 +431,10 @@ impl Shared {
     }
 }
 
-/// Write-behind offload in front of a [`Store`]; see the [module](self) documentation.
+/// Write-behind offload in front of a [`Store`] (docs/engine-api.md says how it behaves).
 ///
 /// ```
-/// use tierkv::offload::{OffloadConfig, Offloader, Outcome};
+/// use tierkv::{OfferOutcome, OffloadConfig, Offloader};
 /// use tierkv::{BlockHash, Store, StoreConfig, WorkerId};
 ///
 /// let dir = tempfile::tempdir()?;
@@ -442,7 +445,7 @@ impl Shared {
 /// // The engine's thread hands over its blocks and goes on at once.
 /// let blocks = keys.iter().map(|k| (k.clone(), vec![7u8; 4096])).collect();
 /// let done = offload.offer_tracked(None, blocks);
-/// assert!(done.wait().iter().all(Outcome::is_written));
+/// assert!(done.wait().iter().all(OfferOutcome::is_written));
 /// assert_eq!(store.contains_prefix(&keys)?, 4);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -535,25 +538,25 @@ impl Offloader {
         self.offer_inner(parent, blocks, false).0
     }
 
-    /// As [`Offloader::offer`], and the blocks' outcomes are tracked: the [`Completion`] gives
-    /// one [`Outcome`] per block, in order.
+    /// As [`Offloader::offer`], and the blocks' outcomes are tracked: the [`OfferCompletion`] gives
+    /// one [`OfferOutcome`] per block, in order.
     pub fn offer_tracked<P: Into<Payload>>(
         &self,
         parent: Option<&BlockKey>,
         blocks: Vec<(BlockKey, P)>,
-    ) -> Completion {
+    ) -> OfferCompletion {
         let (_, c) = self.offer_inner(parent, blocks, true);
         c.expect("tracked")
     }
 
     /// Offers `blocks` after `parent` (see [`Offloader::offer`]); with `tracked`, their
-    /// outcomes are tracked in the returned [`Completion`].
+    /// outcomes are tracked in the returned [`OfferCompletion`].
     fn offer_inner<P: Into<Payload>>(
         &self,
         parent: Option<&BlockKey>,
         blocks: Vec<(BlockKey, P)>,
         tracked: bool,
-    ) -> (Offered, Option<Completion>) {
+    ) -> (Offered, Option<OfferCompletion>) {
         let started = Instant::now();
         let sh = &*self.shared;
         let c = &*sh.counters;
@@ -581,7 +584,7 @@ impl Offloader {
         add(&c.offered, n as u64);
         let offered = o.finish(c);
         c.offer_latency.record(started.elapsed());
-        (offered, tracker.map(Completion))
+        (offered, tracker.map(OfferCompletion))
     }
 
     /// Reads blocks as [`Store::get_many`] does, serving those still queued from the queue
@@ -717,7 +720,7 @@ impl Offloader {
         }
         for e in dropped {
             if let Some((t, i)) = e.track {
-                t.set(i, Outcome::Dropped(DropReason::Closed));
+                t.set(i, OfferOutcome::Dropped(DropReason::Closed));
             }
         }
         if !writer.join() {
@@ -927,7 +930,7 @@ impl<'a> Offering<'a> {
                 self.offered.deduped += 1;
             }
             if let Some(t) = self.tracker {
-                t.set(i, Outcome::Dropped(r));
+                t.set(i, OfferOutcome::Dropped(r));
             }
         }
         self.offered
@@ -1014,17 +1017,17 @@ fn writer_loop(sh: &Shared) {
         let results = sh.store.offer_many_vectored_after(parent.as_ref(), &items);
         drop(items);
         add(&sh.counters.batches, 1);
-        let outcomes: Vec<Outcome> = batch
+        let outcomes: Vec<OfferOutcome> = batch
             .entries
             .iter()
             .zip(results)
             .map(|(e, r)| match r {
                 // Ok is also what a declined block gets: the index tells which.
-                Ok(()) if sh.store.holds(&e.key.hash) => Outcome::Written,
-                Ok(()) => Outcome::Dropped(DropReason::NotAdmitted),
+                Ok(()) if sh.store.holds(&e.key.hash) => OfferOutcome::Written,
+                Ok(()) => OfferOutcome::Dropped(DropReason::NotAdmitted),
                 Err(err) => {
                     tracing::warn!(key = %e.key, error = %err, "offloaded write failed");
-                    Outcome::Failed(err)
+                    OfferOutcome::Failed(err)
                 }
             })
             .collect();
@@ -1032,12 +1035,12 @@ fn writer_loop(sh: &Shared) {
         let c = &*sh.counters;
         for (e, o) in batch.entries.iter().zip(&outcomes) {
             match o {
-                Outcome::Written => {
+                OfferOutcome::Written => {
                     add(&c.written, 1);
                     add(&c.written_bytes, e.data.len() as u64);
                 }
-                Outcome::Dropped(r) => count_drop(c, *r),
-                Outcome::Failed(_) => add(&c.failed, 1),
+                OfferOutcome::Dropped(r) => count_drop(c, *r),
+                OfferOutcome::Failed(_) => add(&c.failed, 1),
             }
         }
         {

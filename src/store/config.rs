@@ -251,13 +251,13 @@ pub struct StoreConfig {
     /// Alone or shared with other stores (default [`Sharing::Exclusive`]).
     pub sharing: Sharing,
     /// Shared mode: how long an absent key is remembered as absent (default
-    /// [`DEFAULT_NEGATIVE_TTL`]; zero: every miss asks the tree).
+    /// `DEFAULT_NEGATIVE_TTL`; zero: every miss asks the tree).
     pub negative_ttl: std::time::Duration,
     /// Shared mode: the age after which another node's temp files are taken as abandoned
     /// (default [`DEFAULT_TEMP_LEASE`]).
     pub temp_lease: std::time::Duration,
     /// Shared mode: how long to wait for the usage ledger's lock (default
-    /// [`DEFAULT_LEDGER_WAIT`]). Every holder keeps it for one short update; one that does
+    /// `DEFAULT_LEDGER_WAIT`). Every holder keeps it for one short update; one that does
     /// not let go (a store stopped with `SIGSTOP` while it held it) makes what needs the
     /// ledger fail past this wait, with an error naming it: an open, a put's reservation,
     /// the flush of its corrections.

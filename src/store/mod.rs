@@ -35,9 +35,8 @@ mod write;
 
 pub use crate::stats::{ErrorCounts, LatencySummary, StoreStats};
 pub use config::{
-    DEFAULT_DIRECT_PUTS_FROM, DEFAULT_FD_CACHE_MAX, DEFAULT_LEDGER_WAIT, DEFAULT_MAX_BLOCK_SIZE,
-    DEFAULT_NEGATIVE_TTL, DEFAULT_READ_THREADS, DEFAULT_TEMP_LEASE, MIN_STATS_INTERVAL,
-    PARALLEL_READ_MIN, Publish, Sharing, StoreConfig, VerifyMode,
+    DEFAULT_DIRECT_PUTS_FROM, DEFAULT_MAX_BLOCK_SIZE, DEFAULT_READ_THREADS, DEFAULT_TEMP_LEASE,
+    MIN_STATS_INTERVAL, PARALLEL_READ_MIN, Publish, Sharing, StoreConfig, VerifyMode,
 };
 pub use statsfile::LiveStats;
 
@@ -46,7 +45,7 @@ use evict::Evictor;
 use fdcache::FdCache;
 use periodic::Periodic;
 
-pub use crate::ns::{DIR_MODE, FILE_MODE};
+pub use crate::ns::FILE_MODE;
 
 /// Attempts to open a file when the open-file limit is hit, shrinking the cache in between.
 const EMFILE_RETRIES: usize = 16;
@@ -543,7 +542,7 @@ impl Store {
     }
 
     /// As [`Store::open`], with an engine built by the caller (e.g. a
-    /// [`FaultyEngine`](crate::engine::FaultyEngine)).
+    /// `FaultyEngine`).
     pub fn open_with_engine(
         root: impl AsRef<Path>,
         worker: WorkerId,

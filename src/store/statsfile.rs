@@ -39,7 +39,7 @@ pub struct LiveStats {
     /// The host the store runs on.
     #[serde(default)]
     pub host: String,
-    /// Its node id (16 hex characters; see `tierkv::ns::node_id`).
+    /// Its node id (16 hex characters; see `tierkv::inspect::node_id`).
     #[serde(default)]
     pub node: String,
     /// The counters.

@@ -102,19 +102,9 @@ struct Mode {
 }
 
 /// Scans the worker directory of `ns` laid out as `layout`, through the namespace layer (no
-/// symlink is followed, nothing but regular temp files is removed); removes temp files
-/// when `remove_temp`; stats every block file (size and times, for the index) when
-/// `stat_blocks`. Top-level shard directories are scanned by parallel threads.
-pub fn sweep(ns: &BlockDir, layout: Layout, remove_temp: bool, stat_blocks: bool) -> SweepReport {
-    let temps = if remove_temp {
-        TempRule::All
-    } else {
-        TempRule::Keep
-    };
-    sweep_with(ns, layout, temps, stat_blocks)
-}
-
-/// As [`sweep`], removing the temp files `temps` says.
+/// symlink is followed, nothing but regular temp files is removed); removes the temp files
+/// `temps` says; stats every block file (size and times, for the index) when `stat_blocks`.
+/// Top-level shard directories are scanned by parallel threads.
 pub fn sweep_with(
     ns: &BlockDir,
     layout: Layout,

@@ -259,7 +259,7 @@ impl Drop for Tmpfs {
 pub fn open_with_ns_faults(
     dir: &Path,
     cfg: StoreConfig,
-    faults: &std::sync::Arc<tierkv::ns::NsFaults>,
+    faults: &std::sync::Arc<tierkv::testing::NsFaults>,
 ) -> Store {
     Store::open_with(
         dir,

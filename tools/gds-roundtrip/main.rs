@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use serde_json::json;
-use tierkv::buf::DeviceMem;
+use tierkv::DeviceMem;
 use tierkv::engine::nixl::{NixlConfig, NixlEngine};
 use tierkv::{BlockHash, Lookup, Store, StoreConfig, WorkerId};
 
@@ -235,7 +235,7 @@ fn run(args: &Args) -> Result<bool, BoxError> {
     let store = Store::open_with_engine(
         &root,
         WorkerId::new(&format!("gpu{}", args.device))?,
-        StoreConfig::default().with_max_block_size(bs.max(tierkv::store::DEFAULT_MAX_BLOCK_SIZE)),
+        StoreConfig::default().with_max_block_size(bs.max(tierkv::DEFAULT_MAX_BLOCK_SIZE)),
         engine.clone(),
     )?;
     let key = |i: usize| store.key(BlockHash::chain(None, &[i as u32, 0x6d5]));

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use tierkv::buf::AlignedBuf;
+use tierkv::AlignedBuf;
 use tierkv::{BlockKey, Lookup, Store, StoreStats, WorkerId};
 
 use crate::report::RankResult;

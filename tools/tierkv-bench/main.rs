@@ -18,7 +18,7 @@ use hdrhistogram::Histogram;
 use std::sync::{Arc, Mutex};
 
 use tierkv::engine::PosixQueue;
-use tierkv::index::policy::{Belady, Oracle};
+use tierkv::{Belady, Oracle};
 use tierkv::{
     BlockHash, BlockKey, Layout, Parts, PolicyKind, Publish, Store, StoreConfig, VerifyMode,
     WorkerId,
@@ -169,7 +169,7 @@ struct Args {
     verify: VerifyMode,
     /// Threads one large get_many reads on (the store's read_threads; default 2, 1 = the
     /// calling thread only).
-    #[arg(long, default_value_t = tierkv::store::DEFAULT_READ_THREADS)]
+    #[arg(long, default_value_t = tierkv::DEFAULT_READ_THREADS)]
     read_threads: usize,
     /// How puts publish files: rename (temp file + rename) or tmpfile (O_TMPFILE + linkat).
     #[arg(long, default_value = "rename")]
@@ -217,7 +217,7 @@ struct Args {
     /// `all` or `second-offer[:WINDOW]` (a block is written on its second offer within
     /// WINDOW offered blocks); each request's offer is flushed before the next request.
     #[arg(long)]
-    write_filter: Option<tierkv::offload::FilterKind>,
+    write_filter: Option<tierkv::FilterKind>,
     /// `--rw offload`: the offloader's bound on bytes in flight (default 512MiB).
     #[arg(long, value_parser = parse_size)]
     offload_queue: Option<u64>,
@@ -693,7 +693,7 @@ fn store_config(args: &Args, bs: usize) -> Result<StoreConfig, BoxError> {
     if let Some(n) = args.fd_cache {
         config = config.with_fd_cache(n);
     }
-    config = config.with_max_block_size(bs.max(tierkv::store::DEFAULT_MAX_BLOCK_SIZE));
+    config = config.with_max_block_size(bs.max(tierkv::DEFAULT_MAX_BLOCK_SIZE));
     if let Some(c) = args.capacity {
         config = config.with_capacity_bytes(c);
     }

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tierkv::buf::AlignedBuf;
+use tierkv::AlignedBuf;
 use tierkv::{BlockKey, Layout, Lookup, Store, StoreConfig};
 
 use crate::common::{BoxError, UsageError};

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use serde_json::json;
-use tierkv::offload::{OffloadConfig, OffloadStats, Offloader, OnClose, Payload};
 use tierkv::{BlockHash, BlockKey, Store, StoreConfig, WorkerId};
+use tierkv::{OffloadConfig, OffloadStats, Offloader, OnClose, Payload};
 
 use crate::common::BoxError;
 use crate::{Args, OutputFormat, human_bytes};

@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tierkv::index::policy::{Oracle, belady::NEVER};
-use tierkv::offload::{FilterKind, OffloadConfig, Offloader, OnClose};
 use tierkv::{BlockHash, BlockKey, Lookup, Store, StoreStats};
+use tierkv::{FilterKind, OffloadConfig, Offloader, OnClose};
+use tierkv::{NEVER, Oracle};
 
 use crate::common::{BoxError, UsageError};
 use crate::{Args, OutputFormat, fill_block, human_bytes};

@@ -6,10 +6,10 @@ use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
 
+use tierkv::OffloadStats;
 use tierkv::StoreStats;
-use tierkv::layout::STATS_FILE;
-use tierkv::offload::OffloadStats;
-use tierkv::store::LiveStats;
+use tierkv::inspect::LiveStats;
+use tierkv::inspect::STATS_FILE;
 
 use super::{
     Args, Format, MetricRows, Printable, escape_label, human, live_fresh, now_ms, read_all_live,

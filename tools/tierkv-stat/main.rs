@@ -20,11 +20,12 @@ use rustix::fs::OFlags;
 use rustix::io::Errno;
 use serde::Serialize;
 use tierkv::CorruptReason;
-use tierkv::layout::{self, EntryName, LAYOUT_FILE, Layout, STATS_FILE};
-use tierkv::ns::walk::{At, Visitor, walk};
-use tierkv::ns::{BlockDir, Inode, Opened, Parent, Unlinked, io_err};
-use tierkv::store::LiveStats;
-use tierkv::store::sweep::TempRule;
+use tierkv::Layout;
+use tierkv::inspect::LiveStats;
+use tierkv::inspect::TempRule;
+use tierkv::inspect::{self, EntryName, LAYOUT_FILE, STATS_FILE};
+use tierkv::inspect::{At, Visitor, walk};
+use tierkv::inspect::{BlockDir, Inode, Opened, Parent, Unlinked, io_err};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Format {
@@ -222,7 +223,7 @@ fn run(args: &Args) -> Result<ExitCode, BoxError> {
     if let Some(w) = &args.worker {
         tierkv::WorkerId::new(w).map_err(|e| UsageError(e.to_string()))?;
     }
-    let vdir = layout::version_dir(&args.dir);
+    let vdir = inspect::version_dir(&args.dir);
     let workers = list_workers(&args.dir, args.worker.as_deref())?;
     if args.live || args.watch.is_some() {
         return live(args, &vdir, &workers);
@@ -252,8 +253,8 @@ fn run(args: &Args) -> Result<ExitCode, BoxError> {
 }
 
 fn list_workers(root: &Path, only: Option<&str>) -> Result<Vec<String>, BoxError> {
-    let vdir = layout::version_dir(root);
-    let out = match tierkv::ns::list_workers(root) {
+    let vdir = inspect::version_dir(root);
+    let out = match tierkv::inspect::list_workers(root) {
         Ok(w) => w,
         Err(tierkv::Error::Io { source, .. })
             if matches!(
@@ -308,7 +309,7 @@ fn read_all_live(vdir: &Path, worker: &str) -> Vec<(String, LiveStats)> {
             entries
                 .iter()
                 .map(|e| e.name_str().to_string())
-                .filter(|n| layout::instance_stats_owner(n).is_some()),
+                .filter(|n| inspect::instance_stats_owner(n).is_some()),
         );
     }
     names
@@ -341,7 +342,7 @@ fn instances_of(vdir: &Path, worker: &str, ns: &BlockDir, wr: &mut WorkerReport)
     } else {
         None
     };
-    if let Ok(Some(text)) = ns.read_control(layout::USAGE_FILE) {
+    if let Ok(Some(text)) = ns.read_control(inspect::USAGE_FILE) {
         let text = String::from_utf8_lossy(&text);
         let field = |k: &str| {
             text.lines()
@@ -501,11 +502,11 @@ impl WorkerReport {
 /// A temp file (of a block or a control file): counted, and removed by repair.
 fn temp_file(ns: &BlockDir, parent: &Parent<'_>, rel: &str, rule: TempRule, wr: &mut WorkerReport) {
     wr.temp += 1;
-    let (_, name) = tierkv::ns::split(rel);
+    let (_, name) = tierkv::inspect::split(rel);
     if rule == TempRule::Keep {
         return;
     }
-    if tierkv::store::sweep::temp_abandoned(ns, parent, name, rule) {
+    if tierkv::inspect::temp_abandoned(ns, parent, name, rule) {
         repair_remove(ns, parent, rel, None, wr);
     } else {
         wr.temp_kept += 1;
@@ -516,7 +517,7 @@ fn temp_file(ns: &BlockDir, parent: &Parent<'_>, rel: &str, rule: TempRule, wr: 
 /// it is still the regular file just listed).
 fn misplaced(ns: &BlockDir, parent: &Parent<'_>, rel: &str, repair: bool, wr: &mut WorkerReport) {
     if repair {
-        let (_, name) = tierkv::ns::split(rel);
+        let (_, name) = tierkv::inspect::split(rel);
         if let Ok(st) = ns.stat_in(parent, name) {
             if repair_remove(ns, parent, rel, Some(Inode::of(&st)), wr) {
                 wr.removed_bad += 1;
@@ -534,7 +535,7 @@ fn repair_remove(
     judged: Option<Inode>,
     local: &mut WorkerReport,
 ) -> bool {
-    let (_, name) = tierkv::ns::split(rel);
+    let (_, name) = tierkv::inspect::split(rel);
     match ns.unlink_in(parent, name, judged) {
         Ok(Unlinked::Removed) => {
             local.removed += 1;
@@ -552,7 +553,7 @@ fn repair_remove(
     }
 }
 
-/// tierkv-stat's visitor of the tree walk ([`tierkv::ns::walk`]): what one thread found, and
+/// tierkv-stat's visitor of the tree walk ([`tierkv::inspect::walk`]): what one thread found, and
 /// the block count of each leaf it read.
 struct Scan<'a> {
     repair: bool,
@@ -626,7 +627,7 @@ impl Visitor for Scan<'_> {
         // A shared store's stats file whose store is gone: removed by repair, as a store's
         // open-time sweep removes it.
         if self.repair
-            && tierkv::store::sweep::instance_stats_abandoned(at.ns, at.parent, at.name, self.rule)
+            && tierkv::inspect::instance_stats_abandoned(at.ns, at.parent, at.name, self.rule)
         {
             repair_remove(at.ns, at.parent, &at.rel(), None, &mut self.wr);
         }
@@ -656,7 +657,7 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
     let ns = match BlockDir::open(&args.dir, worker, false) {
         Ok(ns) => ns,
         Err(e) => {
-            wr.error(layout::version_dir(&args.dir).join(worker), e);
+            wr.error(inspect::version_dir(&args.dir).join(worker), e);
             return wr;
         }
     };
@@ -665,15 +666,15 @@ fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> 
     // A store holds the lock (an exclusive one: a shared probe fails), or a shared store's
     // stats file is fresh.
     wr.live = (!repair || shared) && ns.is_locked_by_other().unwrap_or(false);
-    let live = read_live(&layout::version_dir(&args.dir), worker);
-    instances_of(&layout::version_dir(&args.dir), worker, &ns, &mut wr);
+    let live = read_live(&inspect::version_dir(&args.dir), worker);
+    instances_of(&inspect::version_dir(&args.dir), worker, &ns, &mut wr);
     wr.live |= wr.instances.iter().any(|i| i.live);
     // Shared, a temp file is removed only when its owner is gone.
     let rule = if !repair {
         TempRule::Keep
     } else if shared {
         TempRule::OwnerGone {
-            lease: args.temp_lease.unwrap_or(tierkv::store::DEFAULT_TEMP_LEASE),
+            lease: args.temp_lease.unwrap_or(tierkv::DEFAULT_TEMP_LEASE),
         }
     } else {
         TempRule::All

@@ -575,7 +575,7 @@ impl Adaptive {
 
     /// Follows one candidate whatever the shadows say (`lru`, `lru+door`, `arc`, `arc+door`,
     /// `admit2`; its shadow alone votes): for the design tables only.
-    #[doc(hidden)]
+    #[cfg(test)]
     pub fn fixed(mode: &str, door_window_capacities: usize) -> Self {
         let mut a =
             Self::with_constants(SHADOW_BLOCKS, HALF_LIFE_CAPACITIES, door_window_capacities);
@@ -585,16 +585,19 @@ impl Adaptive {
     }
 
     /// The candidate the real cache follows now.
+    #[cfg(test)]
     pub fn leader(&self) -> &'static str {
         self.duel.leader.name()
     }
 
     /// How many times the leader changed.
+    #[cfg(test)]
     pub fn switches(&self) -> u64 {
         self.switches
     }
 
     /// How many times the workload changed regime ([`REGIME_SHIFT`]).
+    #[cfg(test)]
     pub fn regime_changes(&self) -> u64 {
         self.regimes.changes
     }

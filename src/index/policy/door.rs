@@ -92,6 +92,7 @@ impl Generation {
         }
     }
 
+    #[cfg(test)]
     /// Heap bytes held: the set's buckets (a 64-bit value and a control byte each, as
     /// hashbrown lays them out), or the filter's words.
     fn heap_bytes(&self) -> usize {
@@ -140,6 +141,7 @@ impl Doorkeeper {
     }
 
     /// The window, in sightings.
+    #[cfg(test)]
     pub fn window(&self) -> usize {
         self.window
     }
@@ -161,6 +163,7 @@ impl Doorkeeper {
         false
     }
 
+    #[cfg(test)]
     /// Heap bytes held by the two generations.
     pub fn heap_bytes(&self) -> usize {
         self.cur.heap_bytes() + self.prev.heap_bytes()

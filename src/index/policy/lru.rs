@@ -30,11 +30,6 @@ impl Lru {
     pub(crate) fn oldest_first(&self) -> impl Iterator<Item = &BlockHash> {
         self.list.iter().rev().map(|(h, _)| h)
     }
-
-    /// Whether it orders none.
-    pub fn is_empty(&self) -> bool {
-        self.list.is_empty()
-    }
 }
 
 impl Default for Lru {

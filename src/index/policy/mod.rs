@@ -17,15 +17,11 @@ pub mod belady;
 mod door;
 mod lru;
 
-pub use adaptive::{
-    Adaptive, DOOR_WINDOW_CAPACITIES, HALF_LIFE_CAPACITIES, REGIME_MEAN_CAPACITIES,
-    REGIME_MIN_REFERENCES, REGIME_RATE_CAPACITIES, REGIME_SHIFT, REGIMES, SAMPLED_SWITCH_SIGMAS,
-    SHADOW_BLOCKS, SWITCH_SIGMAS, VOTE_SIGMAS,
-};
+pub use adaptive::{Adaptive, DOOR_WINDOW_CAPACITIES, SHADOW_BLOCKS};
 pub use admit2::Admit2;
 pub use arc::Arc as ArcPolicy;
 pub use belady::{Belady, Oracle};
-pub use door::{Doorkeeper, EXACT_DOOR_WINDOW};
+pub use door::Doorkeeper;
 pub use lru::Lru;
 
 /// One access of a batch.
@@ -94,7 +90,7 @@ pub enum PolicyKind {
     /// recently used block.
     Arc,
     /// The default: evicts and admits as ARC, LRU, or either with admission on second sight,
-    /// whichever small shadow caches show to be winning on the workload ([`Adaptive`]).
+    /// whichever small shadow caches show to be winning on the workload (`Adaptive`).
     /// docs/eviction.md has the figures.
     #[default]
     Adaptive,
