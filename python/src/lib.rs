@@ -172,16 +172,43 @@ impl PyStore {
     }
 }
 
+/// `StoreConfig::default()`'s stats interval in seconds (`None`: no stats file).
+fn default_stats_interval() -> Option<f64> {
+    StoreConfig::default()
+        .stats_interval
+        .map(|d| d.as_secs_f64())
+}
+
+/// `stats_interval` in seconds as a duration: a positive number, or `None` for off. Too long
+/// for a `Duration` (1e300) is an error, not a panic; one that rounds to nothing (1e-300), or
+/// is under the store's minimum, the store refuses.
+fn seconds(s: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
+    match s {
+        Some(s) if !(s.is_finite() && s > 0.0) => Err(PyValueError::new_err(format!(
+            "{what} must be a positive number of seconds or None, got {s}"
+        ))),
+        Some(s) => Duration::try_from_secs_f64(s).map(Some).map_err(|e| {
+            PyValueError::new_err(format!(
+                "{what} must be a positive number of seconds or None, got {s}: {e}"
+            ))
+        }),
+        None => Ok(None),
+    }
+}
+
 #[pymethods]
 impl PyStore {
+    /// Every option left out (or `None`) is `StoreConfig::default()`'s: the defaults are
+    /// decided once, in Rust. `direct_puts_from` and `stats_interval`, where `None` means
+    /// "off", default to the Rust default's value.
     #[new]
     #[pyo3(signature = (
-        root, worker, *, capacity_bytes=None, capacity_files=None, policy="adaptive", engine="auto",
-        read_only=false, verify="on-open", direct_io=false,
-        direct_puts_from=Some(tierkv::DEFAULT_DIRECT_PUTS_FROM), sync_writes=false, fd_cache=None,
-        max_block_size=None, layout=None, publish="rename", watermarks=None, queue_depth=None,
-        stats_interval=Some(1.0), keep_temp_files=false, reuse_evicted=true, sharing="exclusive",
-        negative_ttl=None
+        root, worker, *, capacity_bytes=None, capacity_files=None, policy=None, engine=None,
+        read_only=None, verify=None, direct_io=None,
+        direct_puts_from=StoreConfig::default().direct_puts_from, sync_writes=None,
+        fd_cache=None, max_block_size=None, layout=None, publish=None, watermarks=None,
+        queue_depth=None, stats_interval=default_stats_interval(), keep_temp_files=None,
+        reuse_evicted=None, sharing=None, negative_ttl=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -190,23 +217,23 @@ impl PyStore {
         worker: &Bound<'_, PyAny>,
         capacity_bytes: Option<u64>,
         capacity_files: Option<u64>,
-        policy: &str,
-        engine: &str,
-        read_only: bool,
-        verify: &str,
-        direct_io: bool,
+        policy: Option<&str>,
+        engine: Option<&str>,
+        read_only: Option<bool>,
+        verify: Option<&str>,
+        direct_io: Option<bool>,
         direct_puts_from: Option<usize>,
-        sync_writes: bool,
+        sync_writes: Option<bool>,
         fd_cache: Option<usize>,
         max_block_size: Option<usize>,
         layout: Option<(u8, u32)>,
-        publish: &str,
+        publish: Option<&str>,
         watermarks: Option<(f64, f64)>,
         queue_depth: Option<u32>,
         stats_interval: Option<f64>,
-        keep_temp_files: bool,
-        reuse_evicted: bool,
-        sharing: &str,
+        keep_temp_files: Option<bool>,
+        reuse_evicted: Option<bool>,
+        sharing: Option<&str>,
         negative_ttl: Option<f64>,
     ) -> PyResult<Self> {
         // A worker is a name; a TP rank may be given as an int.
@@ -216,17 +243,39 @@ impl PyStore {
             worker.extract()?
         };
         let worker = py_result(py, WorkerId::new(&worker))?;
-        let mut config = StoreConfig::new()
-            .with_policy(parse::<PolicyKind>(py, policy)?)
-            .with_engine(parse::<EngineKind>(py, engine)?)
-            .with_read_only(read_only)
-            .with_verify(parse::<VerifyMode>(py, verify)?)
-            .with_direct_io(direct_io)
+        let mut config = StoreConfig::default()
             .with_direct_puts_from(direct_puts_from)
-            .with_sync_writes(sync_writes)
-            .with_publish(parse::<Publish>(py, publish)?)
-            .with_reuse_evicted(reuse_evicted)
-            .with_sharing(parse::<Sharing>(py, sharing)?);
+            .with_stats_interval(seconds(stats_interval, "stats_interval")?);
+        if let Some(p) = policy {
+            config = config.with_policy(parse::<PolicyKind>(py, p)?);
+        }
+        if let Some(e) = engine {
+            config = config.with_engine(parse::<EngineKind>(py, e)?);
+        }
+        if let Some(v) = verify {
+            config = config.with_verify(parse::<VerifyMode>(py, v)?);
+        }
+        if let Some(p) = publish {
+            config = config.with_publish(parse::<Publish>(py, p)?);
+        }
+        if let Some(s) = sharing {
+            config = config.with_sharing(parse::<Sharing>(py, s)?);
+        }
+        if let Some(on) = read_only {
+            config = config.with_read_only(on);
+        }
+        if let Some(on) = direct_io {
+            config = config.with_direct_io(on);
+        }
+        if let Some(on) = sync_writes {
+            config = config.with_sync_writes(on);
+        }
+        if let Some(on) = reuse_evicted {
+            config = config.with_reuse_evicted(on);
+        }
+        if let Some(on) = keep_temp_files {
+            config.keep_temp_files = on;
+        }
         if let Some(t) = negative_ttl {
             config = config.with_negative_ttl(Duration::try_from_secs_f64(t).map_err(|e| {
                 PyValueError::new_err(format!(
@@ -234,7 +283,6 @@ impl PyStore {
                 ))
             })?);
         }
-        config.keep_temp_files = keep_temp_files;
         if let Some(b) = capacity_bytes {
             config = config.with_capacity_bytes(b);
         }
@@ -256,22 +304,6 @@ impl PyStore {
         if let Some(d) = queue_depth {
             config = config.with_queue_depth(d);
         }
-        let interval = match stats_interval {
-            Some(s) if !(s.is_finite() && s > 0.0) => {
-                return Err(PyValueError::new_err(format!(
-                    "stats_interval must be a positive number of seconds or None, got {s}"
-                )));
-            }
-            // Too long for a Duration (1e300) is an error, not a panic; one that rounds to
-            // nothing (1e-300), or is under the store's minimum, the store refuses.
-            Some(s) => Some(Duration::try_from_secs_f64(s).map_err(|e| {
-                PyValueError::new_err(format!(
-                    "stats_interval must be a positive number of seconds or None, got {s}: {e}"
-                ))
-            })?),
-            None => None,
-        };
-        config = config.with_stats_interval(interval);
         let w = worker.clone();
         let store = py.detach(move || tierkv::Store::open(root, w, config));
         Ok(PyStore {

@@ -90,11 +90,8 @@ def aligned_array(shape: Any, dtype: Any = "uint8", align: int = 4096) -> Any:
 class Store(_tierkv.Store):
     """One worker's block store under a root directory.
 
-    ``Store(root, worker, *, capacity_bytes=None, capacity_files=None, policy="adaptive",
-    engine="auto", read_only=False, verify="on-open", direct_io=False,
-    direct_puts_from=2097152, sync_writes=False, fd_cache=None, max_block_size=None,
-    layout=None, publish="rename", watermarks=None, queue_depth=None, stats_interval=1.0,
-    keep_temp_files=False, reuse_evicted=True, sharing="exclusive", negative_ttl=None)``
+    ``Store(root, worker, *, capacity_bytes=None, ...)``: every option left out is the Rust
+    ``StoreConfig::default()``'s (the defaults are decided once, there; those named below).
 
     - ``root``: the cache directory (shared by all workers); ``worker``: this worker's id
       (``[A-Za-z0-9_.-]``, 1 to 64 characters; an int TP rank is accepted as its digits).
@@ -102,15 +99,15 @@ class Store(_tierkv.Store):
       headers included; file count); None: unbounded. Full stores evict with ``policy``
       (``"adaptive"``, the default, ``"arc"``, ``"lru"``, ``"admit2"``), cutting chains
       from the tail.
-    - ``engine``: ``"auto"`` (io_uring where the kernel allows it, else psync), ``"psync"``,
-      ``"io_uring"``; ``queue_depth``: I/Os in flight per calling thread (io_uring).
+    - ``engine``: ``"psync"`` (the default), ``"auto"`` (io_uring where the kernel allows
+      it, else psync), ``"io_uring"``; ``queue_depth``: I/Os in flight per calling thread (io_uring).
     - ``read_only``: serve reads of a tree another store writes (no lock, writes refused).
     - ``verify``: checksums on reads: ``"on-open"`` (first read of each opened file),
       ``"after-reboot"`` (first read of each opened file written before this boot),
       ``"always"``, ``"never"``. ``direct_io``: O_DIRECT. ``sync_writes``: fdatasync each block.
-    - ``direct_puts_from``: puts of blocks of at least this many bytes write with O_DIRECT
-      (reads stay buffered; None: never, unless ``direct_io``); buffered where the
-      filesystem refuses O_DIRECT.
+    - ``direct_puts_from``: puts of blocks of at least this many bytes (default 2 MiB) write
+      with O_DIRECT (reads stay buffered; None: never, unless ``direct_io``); buffered where
+      the filesystem refuses O_DIRECT.
     - ``fd_cache``: open-file cache size (None: a quarter of the open-file limit, at most
       4096; 0: none). ``max_block_size``: largest block (default 256 MiB).
     - ``layout``: ``(depth, fanout)`` of the shard tree (None: the tree's, else ``(2, 256)``).
@@ -125,7 +122,7 @@ class Store(_tierkv.Store):
       key the index lacks is looked up in the tree, and a miss is remembered for
       ``negative_ttl`` seconds, default 1; docs/shared.md).
     - ``stats_interval``: seconds between writes of the live counters (``tierkv-stat
-      --live``), None: never. ``keep_temp_files``: leave a crashed store's temp files.
+      --live``; default 1), None: never. ``keep_temp_files``: leave a crashed store's temp files.
 
     Opening takes the worker's lock: one store per worker directory at a time (another
     raises :class:`WorkerBusyError`). Use it as a context manager or call :meth:`close`.
