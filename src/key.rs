@@ -26,6 +26,59 @@ impl WorkerId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The worker id of an engine's configuration: `<prefix>.<16 hex>`, the hex the first 8
+    /// bytes of a blake3 (key-derivation context `"tierkv worker description v1"`) of
+    /// `description` written as canonical JSON (object keys sorted by their bytes, no
+    /// whitespace, strings and numbers as `serde_json` writes them). `prefix` is the readable
+    /// part (an engine's name, model, rank): cut to its first 47 bytes, so the id fits in 64.
+    /// Two descriptions that differ in any field give two ids; the same description gives the
+    /// same id in every process and on every node, whatever its keys' order.
+    pub fn from_description(prefix: &str, description: &serde_json::Value) -> Result<Self> {
+        let mut text = String::new();
+        canonical_json(description, &mut text);
+        let mut h = blake3::Hasher::new_derive_key("tierkv worker description v1");
+        h.update(text.as_bytes());
+        let hex = BlockHash(*h.finalize().as_bytes()).to_hex();
+        let cut = prefix
+            .char_indices()
+            .nth(47)
+            .map_or(prefix.len(), |(i, _)| i);
+        WorkerId::new(&format!("{}.{}", &prefix[..cut], &hex[..16]))
+    }
+}
+
+/// `v` as canonical JSON into `out`: object keys sorted by their bytes (whatever order the
+/// map keeps them in), no whitespace, scalars as `serde_json` writes them.
+fn canonical_json(v: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match v {
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical_json(item, out);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            out.push('{');
+            for (i, (k, item)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                canonical_json(item, out);
+            }
+            out.push('}');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
 }
 
 /// Checks a worker id without allocating.
@@ -78,6 +131,19 @@ pub struct BlockHash(pub [u8; 32]);
 const CHAIN_DOMAIN: &[u8] = b"tierkv.block-chain.v1";
 
 impl BlockHash {
+    /// The block hash of an inference engine's own key (LMCache's key string, vLLM's offload
+    /// key): blake3 in key-derivation mode (context `"tierkv engine key v1"`) over the length
+    /// of `context` (a little-endian `u64`), `context` (which engine, and what its keys are
+    /// relative to: a model's identity), then `key`. Keys of two contexts never name the same
+    /// block, and the length prefix keeps `(ab, c)` apart from `(a, bc)`.
+    pub fn of_engine_key(context: &[u8], key: &[u8]) -> BlockHash {
+        let mut h = blake3::Hasher::new_derive_key("tierkv engine key v1");
+        h.update(&(context.len() as u64).to_le_bytes());
+        h.update(context);
+        h.update(key);
+        BlockHash(*h.finalize().as_bytes())
+    }
+
     /// The hash of one block of a prefix chain: blake3 over a domain tag, the parent block's
     /// hash (32 zero bytes for the first block), the number of tokens, and the token ids as
     /// little-endian `u32`. Equal prefixes give equal hashes; a block's hash depends on every
@@ -223,6 +289,45 @@ impl fmt::Display for BlockKey {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Known answers from another implementation (Python's `blake3` package, its
+    /// `derive_key_context`, and `json.dumps(sort_keys=True, separators=(",", ":"))`).
+    #[test]
+    fn engine_keys_and_worker_descriptions_have_known_answers() {
+        let key: Vec<u8> = (0..36).collect();
+        assert_eq!(
+            BlockHash::of_engine_key(b"vllm.tier", &key).to_string(),
+            "f5d41f586dd49661937122d38a2298459ec4803b8b2a1eef9f785c4134e308f6"
+        );
+        // Keys written in another order: the same canonical text, the same id.
+        let d: serde_json::Value = serde_json::from_str(
+            r#"{"tp": [0, 1], "nested": {"b": 2, "a": "x"}, "model": "org/tiny", "dtype": "float16"}"#,
+        )
+        .unwrap();
+        let w = WorkerId::from_description("vllm.tiny", &d).unwrap();
+        assert_eq!(w.as_str(), "vllm.tiny.e7aa3121b3550f97");
+    }
+
+    #[test]
+    fn engine_keys_and_worker_ids_keep_their_inputs_apart() {
+        assert_ne!(
+            BlockHash::of_engine_key(b"ab", b"c"),
+            BlockHash::of_engine_key(b"a", b"bc")
+        );
+        assert_ne!(
+            BlockHash::of_engine_key(b"lmcache", b"k"),
+            BlockHash::of_engine_key(b"vllm", b"k")
+        );
+        let d = |v: serde_json::Value| WorkerId::from_description("p", &v).unwrap();
+        let base = d(serde_json::json!({"a": 1, "b": [1, 2]}));
+        assert_ne!(base, d(serde_json::json!({"a": 1, "b": [2, 1]})));
+        assert_ne!(base, d(serde_json::json!({"a": "1", "b": [1, 2]})));
+        assert_ne!(base, d(serde_json::json!({"a": 1, "b": [1, 2], "c": null})));
+        // A long readable part is cut, never the digest: the id stays valid.
+        let long = WorkerId::from_description(&"m".repeat(80), &serde_json::json!({})).unwrap();
+        assert_eq!(long.as_str().len(), 47 + 17);
+        assert!(WorkerId::from_description("bad/prefix", &serde_json::json!({})).is_err());
+    }
 
     #[test]
     fn worker_ids() {
