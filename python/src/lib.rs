@@ -760,6 +760,25 @@ fn chain_hashes(
     }))
 }
 
+/// The 32-byte block hash of an inference engine's own key under `context` (which engine,
+/// and what its keys are relative to): the Rust `BlockHash::of_engine_key`, the one fold of
+/// engine keys every backend uses.
+#[pyfunction]
+fn engine_key<'py>(py: Python<'py>, context: &[u8], key: &[u8]) -> Bound<'py, PyBytes> {
+    PyBytes::new(py, &BlockHash::of_engine_key(context, key).0)
+}
+
+/// The worker id `<prefix>.<16 hex>` of a configuration described by `description_json` (a
+/// JSON text): the Rust `WorkerId::from_description`, over the description's canonical JSON,
+/// the one derivation of worker ids every backend uses. An invalid prefix is
+/// `tierkv_g3.InvalidKeyError`; text that is not JSON a `ValueError`.
+#[pyfunction]
+fn _worker_id(py: Python<'_>, prefix: &str, description_json: &str) -> PyResult<String> {
+    let description: serde_json::Value = serde_json::from_str(description_json)
+        .map_err(|e| PyValueError::new_err(format!("worker description is not JSON: {e}")))?;
+    py_result(py, WorkerId::from_description(prefix, &description)).map(|w| w.as_str().to_owned())
+}
+
 /// Raises the exception a Rust error of kind `kind` becomes (for the tests of the mapping:
 /// some kinds cannot be provoked from Python on every machine).
 #[pyfunction]
@@ -816,6 +835,8 @@ fn _tierkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<transfer::PyTransfers>()?;
     m.add_class::<offload::PyOffloader>()?;
     m.add_function(wrap_pyfunction!(chain_hashes, m)?)?;
+    m.add_function(wrap_pyfunction!(engine_key, m)?)?;
+    m.add_function(wrap_pyfunction!(_worker_id, m)?)?;
     m.add_function(wrap_pyfunction!(_raise_rust_error, m)?)?;
     errors::register(m)?;
     Ok(())

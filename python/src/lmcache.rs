@@ -29,16 +29,14 @@ use tierkv::{BlockHash, BlockKey, Completion, Completions, Lookup, Outcome, Work
 use crate::buffer::{self, Span, View};
 use crate::errors;
 
-/// The blake3 context LMCache's key strings are folded under (docs/engines-lmcache.md, MP mode).
-const KEY_CONTEXT: &str = "tierkv lmcache-mp object key v1";
+/// The engine-key context LMCache's MP keys are folded under (docs/engines-lmcache.md, MP mode).
+const KEY_CONTEXT: &[u8] = b"lmcache-mp";
 
-/// The block hash of an LMCache key: blake3 in key-derivation mode over the key's bytes
-/// (`<model>@<kv_rank>@<group>@<chunk_hash>[@<salt>]`, whose fields cannot contain `@`), so
-/// keys of two models, ranks, groups or salts never name the same block.
+/// The block hash of an LMCache key: [`BlockHash::of_engine_key`] (the one fold of engine keys)
+/// over the key's bytes (`<model>@<kv_rank>@<group>@<chunk_hash>[@<salt>]`, whose fields cannot
+/// contain `@`), so keys of two models, ranks, groups or salts never name the same block.
 pub fn fold_key(key: &[u8]) -> BlockHash {
-    let mut h = blake3::Hasher::new_derive_key(KEY_CONTEXT);
-    h.update(key);
-    BlockHash(*h.finalize().as_bytes())
+    BlockHash::of_engine_key(KEY_CONTEXT, key)
 }
 
 /// A buffer of LMCache's, as a queue thread sees it: the memory of a [`View`] that the

@@ -45,6 +45,7 @@ from ._tierkv import (
     UnsupportedError,
     WorkerBusyError,
     chain_hashes,
+    engine_key,
 )
 
 __all__ = [
@@ -53,6 +54,8 @@ __all__ = [
     "Transfers",
     "Offloader",
     "chain_hashes",
+    "engine_key",
+    "worker_id",
     "aligned_array",
     "Error",
     "InvalidKeyError",
@@ -71,6 +74,16 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def worker_id(prefix: str, description: Any) -> str:
+    """The worker id ``<prefix>.<16 hex>`` of an engine configuration: the hex a blake3 of
+    ``description`` as canonical JSON (keys sorted, no whitespace; values JSON cannot hold are
+    written as their ``str``), derived in Rust (``WorkerId::from_description``), the one
+    derivation every backend uses. ``prefix`` is the readable part, cut to 47 characters."""
+    import json
+
+    return _tierkv._worker_id(prefix, json.dumps(description, default=str))
 
 
 def aligned_array(shape: Any, dtype: Any = "uint8", align: int = 4096) -> Any:

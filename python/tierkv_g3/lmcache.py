@@ -29,9 +29,10 @@ shorter chunk (the unfull last chunk of a request) is moved into an object of it
 
 **Keys.** The tierkv worker id is ``lmc.<model>.w<worker>of<world>.<16 hex>``, the hex a
 digest of model name, world size, worker id, KV dtype and shape, chunk size, MLA and the
-engine's memory format; the 64-hex block key is a BLAKE2b-256 of LMCache's whole key string
-(model, world size, worker id, chunk hash, dtype, tags, layer), so two models, two shardings
-or two dtypes never share a block.
+engine's memory format (``tierkv_g3.worker_id``); the 64-hex block key is
+``tierkv_g3.engine_key(b"lmcache", <LMCache's whole key string>)`` (model, world size, worker
+id, chunk hash, dtype, tags, layer), so two models, two shardings or two dtypes never share a
+block.
 
 **Never an exception into LMCache**: every failure (no store, a full disk, an I/O error, a
 foreign or corrupt block) is a miss / False / 0, counted (``tierkv_stats()["failures"]``) and
@@ -45,7 +46,6 @@ thread writes them and, once each is written or dropped, releases its ``MemoryOb
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import struct
@@ -57,7 +57,8 @@ from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
-from . import Offloader, Store
+from . import Offloader, Store, engine_key
+from . import worker_id as _worker_id
 from ._engines import STORE_OPTIONS, FailureLog, close_store, slug, store_options
 
 logger = logging.getLogger(__name__)
@@ -65,15 +66,16 @@ logger = logging.getLogger(__name__)
 PREFIX = 4096
 MAGIC = b"TKVLMC\x00\x01"
 _HEAD = struct.Struct("<8sI")
-_KEY_TAG = b"tierkv.lmcache.v1\x00"
+_KEY_CONTEXT = b"lmcache"
 
 Geometry = Tuple[Tuple[torch.Size, ...], Tuple[torch.dtype, ...], MemoryFormat]
 
 
 def block_key(key: CacheEngineKey) -> str:
-    """The tierkv key of an LMCache key: 64 hex characters of a BLAKE2b-256 over LMCache's key
-    string (model, world size, worker id, chunk hash, dtype, tags; a layer key's layer)."""
-    return hashlib.blake2b(_KEY_TAG + key.to_string().encode(), digest_size=32).hexdigest()
+    """The tierkv key of an LMCache key: 64 hex characters of ``engine_key`` (the Rust
+    ``BlockHash::of_engine_key``) over LMCache's key string (model, world size, worker id, chunk
+    hash, dtype, tags; a layer key's layer)."""
+    return engine_key(_KEY_CONTEXT, key.to_string().encode()).hex()
 
 
 def engine_format(config: Any, metadata: Any) -> MemoryFormat:
@@ -94,14 +96,13 @@ def worker_id(config: Any, metadata: Any) -> str:
         "world_size": metadata.world_size,
         "worker_id": metadata.worker_id,
         "kv_dtype": str(metadata.kv_dtype),
-        "kv_shape": tuple(metadata.kv_shape),
+        "kv_shape": [int(d) for d in metadata.kv_shape],
         "chunk_size": int(config.chunk_size),
         "mla": bool(metadata.use_mla),
         "fmt": engine_format(config, metadata).name,
     }
-    digest = hashlib.sha256(repr(sorted(ident.items())).encode()).hexdigest()[:16]
     w = f"w{metadata.worker_id}of{metadata.world_size}"
-    return f"lmc.{slug(metadata.model_name or 'model', 20)}.{w}.{digest}"
+    return _worker_id(f"lmc.{slug(metadata.model_name or 'model', 20)}.{w}", ident)
 
 
 def _dtype(name: str) -> torch.dtype:

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import hashlib
 import logging
 import threading
 import time
@@ -58,6 +57,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 from . import Store
+from . import worker_id as worker_id_of
 from ._engines import STORE_OPTIONS, FailureLog, close_store, slug, store_options, weights_identity
 
 logger = logging.getLogger(__name__)
@@ -107,13 +107,13 @@ def worker_id(config: HiCacheStorageConfig, pool: Any, pool_name: Optional[str] 
         # id can keep one interface from reading the other's pages scrambled.
         v1 = bool((config.extra_config or {}).get("interface_v1"))
         ident["page_order"] = "regions" if v1 else "flat"
-    digest = hashlib.sha256(repr(sorted(ident.items())).encode()).hexdigest()[:16]
     rank = "mla" if mla else f"tp{config.tp_rank}of{config.tp_size}"
     if config.pp_size > 1:
         rank += f"pp{config.pp_rank}"
     tail = f"{slug(str(pool_name), 12)}.p{pool.page_size}" if sidecar else f"p{pool.page_size}"
-    tail = f"{tail}.{rank}.{digest}"
-    return f"sgl.{slug(config.model_name or 'model', max(1, min(20, 59 - len(tail))))}.{tail}"
+    tail = f"{tail}.{rank}"
+    model = slug(config.model_name or "model", max(1, min(20, 42 - len(tail))))
+    return worker_id_of(f"sgl.{model}.{tail}", ident)
 
 
 def _checkpoint() -> Dict[str, Any]:

@@ -20,8 +20,9 @@ default: data-parallel ranks and replicas open one worker), RETRY while a thread
 (vLLM's ``AsyncLookupManager``).
 
 Keys: vLLM's 36-byte ``OffloadKey`` (a 32-byte block hash and a 4-byte KV-cache group) is
-folded into tierkv's 32-byte key as ``blake3(b"tierkv.vllm.v1" + identity + key)``, where the
-identity is a blake3 of the model, dtype, tokens per hash, blocks per chunk, KV-cache groups,
+folded into tierkv's 32-byte key as ``engine_key(b"vllm.tier." + identity, key)`` (the Rust
+``BlockHash::of_engine_key``), where the identity is the worker id ``tierkv_g3.worker_id``
+derives from the model, dtype, tokens per hash, blocks per chunk, KV-cache groups,
 parallel sizes (and rank, unless the layout is parallelism-agnostic), canonical layout and the
 chunk's byte size (vLLM's own ``FileMapper`` fields, plus the size) and the checkpoint: the
 weights' identity of a local directory, and the revision, config commit and quantization of the
@@ -45,7 +46,6 @@ import time
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional, Set, Tuple
 
-from blake3 import blake3
 from vllm.v1.kv_offload.base import (
     Locality,
     LookupResult,
@@ -63,7 +63,8 @@ from vllm.v1.kv_offload.tiering.base import (
     TransferJob,
 )
 
-from . import Store, Transfers
+from . import Store, Transfers, engine_key
+from . import worker_id as worker_id_of
 from ._engines import STORE_OPTIONS, FailureLog, slug, store_options, weights_identity
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_TAG = b"tierkv.vllm.v1"
+_TAG = b"vllm.tier."
 _TIER_KEYS = ("root", "worker", "n_read_threads", "n_write_threads", "log_interval", "locality")
 
 
@@ -153,8 +154,9 @@ def _describes(vc: Any, model: str) -> bool:
 
 
 def fold_key(prefix: bytes, key: OffloadKey) -> bytes:
-    """tierkv's 32-byte key for vLLM's 36-byte OffloadKey under an identity prefix."""
-    return blake3(prefix + bytes(key)).digest()
+    """tierkv's 32-byte key for vLLM's 36-byte OffloadKey under an identity prefix: the one
+    fold of engine keys (``tierkv_g3.engine_key``)."""
+    return engine_key(prefix, bytes(key))
 
 
 class _StoreLookup(AsyncLookupManager):
@@ -197,11 +199,9 @@ class TierkvSecondaryTier(SecondaryTierManager):
         self.failures = FailureLog(logger, "tierkv vLLM tier", config.get("log_interval", 10.0))
         self._flat = primary_kv_view.cast("B") if primary_kv_view.ndim != 1 else primary_kv_view
         ident = identity(offloading_spec, self.block_size_bytes)
-        digest = blake3(json.dumps(ident, sort_keys=True).encode()).digest()
-        self._prefix = _TAG + digest
-        self.worker = str(
-            config.get("worker") or f"vllm.{slug(str(ident['model_name']), 30)}.{digest.hex()[:16]}"
-        )
+        named = worker_id_of(f"vllm.{slug(str(ident['model_name']), 30)}", ident)
+        self._prefix = _TAG + named.encode()
+        self.worker = str(config.get("worker") or named)
         self.options = store_options(config)
         # Several engines (data-parallel ranks, replicas) open one worker: shared unless told.
         self.options.setdefault("sharing", "shared")

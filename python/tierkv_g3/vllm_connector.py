@@ -57,10 +57,8 @@ defaults to ``"shared"`` here, so several engines, or DP replicas, can use one r
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import logging
-import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -78,8 +76,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from . import Store, Transfers, chain_hashes
-from ._engines import STORE_OPTIONS, FailureLog, close_store, store_options, weights_identity
+from . import Store, Transfers, chain_hashes, engine_key
+from . import worker_id as worker_id_of
+from ._engines import STORE_OPTIONS, FailureLog, close_store, slug, store_options, weights_identity
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -94,12 +93,6 @@ logger = logging.getLogger(__name__)
 # How many get_finished calls a finished request's id is kept for, waiting for the notice that
 # its blocks wait for saves (the notice comes in the same step).
 _SEEN_CALLS = 1024
-
-
-def _slug(s: str, n: int) -> str:
-    """`s` in the worker id's alphabet ([A-Za-z0-9_.-]), its last `n` characters."""
-    s = re.sub(r"[^A-Za-z0-9_.-]+", "_", s.rstrip("/").split("/")[-1]).strip(".") or "model"
-    return s[-n:]
 
 
 def worker_id(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig", tp: int, pp: int) -> str:
@@ -131,12 +124,11 @@ def worker_id(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig", tp: i
         "tp": (tp, pc.tensor_parallel_size),
         "pp": (pp, pc.pipeline_parallel_size),
     }
-    digest = hashlib.sha256(repr(sorted(ident.items())).encode()).hexdigest()[:16]
     rank = f"tp{tp}of{pc.tensor_parallel_size}"
     if pc.pipeline_parallel_size > 1:
         rank += f"pp{pp}"
     kind = getattr(hf, "model_type", None) or "model"
-    return f"vllm.{_slug(str(kind), 20)}.b{cc.block_size}.{rank}.{digest}"
+    return worker_id_of(f"vllm.{slug(str(kind), 20)}.b{cc.block_size}.{rank}", ident)
 
 
 def _group_windows(kv_cache_config: "KVCacheConfig", block_size: int) -> List[Optional[int]]:
@@ -179,10 +171,7 @@ def _group_roots(parent: Optional[bytes], groups: int) -> List[Optional[bytes]]:
     if groups == 1:
         return [parent]
     return [
-        hashlib.blake2b(
-            b"tierkv.vllm.group" + g.to_bytes(4, "little") + (parent or b""), digest_size=32
-        ).digest()
-        for g in range(groups)
+        engine_key(b"vllm.group" + g.to_bytes(4, "little"), parent or b"") for g in range(groups)
     ]
 
 
@@ -199,7 +188,7 @@ def _root_parent(request: "Request") -> Optional[bytes]:
         extras.append(("mm", getattr(f, "identifier", None), repr(getattr(f, "mm_position", None))))
     if not extras:
         return None
-    return hashlib.blake2b(repr(extras).encode(), digest_size=32).digest()
+    return engine_key(b"vllm.extras", json.dumps(extras, default=str).encode())
 
 
 @dataclass
