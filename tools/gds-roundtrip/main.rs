@@ -214,18 +214,22 @@ fn pattern(i: usize, len: usize, salt: u8) -> Vec<u8> {
         .collect()
 }
 
-fn run(args: &Args) -> Result<bool, BoxError> {
-    let cuda = Cuda::load(args.device)?;
-    let tmp;
-    let root = match &args.dir {
-        Some(d) => d.clone(),
+/// The directory the blocks go in: `--dir`, or a temp dir, removed when its guard drops.
+fn root_dir(dir: Option<&PathBuf>) -> Result<(PathBuf, Option<tempfile::TempDir>), BoxError> {
+    Ok(match dir {
+        Some(d) => (d.clone(), None),
         None => {
-            tmp = tempfile::Builder::new()
+            let t = tempfile::Builder::new()
                 .prefix("gds-roundtrip.")
                 .tempdir()?;
-            tmp.path().to_path_buf()
+            (t.path().to_path_buf(), Some(t))
         }
-    };
+    })
+}
+
+fn run(args: &Args) -> Result<bool, BoxError> {
+    let cuda = Cuda::load(args.device)?;
+    let (root, _tmp) = root_dir(args.dir.as_ref())?;
     let bs = usize::try_from(args.bs)?;
     let n = args.blocks;
     let engine = Arc::new(NixlEngine::new(&NixlConfig {
