@@ -70,8 +70,8 @@ pub use offload::{
 };
 pub use queue::{Completion, Completions, Outcome};
 pub use store::{
-    DEFAULT_DIRECT_PUTS_FROM, DEFAULT_MAX_BLOCK_SIZE, DEFAULT_READ_THREADS, DEFAULT_TEMP_LEASE,
-    ErrorCounts, LatencySummary, Lookup, MIN_STATS_INTERVAL, PARALLEL_READ_MIN, Parts, Publish,
-    Sharing, Store, StoreConfig, StoreStats, VerifyMode,
+    Components, DEFAULT_DIRECT_PUTS_FROM, DEFAULT_MAX_BLOCK_SIZE, DEFAULT_READ_THREADS,
+    DEFAULT_TEMP_LEASE, ErrorCounts, LatencySummary, Lookup, MIN_STATS_INTERVAL, PARALLEL_READ_MIN,
+    Publish, Sharing, Store, StoreConfig, StoreStats, VerifyMode,
 };
 pub use transfer::{KvMemory, LoadOutcome, Region, SaveOutcome, Transfer, Transfers};

@@ -803,7 +803,7 @@ fn vectored_puts_and_gets_split_blocks_across_buffers() {
                     }
                 }
             }
-            // Parts that cannot hold the block.
+            // Components that cannot hold the block.
             let mut small = [vec![0u8; 100], vec![0u8; 100]];
             let mut parts: Vec<&mut [u8]> = small.iter_mut().map(|v| &mut v[..]).collect();
             let r = store.get_many_vectored(&ks[1..2], &mut [&mut parts[..]]);

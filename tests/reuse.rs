@@ -15,7 +15,7 @@ use common::*;
 use rustix::io::Errno;
 use tierkv::engine::{EngineKind, IoEngine, IoRequest};
 use tierkv::testing::{NsFaults, NsOp};
-use tierkv::{BlockKey, Lookup, Parts, PolicyKind, Store, StoreConfig};
+use tierkv::{BlockKey, Components, Lookup, PolicyKind, Store, StoreConfig};
 
 const LEN: usize = 64 * 1024;
 
@@ -350,7 +350,7 @@ fn twelve_into_four(faults: &Arc<NsFaults>) -> tierkv::StoreStats {
         dir.path(),
         worker("0"),
         reusing(4).with_watermarks(1.0, 1.0),
-        Parts::new().with_ns_faults(faults.clone()),
+        Components::new().with_ns_faults(faults.clone()),
     )
     .unwrap();
     let ks = keys(&store, 12);
@@ -408,7 +408,7 @@ fn without_leases_the_background_evictor_runs() {
             dir,
             worker("0"),
             reusing(20),
-            Parts::new().with_ns_faults(faults),
+            Components::new().with_ns_faults(faults),
         )
         .unwrap()
     };
@@ -701,7 +701,7 @@ fn an_open_refused_by_a_lease_is_a_miss() {
         StoreConfig::new()
             .with_fd_cache(0)
             .with_stats_interval(None),
-        Parts::new().with_ns_faults(faults.clone()),
+        Components::new().with_ns_faults(faults.clone()),
     )
     .unwrap();
     let ks = keys(&store, 1);

@@ -414,7 +414,7 @@ struct State {
     finished: u64,
 }
 
-struct Shared {
+struct OffloadState {
     store: Store,
     cfg: OffloadConfig,
     state: Mutex<State>,
@@ -425,7 +425,7 @@ struct Shared {
     counters: Arc<OffloadCounters>,
 }
 
-impl Shared {
+impl OffloadState {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -450,7 +450,7 @@ impl Shared {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Offloader {
-    shared: Arc<Shared>,
+    shared: Arc<OffloadState>,
     writer: Option<crate::sys::Thread>,
 }
 
@@ -485,7 +485,7 @@ impl Offloader {
         let counters = Arc::new(OffloadCounters::default());
         let _ = counters.filter.set(filter.name());
         store.attach_offload(counters.clone());
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(OffloadState {
             store,
             cfg: OffloadConfig {
                 max_batch_blocks: config.max_batch_blocks.max(1),
@@ -746,7 +746,7 @@ impl Drop for Offloader {
 /// One offer in progress, under the state lock: what it settled at once, and the run of
 /// blocks it gathers into a batch.
 struct Offering<'a> {
-    sh: &'a Shared,
+    sh: &'a OffloadState,
     worker: WorkerId,
     tracker: Option<&'a Arc<Tracker>>,
     /// Blocks settled at once (deduplicated or dropped): index and reason.
@@ -763,7 +763,11 @@ struct Offering<'a> {
 
 impl<'a> Offering<'a> {
     /// An offer of blocks after `parent` to `sh`, tracked by `tracker` if any.
-    fn new(sh: &'a Shared, tracker: Option<&'a Arc<Tracker>>, parent: Option<&BlockKey>) -> Self {
+    fn new(
+        sh: &'a OffloadState,
+        tracker: Option<&'a Arc<Tracker>>,
+        parent: Option<&BlockKey>,
+    ) -> Self {
         let prev = parent.map(|p| p.hash);
         Offering {
             sh,
@@ -938,7 +942,7 @@ impl<'a> Offering<'a> {
 }
 
 /// Why `h` is not queued again: stored already, or queued already.
-fn dedupe(sh: &Shared, st: &State, h: &BlockHash) -> Option<DropReason> {
+fn dedupe(sh: &OffloadState, st: &State, h: &BlockHash) -> Option<DropReason> {
     if st.pending.contains_key(h) {
         Some(DropReason::AlreadyQueued)
     } else if sh.store.holds(h) {
@@ -949,7 +953,7 @@ fn dedupe(sh: &Shared, st: &State, h: &BlockHash) -> Option<DropReason> {
 }
 
 /// Queues the blocks gathered so far as one batch.
-fn push_run(sh: &Shared, st: &mut State, run: &mut Vec<Entry>, parent: Option<BlockHash>) {
+fn push_run(sh: &OffloadState, st: &mut State, run: &mut Vec<Entry>, parent: Option<BlockHash>) {
     if run.is_empty() {
         return;
     }
@@ -963,7 +967,7 @@ fn push_run(sh: &Shared, st: &mut State, run: &mut Vec<Entry>, parent: Option<Bl
 }
 
 /// Forgets a block that left the queue (written, failed or dropped): its room is free.
-fn release(sh: &Shared, st: &mut State, e: &Entry) {
+fn release(sh: &OffloadState, st: &mut State, e: &Entry) {
     st.pending.remove(&e.key.hash);
     let len = e.data.len() as u64;
     st.blocks -= 1;
@@ -988,7 +992,7 @@ fn count_drop(c: &OffloadCounters, r: DropReason) {
 
 /// The writer thread: one batch at a time, in the order queued, so a chain's parent batch
 /// is always written before its children.
-fn writer_loop(sh: &Shared) {
+fn writer_loop(sh: &OffloadState) {
     loop {
         let batch = {
             let mut st = sh.lock();

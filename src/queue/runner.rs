@@ -22,7 +22,7 @@ struct Queue<J> {
 }
 
 /// The state the submitters, the threads and the collector share.
-struct Shared<C, J, D> {
+struct RunnerState<C, J, D> {
     /// What every job runs against (a store; a store and a memory).
     ctx: C,
     /// Runs job `id` against the context: what the collector gets.
@@ -41,7 +41,7 @@ struct Shared<C, J, D> {
 
 /// Jobs `J` run against a context `C` on threads of their own, each giving a `D`.
 pub(crate) struct Runner<C: Send + Sync + 'static, J: Send + 'static, D: Send + 'static> {
-    shared: Arc<Shared<C, J, D>>,
+    shared: Arc<RunnerState<C, J, D>>,
     threads: Vec<Thread>,
 }
 
@@ -62,7 +62,7 @@ impl<C: Send + Sync + 'static, J: Send + 'static, D: Send + 'static> Runner<C, J
         let event = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
             .map_err(|e| Error::from_io(eventfd_path, crate::ns::io_err(e)))?;
         let mut out = Runner {
-            shared: Arc::new(Shared {
+            shared: Arc::new(RunnerState {
                 ctx,
                 run,
                 jobs: Mutex::new(Queue {
@@ -178,7 +178,7 @@ impl<C: Send + Sync + 'static, J: Send + 'static, D: Send + 'static> Drop for Ru
     }
 }
 
-impl<C, J, D> Shared<C, J, D> {
+impl<C, J, D> RunnerState<C, J, D> {
     /// A thread's loop: the oldest queued job, run, until the runner closes.
     fn work(&self) {
         loop {

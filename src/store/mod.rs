@@ -76,11 +76,11 @@ impl Lookup {
     }
 }
 
-/// Parts of a store that a caller may build itself instead of naming them in
+/// Components of a store that a caller may build itself instead of naming them in
 /// [`StoreConfig`].
 #[derive(Debug, Default)]
 #[non_exhaustive]
-pub struct Parts {
+pub struct Components {
     /// The I/O engine (default: `config.engine`).
     pub engine: Option<Arc<dyn IoEngine>>,
     /// The eviction policy (default: `config.policy`), e.g. the replay-only Belady policy.
@@ -89,7 +89,7 @@ pub struct Parts {
     pub ns_faults: Option<Arc<NsFaults>>,
 }
 
-impl Parts {
+impl Components {
     /// No custom parts.
     pub fn new() -> Self {
         Self::default()
@@ -146,7 +146,7 @@ struct Inner {
     /// Every data transfer goes through it.
     engine: Arc<dyn IoEngine>,
     /// Shared mode's ledger (`None`: exclusive, or read-only).
-    shared: Option<shared::Shared>,
+    shared: Option<shared::SharedTier>,
     /// A store of a shared tree (writable or read-only): its remembered "absent" answers. Its
     /// presence means that a key the index does not hold is asked of the tree (`None`: the
     /// index is all there is, as in an exclusive store).
@@ -489,8 +489,8 @@ fn open_ledger(
     config: &StoreConfig,
     report: &sweep::SweepReport,
     alone: bool,
-) -> Result<shared::Shared> {
-    shared::Shared::new(ns, limits, config.temp_lease, config.ledger_wait).and_then(|sh| {
+) -> Result<shared::SharedTier> {
+    shared::SharedTier::new(ns, limits, config.temp_lease, config.ledger_wait).and_then(|sh| {
         let found = shared::Usage {
             bytes: report.entries.iter().map(|e| e.bytes).sum(),
             files: report.entries.len() as u64,
@@ -538,7 +538,7 @@ impl Store {
     /// sweeps temp files left by a crashed predecessor, rebuilds the index from the files
     /// (recency from their access and modification times), and evicts down to the capacity.
     pub fn open(root: impl AsRef<Path>, worker: WorkerId, config: StoreConfig) -> Result<Store> {
-        Self::open_with(root, worker, config, Parts::new())
+        Self::open_with(root, worker, config, Components::new())
     }
 
     /// As [`Store::open`], with an engine built by the caller (e.g. a
@@ -549,7 +549,7 @@ impl Store {
         config: StoreConfig,
         engine: Arc<dyn IoEngine>,
     ) -> Result<Store> {
-        Self::open_with(root, worker, config, Parts::new().with_engine(engine))
+        Self::open_with(root, worker, config, Components::new().with_engine(engine))
     }
 
     /// As [`Store::open`], with parts built by the caller.
@@ -558,7 +558,7 @@ impl Store {
         root: impl AsRef<Path>,
         worker: WorkerId,
         config: StoreConfig,
-        parts: Parts,
+        parts: Components,
     ) -> Result<Store> {
         config.validate()?;
         let engine = match parts.engine {

@@ -56,7 +56,7 @@ impl Usage {
     }
 }
 
-/// Which way a ledger's record cannot be the tree's ([`Shared::implausible`]).
+/// Which way a ledger's record cannot be the tree's ([`SharedTier::implausible`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Implausible {
     /// It counts fewer blocks than one store knows of.
@@ -74,7 +74,7 @@ struct Delta {
 
 /// A shared store's state.
 #[derive(Debug)]
-pub(crate) struct Shared {
+pub(crate) struct SharedTier {
     ledger: Ledger,
     limits: Limits,
     pending: Mutex<Delta>,
@@ -96,14 +96,14 @@ pub(crate) const RESCAN_INTERVAL: Duration = Duration::from_secs(30);
 /// seen go yet (racing puts of one key by three stores left it 1 or 2 ahead).
 const STALE_FILES: u64 = 8;
 
-impl Shared {
+impl SharedTier {
     pub fn new(
         ns: &BlockDir,
         limits: Limits,
         temp_lease: Duration,
         ledger_wait: Duration,
-    ) -> Result<Shared> {
-        Ok(Shared {
+    ) -> Result<SharedTier> {
+        Ok(SharedTier {
             ledger: ns.open_ledger(ledger_wait)?,
             limits,
             pending: Mutex::new(Delta::default()),
@@ -211,14 +211,14 @@ impl Shared {
     /// Reserves room for a batch's new files (`estimates`, in chain order) under the shared
     /// capacity: under the ledger's lock, while the next file does not fit, `evict(bytes,
     /// files)` is asked to free at least that much (it unlinks blocks of this store's index
-    /// and reports what it removed through [`Shared::freed`]; `Ok(false)` when it found
+    /// and reports what it removed through [`SharedTier::freed`]; `Ok(false)` when it found
     /// nothing more to evict). Returns how many leading estimates are reserved (the rest must
     /// not be written: the chain's tail is declined).
     ///
     /// `fallback` is this store's own view (its index, which counts this batch already). A
     /// ledger that holds no valid record (written over by hand, say) counts as that view,
     /// less the batch, and is rewritten. A record is checked, not believed
-    /// ([`Shared::implausible`]): one that counts fewer blocks than this store alone knows
+    /// ([`SharedTier::implausible`]): one that counts fewer blocks than this store alone knows
     /// of, or more than twice the capacity, is replaced by `recount(forced)` (a scan of the
     /// tree; unless forced, as for a count too high, `None` when one ran too recently: then
     /// the record is raised to this store's view), so that a ledger talked down never lets

@@ -87,7 +87,7 @@ pub(super) enum Published {
 
 /// What a put writes: host bytes, or GPU memory.
 pub(super) trait Source {
-    /// Payload bytes.
+    /// PutBytes bytes.
     fn len(&self) -> usize;
     /// The bytes, when they are in host memory.
     fn host(&self) -> Option<&[u8]>;
@@ -154,7 +154,7 @@ pub(crate) const PARALLEL_PUT_MIN_BYTES: usize = 8 << 20;
 /// The write of a planned file: the header (and padding) and the payload in one vectored
 /// write, from the bounce buffer or the header page when `O_DIRECT`, or the payload alone from
 /// GPU memory (its header is written after, see `Inner::seal`).
-fn write_request<'p>(p: &'p WritePlan<'_>, data: &'p Payload<'_>) -> IoRequest<'p> {
+fn write_request<'p>(p: &'p WritePlan<'_>, data: &'p PutBytes<'_>) -> IoRequest<'p> {
     match (&p.bounce, data.host_parts(), data.device()) {
         (Some(b), _, _) => IoRequest::write(p.fd.as_fd(), 0, vec![IoSlice::new(b)]),
         (None, Some(parts), _) if p.head_page.is_some() => {
@@ -201,18 +201,18 @@ fn every_result(results: Vec<Option<Result<()>>>) -> Vec<Result<()>> {
 /// A put's payload as the batch's threads share it: host bytes (in one buffer or several)
 /// or GPU memory.
 #[derive(Clone, Copy)]
-pub(super) enum Payload<'a> {
+pub(super) enum PutBytes<'a> {
     Host(&'a [u8]),
-    Parts(&'a [&'a [u8]]),
+    Vectored(&'a [&'a [u8]]),
     Device(DeviceMem),
 }
 
-impl<'a> Payload<'a> {
-    fn of<D: Source>(d: &'a D) -> Payload<'a> {
+impl<'a> PutBytes<'a> {
+    fn of<D: Source>(d: &'a D) -> PutBytes<'a> {
         match (d.parts(), d.host(), d.device()) {
-            (Some(p), _, _) => Payload::Parts(p),
-            (None, Some(h), _) => Payload::Host(h),
-            (None, None, Some(m)) => Payload::Device(m),
+            (Some(p), _, _) => PutBytes::Vectored(p),
+            (None, Some(h), _) => PutBytes::Host(h),
+            (None, None, Some(m)) => PutBytes::Device(m),
             (None, None, None) => unreachable!("a payload is in host or device memory"),
         }
     }
@@ -220,37 +220,37 @@ impl<'a> Payload<'a> {
     /// The host bytes, in order, as one buffer or several; `None` for GPU memory.
     fn host_parts(&self) -> Option<&[&'a [u8]]> {
         match self {
-            Payload::Host(h) => Some(std::slice::from_ref(h)),
-            Payload::Parts(p) => Some(p),
-            Payload::Device(_) => None,
+            PutBytes::Host(h) => Some(std::slice::from_ref(h)),
+            PutBytes::Vectored(p) => Some(p),
+            PutBytes::Device(_) => None,
         }
     }
 }
 
-impl Source for Payload<'_> {
+impl Source for PutBytes<'_> {
     fn len(&self) -> usize {
         match self {
-            Payload::Host(h) => h.len(),
-            Payload::Parts(p) => p.iter().map(|b| b.len()).sum(),
-            Payload::Device(m) => m.len(),
+            PutBytes::Host(h) => h.len(),
+            PutBytes::Vectored(p) => p.iter().map(|b| b.len()).sum(),
+            PutBytes::Device(m) => m.len(),
         }
     }
     fn host(&self) -> Option<&[u8]> {
         match self {
-            Payload::Host(h) => Some(h),
-            Payload::Parts(_) | Payload::Device(_) => None,
+            PutBytes::Host(h) => Some(h),
+            PutBytes::Vectored(_) | PutBytes::Device(_) => None,
         }
     }
     fn device(&self) -> Option<DeviceMem> {
         match self {
-            Payload::Host(_) | Payload::Parts(_) => None,
-            Payload::Device(m) => Some(*m),
+            PutBytes::Host(_) | PutBytes::Vectored(_) => None,
+            PutBytes::Device(m) => Some(*m),
         }
     }
     fn parts(&self) -> Option<&[&[u8]]> {
         match self {
-            Payload::Parts(p) => Some(p),
-            Payload::Host(_) | Payload::Device(_) => None,
+            PutBytes::Vectored(p) => Some(p),
+            PutBytes::Host(_) | PutBytes::Device(_) => None,
         }
     }
 }
@@ -375,7 +375,7 @@ impl Inner {
     /// `valid` slots are aborted and fail with it; the others (touched, not admitted) succeed.
     fn refuse_unreserved(
         &self,
-        sh: &super::shared::Shared,
+        sh: &super::shared::SharedTier,
         e: &Error,
         valid: &[usize],
         offers: &[Offer],
@@ -416,9 +416,9 @@ impl Inner {
                 Offer::Reserved | Offer::Replace { .. } => todo.push((slot, offer)),
             }
         }
-        let payloads: Vec<(&BlockKey, Payload<'_>)> = which
+        let payloads: Vec<(&BlockKey, PutBytes<'_>)> = which
             .iter()
-            .map(|&i| (&items[i].0, Payload::of(&items[i].1)))
+            .map(|&i| (&items[i].0, PutBytes::of(&items[i].1)))
             .collect();
         let bytes: usize = todo.iter().map(|(slot, _)| payloads[*slot].1.len()).sum();
         spares.resize_with(todo.len(), || None);
@@ -541,7 +541,7 @@ impl Inner {
     /// any, is the evicted file `todo[i]` is written into instead of a new one.
     fn write_files<'s>(
         &'s self,
-        payloads: &[(&BlockKey, Payload<'_>)],
+        payloads: &[(&BlockKey, PutBytes<'_>)],
         todo: &[(usize, Offer)],
         spares: &mut [Option<Spare<'s>>],
     ) -> Vec<FileOutcome<'s>> {
@@ -709,7 +709,7 @@ impl Inner {
     /// [`StoreConfig::direct_io`](crate::StoreConfig), and host payloads of at least
     /// [`StoreConfig::direct_puts_from`](crate::StoreConfig) bytes while the filesystem takes
     /// it.
-    pub(super) fn put_direct(&self, data: &Payload<'_>) -> bool {
+    pub(super) fn put_direct(&self, data: &PutBytes<'_>) -> bool {
         self.opts.direct
             || (data.host_parts().is_some()
                 && self.opts.direct_puts_from.is_some_and(|m| data.len() >= m)
@@ -729,7 +729,7 @@ impl Inner {
     fn plan_write<'s>(
         &'s self,
         key: &BlockKey,
-        data: &Payload<'_>,
+        data: &PutBytes<'_>,
         spare: Option<Spare<'s>>,
     ) -> Result<WritePlan<'s>> {
         // From GPU memory, the header is written once the payload is in the file.
@@ -997,7 +997,7 @@ impl Inner {
     /// at its tail. Returns the bytes and files reserved.
     fn reserve_shared(
         &self,
-        sh: &super::shared::Shared,
+        sh: &super::shared::SharedTier,
         offered: &[(BlockHash, u64)],
         offers: &mut [Offer],
         after: Option<BlockHash>,
@@ -1030,7 +1030,7 @@ impl Inner {
     }
 
     /// Frees at least `bytes` and `files` of the shared tree by evicting blocks of this
-    /// store's index (what it removed reaches the ledger through `Shared::freed`). When the
+    /// store's index (what it removed reaches the ledger through `SharedTier::freed`). When the
     /// index has nothing left to evict, the tree is scanned (at most every
     /// `shared::RESCAN_INTERVAL`) for blocks other stores put, and eviction tried again. False
     /// if nothing was evicted.

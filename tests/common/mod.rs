@@ -265,7 +265,7 @@ pub fn open_with_ns_faults(
         dir,
         worker("0"),
         cfg.with_stats_interval(None),
-        tierkv::Parts::new().with_ns_faults(faults.clone()),
+        tierkv::Components::new().with_ns_faults(faults.clone()),
     )
     .unwrap()
 }

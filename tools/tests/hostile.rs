@@ -21,7 +21,7 @@ use common::*;
 use tierkv::engine::{IoEngine, IoRequest, PsyncEngine};
 use tierkv::inspect::BlockDir;
 use tierkv::testing::{NsFaults, NsOp};
-use tierkv::{BlockKey, Error, Layout, Lookup, Parts, PolicyKind, Store, StoreConfig};
+use tierkv::{BlockKey, Components, Error, Layout, Lookup, PolicyKind, Store, StoreConfig};
 
 const STAT: &str = env!("CARGO_BIN_EXE_tierkv-stat");
 
@@ -70,7 +70,7 @@ fn open_faulty(root: &Path, cfg: StoreConfig, faults: &Arc<NsFaults>) -> tierkv:
         root,
         worker("0"),
         cfg,
-        Parts::new().with_ns_faults(faults.clone()),
+        Components::new().with_ns_faults(faults.clone()),
     )
 }
 

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use tierkv::engine::PosixQueue;
 use tierkv::{Belady, Oracle};
 use tierkv::{
-    BlockHash, BlockKey, Layout, Parts, PolicyKind, Publish, Store, StoreConfig, VerifyMode,
+    BlockHash, BlockKey, Components, Layout, PolicyKind, Publish, Store, StoreConfig, VerifyMode,
     WorkerId,
 };
 
@@ -714,8 +714,8 @@ type SharedOracle = Arc<Mutex<Oracle>>;
 fn policy(
     args: &Args,
     mut config: StoreConfig,
-) -> Result<(StoreConfig, Parts, Option<SharedOracle>), BoxError> {
-    let mut parts = Parts::new();
+) -> Result<(StoreConfig, Components, Option<SharedOracle>), BoxError> {
+    let mut parts = Components::new();
     let mut oracle = None;
     if args.policy == "belady" {
         if args.rw != Rw::Replay {
@@ -765,7 +765,7 @@ fn run_replay(
     args: &Args,
     root: &Path,
     config: StoreConfig,
-    parts: Parts,
+    parts: Components,
     oracle: Option<&SharedOracle>,
     bs: usize,
 ) -> Result<(), BoxError> {
