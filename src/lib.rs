@@ -60,7 +60,6 @@ mod transfer;
 
 pub use buf::{AlignedBuf, DeviceMem, align_up};
 pub use error::{CorruptReason, Error, HeaderError, Result};
-pub use index::policy::belady::NEVER;
 pub use index::policy::{Access, Belady, Oracle, Policy, PolicyKind};
 pub use key::{BlockHash, BlockKey, MAX_WORKER_ID_LEN, WorkerId};
 pub use layout::Layout;

@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use tierkv::Oracle;
 use tierkv::{BlockHash, BlockKey, Lookup, Store, StoreStats};
 use tierkv::{FilterKind, OffloadConfig, Offloader, OnClose};
-use tierkv::{NEVER, Oracle};
 
 use crate::common::{BoxError, UsageError};
 use crate::{Args, OutputFormat, fill_block, human_bytes};
@@ -166,13 +166,13 @@ pub(crate) fn replay(
 }
 
 /// The next use of each reference position of the trace (its position in the trace's
-/// references, or [`NEVER`]), for the Belady oracle.
+/// references, or [`Oracle::NEVER`]), for the Belady oracle.
 fn next_uses(reqs: &[Vec<u64>]) -> Vec<u64> {
     let flat: Vec<u64> = reqs.iter().flatten().copied().collect();
-    let mut next = vec![NEVER; flat.len()];
+    let mut next = vec![Oracle::NEVER; flat.len()];
     let mut last: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
     for (i, id) in flat.iter().enumerate().rev() {
-        next[i] = last.get(id).copied().unwrap_or(NEVER);
+        next[i] = last.get(id).copied().unwrap_or(Oracle::NEVER);
         last.insert(*id, i as u64);
     }
     next

@@ -12,17 +12,17 @@ pub struct Oracle {
     next: HashMap<BlockHash, u64>,
 }
 
-/// "Never used again".
-pub const NEVER: u64 = u64::MAX;
-
 impl Oracle {
-    /// Records that `hash` is next used at trace position `pos` ([`NEVER`] if never).
+    /// The position of a block never used again.
+    pub const NEVER: u64 = u64::MAX;
+
+    /// Records that `hash` is next used at trace position `pos` ([`Oracle::NEVER`] if never).
     pub fn set(&mut self, hash: BlockHash, pos: u64) {
         self.next.insert(hash, pos);
     }
 
     fn get(&self, hash: &BlockHash) -> u64 {
-        self.next.get(hash).copied().unwrap_or(NEVER)
+        self.next.get(hash).copied().unwrap_or(Oracle::NEVER)
     }
 }
 
@@ -70,7 +70,7 @@ impl Policy for Belady {
 
     fn admit(&mut self, hash: &BlockHash) -> bool {
         let n = self.next_of(hash);
-        if n == NEVER {
+        if n == Oracle::NEVER {
             return false;
         }
         let full = self.cap_hint > 0 && self.held.len() >= self.cap_hint;

@@ -13,7 +13,7 @@ use crate::key::BlockHash;
 mod adaptive;
 mod admit2;
 mod arc;
-pub mod belady;
+mod belady;
 mod door;
 mod lru;
 
