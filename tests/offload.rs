@@ -448,6 +448,24 @@ fn each_offer_can_ask_for_its_outcomes() {
     assert_eq!(reasons(&out), vec![Some(DropReason::NotAdmitted)]);
     assert_add_up(&off.stats());
 
+    // A block the store refuses mid-chain: the block after it was written, then removed
+    // (no lookup could reach it), so it is not admitted, never "written".
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), worker("0"), quiet().with_max_block_size(LEN)).unwrap();
+    let off = Offloader::new(store.clone(), OffloadConfig::new()).unwrap();
+    let e = chain_keys(&store, 5, 3);
+    let sizes = [LEN, 2 * LEN, LEN];
+    let items = e.iter().zip(sizes).map(|(k, n)| (k.clone(), vec![5u8; n]));
+    let out = off.offer_tracked(None, items.collect()).wait();
+    assert!(out[0].is_written(), "{out:?}");
+    assert!(
+        matches!(out[1], OfferOutcome::Failed(tierkv::Error::TooLarge { .. })),
+        "{out:?}"
+    );
+    assert_eq!(reasons(&out[2..]), vec![Some(DropReason::NotAdmitted)]);
+    assert_eq!(store.contains_many(&e[2..])[0].as_ref().ok(), Some(&false));
+    assert_add_up(&off.stats());
+
     // The doorkeeper: written on the second offer only.
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), worker("0"), quiet()).unwrap();

@@ -28,6 +28,7 @@ mod lease;
 mod ledger;
 mod lock;
 mod node;
+mod publish;
 pub mod walk;
 
 use std::ffi::OsString;
@@ -45,6 +46,7 @@ pub use lease::{PagesDropped, drop_pages};
 pub use ledger::{Ledger, LedgerGuard};
 pub use lock::{LOCK_KEEP_INTERVAL, LockKept};
 pub use node::{boot_id, host_name, node_id, pid_alive};
+pub(crate) use publish::{CreateError, CreateHooks, Created, Published, Publisher, TempFile};
 
 use crate::error::{Error, Result};
 use crate::format::FORMAT_VERSION;

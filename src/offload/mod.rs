@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::key::{BlockHash, BlockKey, WorkerId};
-use crate::store::{Lookup, Store};
+use crate::store::{Lookup, Store, Stored};
 
 pub mod filter;
 
@@ -1018,7 +1018,7 @@ fn writer_loop(sh: &OffloadState) {
             .zip(&parts)
             .map(|(e, p)| (e.key.clone(), p.as_slice()))
             .collect();
-        let results = sh.store.offer_many_vectored_after(parent.as_ref(), &items);
+        let results = sh.store.offer_vectored_outcomes(parent.as_ref(), &items);
         drop(items);
         add(&sh.counters.batches, 1);
         let outcomes: Vec<OfferOutcome> = batch
@@ -1026,9 +1026,8 @@ fn writer_loop(sh: &OffloadState) {
             .iter()
             .zip(results)
             .map(|(e, r)| match r {
-                // Ok is also what a declined block gets: the index tells which.
-                Ok(()) if sh.store.holds(&e.key.hash) => OfferOutcome::Written,
-                Ok(()) => OfferOutcome::Dropped(DropReason::NotAdmitted),
+                Ok(Stored::Written | Stored::Present) => OfferOutcome::Written,
+                Ok(Stored::Declined) => OfferOutcome::Dropped(DropReason::NotAdmitted),
                 Err(err) => {
                     tracing::warn!(key = %e.key, error = %err, "offloaded write failed");
                     OfferOutcome::Failed(err)

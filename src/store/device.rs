@@ -57,7 +57,7 @@ impl Store {
             }
             return results;
         }
-        self.inner.put_with_retry(items, true, None)
+        super::flatten(self.inner.put_with_retry(items, true, None))
     }
 }
 

@@ -15,8 +15,9 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::{Inner, sweep};
 use crate::error::Result;
-use crate::index::Limits;
+use crate::index::{Limits, Offer};
 use crate::key::BlockHash;
 use crate::ns::{BlockDir, Ledger};
 
@@ -340,6 +341,105 @@ impl SharedTier {
     /// The ledger's path, for messages.
     pub fn ledger_path(&self) -> &std::path::Path {
         self.ledger.path()
+    }
+}
+
+/// What a store of a shared tree does with the ledger: reserve room for a put batch, evict
+/// for it, learn the blocks other stores put.
+impl Inner {
+    /// Shared mode: reserves the batch's new files in the tree's ledger (evicting from this
+    /// store's index until they fit). Offers past what fits are declined, so the chain is cut
+    /// at its tail. Returns the bytes and files reserved.
+    pub(super) fn reserve_shared(
+        &self,
+        sh: &SharedTier,
+        offered: &[(BlockHash, u64)],
+        offers: &mut [Offer],
+        after: Option<BlockHash>,
+    ) -> Result<(u64, u64)> {
+        let new: Vec<usize> = (0..offers.len())
+            .filter(|&i| matches!(offers[i], Offer::Reserved | Offer::Replace { .. }))
+            .collect();
+        if new.is_empty() {
+            return Ok((0, 0));
+        }
+        let estimates: Vec<u64> = new.iter().map(|&i| offered[i].1).collect();
+        let keep: Vec<BlockHash> = offered.iter().map(|(h, _)| *h).chain(after).collect();
+        let indexed = || {
+            let ix = self.index.counts();
+            Usage {
+                bytes: ix.bytes,
+                files: ix.files,
+            }
+        };
+        // A recount is the scan that teaches the index the tree's blocks, then its counts.
+        let recount = |forced: bool| self.learn_tree(forced).then(indexed);
+        let granted = sh.reserve(&estimates, indexed(), recount, |bytes, files| {
+            self.evict_for_shared(bytes, files, &keep)
+        })?;
+        for &i in &new[granted..] {
+            self.index.decline(&offered[i].0, offers[i]);
+            offers[i] = Offer::NotAdmitted;
+        }
+        Ok((estimates[..granted].iter().sum(), granted as u64))
+    }
+
+    /// Frees at least `bytes` and `files` of the shared tree by evicting blocks of this
+    /// store's index (what it removed reaches the ledger through `SharedTier::freed`). When the
+    /// index has nothing left to evict, the tree is scanned (at most every
+    /// `shared::RESCAN_INTERVAL`) for blocks other stores put, and eviction tried again. False
+    /// if nothing was evicted.
+    fn evict_for_shared(&self, bytes: u64, files: u64, keep: &[BlockHash]) -> bool {
+        let mut victims = self.index.evict_some(bytes, files, keep);
+        if victims.is_empty() && self.learn_tree(false) {
+            victims = self.index.evict_some(bytes, files, keep);
+        }
+        if victims.is_empty() {
+            return false;
+        }
+        self.unlink_victims(victims);
+        true
+    }
+
+    /// Shared mode: scans the tree (at most every `shared::RESCAN_INTERVAL`) so the index
+    /// knows the blocks other stores put (as the oldest, by their files' times) and forgets
+    /// those gone; abandoned temp files are swept on the way. True if the scan ran. `forced`:
+    /// even if one ran less than that interval ago.
+    pub(super) fn learn_tree(&self, forced: bool) -> bool {
+        let Some(sh) = &self.shared else {
+            return false;
+        };
+        if !sh.may_rescan() && !forced {
+            return false;
+        }
+        let mut report = sweep::sweep_with(
+            &self.ns,
+            self.layout,
+            sweep::TempRule::OwnerGone {
+                lease: sh.temp_lease,
+            },
+            true,
+        );
+        sh.freed(report.temp_dead_bytes, report.temp_dead);
+        report
+            .entries
+            .sort_unstable_by_key(|e| (e.recency_ns, e.hash));
+        let found: std::collections::HashSet<BlockHash> =
+            report.entries.iter().map(|e| e.hash).collect();
+        let mut learned = 0;
+        for e in &report.entries {
+            if !self.index.contains(&e.hash) {
+                self.index.load(e.hash, e.bytes);
+                learned += 1;
+            }
+        }
+        let stale = self.index.forget_absent(&found);
+        tracing::debug!(
+            learned,
+            stale,
+            "scanned the shared tree for blocks of other stores"
+        );
+        true
     }
 }
 

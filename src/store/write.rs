@@ -6,18 +6,19 @@ use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 
-use rustix::fs::{Mode, OFlags};
+use rustix::fs::OFlags;
 use rustix::io::Errno;
 
-use super::{Counters, FILE_MODE, Inner, io_err};
+use super::reuse::{Spare, add_direct};
+use super::{Counters, Inner, Stored, io_err};
 use crate::buf::{DeviceMem, PooledBuf, align_up};
 use crate::engine::IoRequest;
 use crate::error::{Error, Result};
 use crate::format::{HEADER_LEN, Header, PADDING, PAYLOAD_OFFSET};
-use crate::index::{Offer, Victim};
+use crate::index::Offer;
 use crate::key::{BlockHash, BlockKey};
 use crate::layout::RelPath;
-use crate::ns::{Parent, join};
+use crate::ns::{CreateError, CreateHooks, Created, Parent, Published, TempFile, join};
 
 /// A put in progress: its temp file and what it will be published as.
 pub(super) struct WritePlan<'a> {
@@ -46,48 +47,9 @@ pub(super) struct WritePlan<'a> {
     pub reused: Option<(u64, std::time::Instant)>,
 }
 
-/// Turns `O_DIRECT` on for a taken evicted file's descriptor; false if refused.
-fn add_direct(fd: &OwnedFd) -> bool {
-    rustix::fs::fcntl_getfl(fd)
-        .and_then(|flags| rustix::fs::fcntl_setfl(fd, flags | OFlags::DIRECT))
-        .is_ok()
-}
-
-/// What became of an evicted block's file offered for reuse.
-enum Taken<'a> {
-    /// Taken: the put writes into it.
-    Spare(Spare<'a>),
-    /// Held open elsewhere: unlinked (under its temp name), its eviction complete.
-    Unlinked,
-    /// Not taken, nothing done: left to [`Inner::unlink_victims`].
-    Not,
-}
-
-/// An evicted block's file taken for a put: renamed to a temp name in the new block's
-/// directory and opened there, under a write lease (no other descriptor on the machine
-/// holds it, and an `open` racing the reuse waits until the file holds the new block).
-pub(super) struct Spare<'a> {
-    parent: Parent<'a>,
-    name: String,
-    fd: OwnedFd,
-    /// Its length once taken: as evicted, or 0 if its pages were dropped by truncating it.
-    len: u64,
-    /// When its lease was taken.
-    leased: std::time::Instant,
-}
-
-/// How a put's file was published.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Published {
-    /// Under the block's name.
-    Ours,
-    /// Not: another store (shared mode) published the block first.
-    Theirs,
-}
-
 /// What a put writes: host bytes, or GPU memory.
 pub(super) trait Source {
-    /// PutBytes bytes.
+    /// The payload's length in bytes.
     fn len(&self) -> usize;
     /// The bytes, when they are in host memory.
     fn host(&self) -> Option<&[u8]>;
@@ -191,7 +153,7 @@ struct Admitted<'s> {
 type Written<'s> = (usize, Offer, WritePlan<'s>, u64);
 
 /// The results of a batch's slots, each set by one of its steps.
-fn every_result(results: Vec<Option<Result<()>>>) -> Vec<Result<()>> {
+fn every_result(results: Vec<Option<Result<Stored>>>) -> Vec<Result<Stored>> {
     results
         .into_iter()
         .map(|r| r.expect("every item has a result"))
@@ -271,8 +233,8 @@ impl Inner {
         which: &[usize],
         replace: bool,
         after: Option<BlockHash>,
-    ) -> Vec<Result<()>> {
-        let mut results: Vec<Option<Result<()>>> = (0..which.len()).map(|_| None).collect();
+    ) -> Vec<Result<Stored>> {
+        let mut results: Vec<Option<Result<Stored>>> = (0..which.len()).map(|_| None).collect();
         // 1. Validate everything before anything is written.
         let valid = self.validate_batch(items, which, &mut results);
         // 2. The index decides: touch, admission, room under the capacity, reservation.
@@ -305,7 +267,7 @@ impl Inner {
         &self,
         items: &[(BlockKey, D)],
         which: &[usize],
-        results: &mut [Option<Result<()>>],
+        results: &mut [Option<Result<Stored>>],
     ) -> Vec<usize> {
         let mut valid: Vec<usize> = Vec::with_capacity(which.len());
         for (slot, &i) in which.iter().enumerate() {
@@ -380,7 +342,7 @@ impl Inner {
         valid: &[usize],
         offers: &[Offer],
         offered: &[(BlockHash, u64)],
-        results: &mut [Option<Result<()>>],
+        results: &mut [Option<Result<Stored>>],
     ) {
         let msg = e.to_string();
         for (slot, (offer, (hash, _))) in valid.iter().zip(offers.iter().zip(offered)) {
@@ -391,7 +353,7 @@ impl Inner {
                     source: std::io::Error::other(msg.clone()),
                 }));
             } else {
-                results[*slot] = Some(Ok(()));
+                results[*slot] = Some(Ok(Stored::of_offer(*offer)));
             }
         }
     }
@@ -407,12 +369,14 @@ impl Inner {
         valid: Vec<usize>,
         offers: Vec<Offer>,
         mut spares: Vec<Option<Spare<'s>>>,
-        results: &mut [Option<Result<()>>],
+        results: &mut [Option<Result<Stored>>],
     ) -> Vec<Written<'s>> {
         let mut todo: Vec<(usize, Offer)> = Vec::with_capacity(valid.len());
         for (slot, offer) in valid.into_iter().zip(offers) {
             match offer {
-                Offer::Touched | Offer::NotAdmitted => results[slot] = Some(Ok(())),
+                Offer::Touched | Offer::NotAdmitted => {
+                    results[slot] = Some(Ok(Stored::of_offer(offer)));
+                }
                 Offer::Reserved | Offer::Replace { .. } => todo.push((slot, offer)),
             }
         }
@@ -462,7 +426,7 @@ impl Inner {
         &self,
         written: Vec<Written<'_>>,
         reserved: (u64, u64),
-        results: &mut [Option<Result<()>>],
+        results: &mut [Option<Result<Stored>>],
     ) {
         let mut published = (0u64, 0u64);
         // Under the keys' stripe locks, so that an eviction or removal of the same key cannot
@@ -484,7 +448,7 @@ impl Inner {
                     // in the ledger); ours is gone.
                     Counters::add(&self.counters.published_by_others, 1);
                     over_victims.extend(self.index.commit(&plan.hash, bytes, offer));
-                    results[slot] = Some(Ok(()));
+                    results[slot] = Some(Ok(Stored::Present));
                 }
                 Ok(Published::Ours) => {
                     published.0 += bytes;
@@ -504,7 +468,7 @@ impl Inner {
                         synced.push(plan.rel.dir());
                         self.sync_dir(plan);
                     }
-                    results[slot] = Some(Ok(()));
+                    results[slot] = Some(Ok(Stored::Written));
                 }
                 Err(e) => {
                     self.discard(plan);
@@ -744,7 +708,6 @@ impl Inner {
         } else {
             OFlags::empty()
         };
-        let mode = Mode::from_raw_mode(FILE_MODE);
         let reused = spare.as_ref().map(|s| (s.len, s.leased));
         // A name that exists already (planted, or left by a crash): another sequence number.
         let mut tries = 0;
@@ -758,7 +721,7 @@ impl Inner {
         } else {
             loop {
                 let name = self.ns.temp_name(rel.file_name());
-                match self.create_temp(&rel, &name, &mut direct, mode) {
+                match self.create_temp(&rel, &name, &mut direct) {
                     Err(Error::Io { source, .. })
                         if source.raw_os_error() == Some(Errno::EXIST.raw_os_error())
                             && tries < 16 =>
@@ -820,80 +783,49 @@ impl Inner {
         })
     }
 
-    /// Creates the file a put writes: an anonymous `O_TMPFILE` inode in the block's directory
-    /// where the filesystem supports it (nothing is left behind by a crash, and publishing is
-    /// one `linkat`), else a named temp file. Creates missing shard directories (an error
-    /// there keeps its errno: ENOSPC is [`Error::NoSpace`]). Opened for reading too: a
-    /// payload written from GPU memory is read back for its checksum.
-    /// `direct` (`O_DIRECT` or nothing) is cleared where the filesystem refuses `O_DIRECT` for
-    /// a put that chose it by its size alone.
+    /// Creates the file a put writes in the directory of `rel` (missing shard directories
+    /// made: an error there keeps its errno, so ENOSPC is [`Error::NoSpace`]) through the
+    /// namespace layer's [`Publisher`](crate::ns::Publisher). `direct` (`O_DIRECT` or
+    /// nothing) is cleared where the filesystem refuses `O_DIRECT` for a put that chose it
+    /// by its size alone.
     fn create_temp(
         &self,
         rel: &RelPath,
         temp_name: &str,
         direct: &mut OFlags,
-        mode: Mode,
     ) -> Result<(Parent<'_>, OwnedFd, bool)> {
-        // EINVAL with O_DIRECT asked by size only: the filesystem may refuse O_DIRECT (or
-        // O_TMPFILE); buffered, it is tried again before anything else is concluded.
         let by_size = !direct.is_empty() && !self.opts.direct;
         let dir = rel.dir();
         let dir_err =
             |e: Errno| Error::from_io(self.path(if dir.is_empty() { "." } else { dir }), io_err(e));
         let parent = self.block_dir(dir).map_err(dir_err)?;
-        // An O_TMPFILE refused with EINVAL while O_DIRECT was asked by size: tried again
-        // buffered, to tell which flag the filesystem refuses.
-        let mut buffered_retry = false;
-        loop {
-            if self.publish.tmpfile.load(Ordering::Relaxed) {
-                match self
-                    .retry_emfile(|| self.ns.tmpfile_in(&parent, OFlags::RDWR | *direct, mode))
-                {
-                    Ok(fd) => {
-                        if buffered_retry {
-                            self.refuse_direct_puts(&self.path(rel.as_str()));
-                        }
-                        return Ok((parent, fd, true));
-                    }
-                    Err(Errno::INVAL) if by_size && !direct.is_empty() => {
-                        *direct = OFlags::empty();
-                        buffered_retry = true;
-                        continue;
-                    }
-                    Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {
-                        tracing::info!(
-                            "the filesystem has no O_TMPFILE: puts use named temp files"
-                        );
-                        self.publish.tmpfile.store(false, Ordering::Relaxed);
-                        if buffered_retry {
-                            // O_TMPFILE's refusal, not O_DIRECT's: the named file takes it.
-                            *direct = OFlags::DIRECT;
-                        }
-                        continue;
-                    }
-                    Err(e) => return Err(Error::from_io(self.path(rel.as_str()), io_err(e))),
-                }
+        let created = self.publish.files.create(
+            &self.ns,
+            &parent,
+            temp_name,
+            direct,
+            by_size,
+            CreateHooks {
+                retry: &|op| self.retry_emfile(op),
+                direct_refused: &|| self.refuse_direct_puts(&self.path(rel.as_str())),
+            },
+        );
+        match created {
+            Ok(Created { fd, anonymous }) => Ok((parent, fd, anonymous)),
+            Err(CreateError { errno, named }) => {
+                let path = if named {
+                    self.path(&join(dir, temp_name))
+                } else {
+                    self.path(rel.as_str())
+                };
+                Err(Error::from_io(path, io_err(errno)))
             }
-            return match self.retry_emfile(|| {
-                self.ns
-                    .create_in(&parent, temp_name, OFlags::RDWR | *direct, mode)
-            }) {
-                Ok(fd) => Ok((parent, fd, false)),
-                Err(Errno::INVAL) if by_size && !direct.is_empty() => {
-                    // O_DIRECT is refused after O_CREAT made the file: our temp name goes.
-                    let _ = self.ns.unlink_in(&parent, temp_name, None);
-                    self.refuse_direct_puts(&self.path(&join(dir, temp_name)));
-                    *direct = OFlags::empty();
-                    continue;
-                }
-                Err(e) => Err(Error::from_io(self.path(&join(dir, temp_name)), io_err(e))),
-            };
         }
     }
 
     /// The block directory `dir` opened, its missing levels created first (retrying on
     /// EMFILE): where a put's file is made or an evicted file is moved.
-    fn block_dir(&self, dir: &str) -> rustix::io::Result<Parent<'_>> {
+    pub(super) fn block_dir(&self, dir: &str) -> rustix::io::Result<Parent<'_>> {
         match self.retry_emfile(|| self.ns.parent(dir)) {
             Err(Errno::NOENT) => {
                 self.ns.make_dirs(dir)?;
@@ -903,147 +835,23 @@ impl Inner {
         }
     }
 
-    /// Gives an anonymous inode the name `name` in `parent`: `linkat` with `AT_EMPTY_PATH`
-    /// (needs CAP_DAC_READ_SEARCH), else through `/proc/self/fd`. Fails with EEXIST if the
-    /// name exists.
-    fn link_anonymous(
-        &self,
-        fd: &OwnedFd,
-        parent: &Parent<'_>,
-        name: &str,
-    ) -> rustix::io::Result<()> {
-        if self.publish.link_empty_path.load(Ordering::Relaxed) {
-            match self.ns.link_in(fd.as_fd(), parent, name, false) {
-                // Without CAP_DAC_READ_SEARCH: link through /proc instead, from now on
-                // (unless that fails the same way: then the directory itself is missing).
-                Err(e @ (Errno::NOENT | Errno::PERM)) => {
-                    let r = self.ns.link_in(fd.as_fd(), parent, name, true);
-                    if !matches!(r, Err(Errno::NOENT | Errno::PERM)) {
-                        self.publish.link_empty_path.store(false, Ordering::Relaxed);
-                        return r;
-                    }
-                    return Err(e);
-                }
-                r => return r,
-            }
-        }
-        self.ns.link_in(fd.as_fd(), parent, name, true)
-    }
-
-    /// Publishes a fully written temp file under its final name, atomically replacing any
-    /// existing block; in shared mode never replacing one (another store's block under the
-    /// name stays, and this file goes: [`Published::Theirs`]).
+    /// Publishes a fully written temp file under its final name through the namespace
+    /// layer's [`Publisher`](crate::ns::Publisher): atomically replacing any existing block;
+    /// in shared mode never replacing one (another store's block under the name stays, and
+    /// this file goes: [`Published::Theirs`]).
     fn publish_file(&self, plan: &WritePlan<'_>) -> rustix::io::Result<Published> {
-        let name = plan.rel.file_name();
-        let shared = self.shared.is_some();
-        if !plan.anonymous {
-            if !shared {
-                return self
-                    .ns
-                    .rename_in(&plan.parent, &plan.temp_name, name)
-                    .map(|()| Published::Ours);
-            }
-            let mut tries = 0;
-            return loop {
-                match self
-                    .ns
-                    .publish_noreplace_in(&plan.parent, &plan.temp_name, name)
-                {
-                    Ok(true) => break Ok(Published::Ours),
-                    Ok(false) => {
-                        // Linked: the temp name goes.
-                        self.discard(plan);
-                        break Ok(Published::Ours);
-                    }
-                    Err(Errno::EXIST) => {
-                        self.discard(plan);
-                        break Ok(Published::Theirs);
-                    }
-                    // A distributed filesystem may answer a link that races another
-                    // client's publication of the same name with ENOENT or ESTALE: if the
-                    // name is there now, that client won; else try once more.
-                    Err(e @ (Errno::NOENT | Errno::STALE)) => {
-                        if self.ns.stat_in(&plan.parent, name).is_ok() {
-                            self.discard(plan);
-                            break Ok(Published::Theirs);
-                        }
-                        if tries > 0 {
-                            break Err(e);
-                        }
-                        tries += 1;
-                    }
-                    Err(e) => break Err(e),
-                }
-            };
-        }
-        match self.link_anonymous(&plan.fd, &plan.parent, name) {
-            Err(Errno::EXIST) if shared => Ok(Published::Theirs),
-            Err(Errno::EXIST) => {
-                // Replacing a block: name the inode, then rename over the old one.
-                self.link_anonymous(&plan.fd, &plan.parent, &plan.temp_name)?;
-                self.ns
-                    .rename_in(&plan.parent, &plan.temp_name, name)
-                    .inspect_err(|_| {
-                        let _ = self.ns.unlink_in(&plan.parent, &plan.temp_name, None);
-                    })
-                    .map(|()| Published::Ours)
-            }
-            r => r.map(|()| Published::Ours),
-        }
-    }
-
-    /// Shared mode: reserves the batch's new files in the tree's ledger (evicting from this
-    /// store's index until they fit). Offers past what fits are declined, so the chain is cut
-    /// at its tail. Returns the bytes and files reserved.
-    fn reserve_shared(
-        &self,
-        sh: &super::shared::SharedTier,
-        offered: &[(BlockHash, u64)],
-        offers: &mut [Offer],
-        after: Option<BlockHash>,
-    ) -> Result<(u64, u64)> {
-        let new: Vec<usize> = (0..offers.len())
-            .filter(|&i| matches!(offers[i], Offer::Reserved | Offer::Replace { .. }))
-            .collect();
-        if new.is_empty() {
-            return Ok((0, 0));
-        }
-        let estimates: Vec<u64> = new.iter().map(|&i| offered[i].1).collect();
-        let keep: Vec<BlockHash> = offered.iter().map(|(h, _)| *h).chain(after).collect();
-        let indexed = || {
-            let ix = self.index.counts();
-            super::shared::Usage {
-                bytes: ix.bytes,
-                files: ix.files,
-            }
+        let temp = TempFile {
+            parent: &plan.parent,
+            name: &plan.temp_name,
+            fd: &plan.fd,
+            anonymous: plan.anonymous,
         };
-        // A recount is the scan that teaches the index the tree's blocks, then its counts.
-        let recount = |forced: bool| self.learn_tree(forced).then(indexed);
-        let granted = sh.reserve(&estimates, indexed(), recount, |bytes, files| {
-            self.evict_for_shared(bytes, files, &keep)
-        })?;
-        for &i in &new[granted..] {
-            self.index.decline(&offered[i].0, offers[i]);
-            offers[i] = Offer::NotAdmitted;
-        }
-        Ok((estimates[..granted].iter().sum(), granted as u64))
-    }
-
-    /// Frees at least `bytes` and `files` of the shared tree by evicting blocks of this
-    /// store's index (what it removed reaches the ledger through `SharedTier::freed`). When the
-    /// index has nothing left to evict, the tree is scanned (at most every
-    /// `shared::RESCAN_INTERVAL`) for blocks other stores put, and eviction tried again. False
-    /// if nothing was evicted.
-    fn evict_for_shared(&self, bytes: u64, files: u64, keep: &[BlockHash]) -> bool {
-        let mut victims = self.index.evict_some(bytes, files, keep);
-        if victims.is_empty() && self.learn_tree(false) {
-            victims = self.index.evict_some(bytes, files, keep);
-        }
-        if victims.is_empty() {
-            return false;
-        }
-        self.unlink_victims(victims);
-        true
+        let noreplace = self.shared.is_some();
+        self.publish
+            .files
+            .publish(&self.ns, &temp, plan.rel.file_name(), noreplace, &|| {
+                self.discard(plan)
+            })
     }
 
     fn sync_dir(&self, plan: &WritePlan<'_>) {
@@ -1053,202 +861,4 @@ impl Inner {
             tracing::warn!(dir = %self.path(plan.rel.dir()).display(), error = %e, "fsync of directory failed");
         }
     }
-}
-
-impl Inner {
-    /// Exclusive mode with reuse on: takes the files of `victims` for the new blocks
-    /// `targets` (key, bytes reserved for it), each the first victim that fits in its room
-    /// (see [`Spare`]); victims left over, and those whose file cannot be taken, are
-    /// unlinked as usual. One entry per target.
-    fn reuse_victims<'s>(
-        &'s self,
-        victims: Vec<Victim>,
-        targets: &[(&BlockKey, u64)],
-    ) -> (Vec<Option<Spare<'s>>>, bool) {
-        let mut spares = Vec::with_capacity(targets.len());
-        let mut unlink = Vec::new();
-        let mut victims: Vec<Option<Victim>> = victims.into_iter().map(Some).collect();
-        for &(key, room) in targets {
-            // Reuse may have stopped at the previous victim (no leases here).
-            if !self.publish.reuse.load(Ordering::Relaxed) {
-                break;
-            }
-            // A victim no larger than the room reserved for the new block: until the put
-            // has written and cut it, the file keeps the victim's size, and the bound must
-            // hold at every instant.
-            let Some(v) = victims
-                .iter_mut()
-                .find(|v| v.is_some_and(|v| v.bytes <= room))
-                .and_then(Option::take)
-            else {
-                spares.push(None);
-                continue;
-            };
-            match self.take_victim(&v, key) {
-                Taken::Spare(spare) => spares.push(Some(spare)),
-                Taken::Unlinked => spares.push(None),
-                Taken::Not => {
-                    spares.push(None);
-                    unlink.push(v);
-                }
-            }
-        }
-        unlink.extend(victims.into_iter().flatten());
-        let stuck = self.unlink_victims(unlink);
-        (spares, stuck)
-    }
-
-    /// A batch's victims that could not be unlinked still take their room: while the
-    /// capacity is exceeded, the batch's last reservation is declined, as not admitted (a
-    /// suffix of the batch, so no block is kept whose chain parent was declined); a file taken
-    /// for it is unlinked. `offers` are the batch's, `spares` one per reservation (or fewer:
-    /// none past the end); `spares` loses what is declined.
-    fn shed_over_bound(
-        &self,
-        offered: &[(BlockHash, u64)],
-        offers: &mut [Offer],
-        spares: &mut Vec<Option<Spare<'_>>>,
-    ) {
-        let reserved: Vec<usize> = (0..offers.len())
-            .filter(|&i| matches!(offers[i], Offer::Reserved | Offer::Replace { .. }))
-            .collect();
-        spares.resize_with(reserved.len(), || None);
-        for &i in reserved.iter().rev() {
-            if !self.index.over_bound() {
-                break;
-            }
-            tracing::debug!(block = %offered[i].0,
-                "not admitted: evicted files that could not be unlinked hold its room");
-            if let Some(Some(spare)) = spares.pop() {
-                let Spare {
-                    parent, name, fd, ..
-                } = spare;
-                drop(fd);
-                if let Err(e) = self.ns.unlink_in(&parent, &name, None) {
-                    tracing::warn!(path = %self.path(&join(self.layout.rel_path(&offered[i].0).dir(), &name)).display(),
-                        error = %e, "could not unlink an evicted file taken for a declined put");
-                }
-            }
-            self.index.decline(&offered[i].0, offers[i]);
-            offers[i] = Offer::NotAdmitted;
-        }
-    }
-
-    /// Takes the file of victim `v` for the new block `key`, under the victim's stripe lock
-    /// (as an unlink would): renamed to a temp name in `key`'s directory, opened, and
-    /// leased. [`Taken::Not`] leaves the victim to [`Inner::unlink_victims`]: published
-    /// again, its file missing or not a regular file, or an error. A file that another
-    /// descriptor holds is unlinked here, under its temp name ([`Taken::Unlinked`]).
-    fn take_victim<'s>(&'s self, v: &Victim, key: &BlockKey) -> Taken<'s> {
-        let _stripe = self.lock_stripe(self.stripe_of(&v.hash));
-        if self.index.contains(&v.hash) {
-            return Taken::Not;
-        }
-        self.fds.invalidate(&v.hash);
-        let from = self.layout.rel_path(&v.hash);
-        let to = self.layout.rel_path(&key.hash);
-        let Ok(from_parent) = self.ns.parent(from.dir()) else {
-            return Taken::Not;
-        };
-        let Ok(to_parent) = self.block_dir(to.dir()) else {
-            return Taken::Not;
-        };
-        let name = self.ns.temp_name(to.file_name());
-        let direct = self.direct_flag();
-        let taken = self.ns.take_file(
-            &from_parent,
-            from.file_name(),
-            &to_parent,
-            &name,
-            OFlags::RDWR | direct,
-        );
-        let (fd, st) = match taken {
-            // A file that may not be written in place ([`rewritable`]) goes, as an unlink
-            // would take it.
-            Ok(Some((fd, st))) if !rewritable(&st) => {
-                drop(fd);
-                return self.unlink_taken(v, &to_parent, &join(to.dir(), &name), &st);
-            }
-            Ok(Some(t)) => t,
-            Ok(None) => return Taken::Not,
-            Err(e) => {
-                tracing::debug!(path = %self.path(from.as_str()).display(), error = %e,
-                    "could not take an evicted block's file: unlinking it");
-                return Taken::Not;
-            }
-        };
-        let leased = std::time::Instant::now();
-        let lease = self.ns.take_lease(fd.as_fd());
-        if !matches!(lease, Ok(true)) {
-            // No leases here (a network filesystem, leases disabled): reuse stops. A file of
-            // another owner (EACCES without CAP_LEASE) is only this file's refusal.
-            match lease {
-                Err(e) if !matches!(e, Errno::ACCESS | Errno::PERM) => {
-                    tracing::info!(path = %self.path(&join(to.dir(), &name)).display(), error = %e,
-                        "no write lease on an evicted file: evicted files are unlinked from now on");
-                    self.publish.reuse.store(false, Ordering::Relaxed);
-                }
-                _ => {}
-            }
-            drop(fd);
-            return self.unlink_taken(v, &to_parent, &join(to.dir(), &name), &st);
-        }
-        // Buffered: the write must never go into a cached page a reader may still hold (a
-        // pipe that `splice` or `sendfile` filled from it keeps the old bytes): such pages
-        // leave the file first (`drop_pages`). An `O_DIRECT` write goes to the disk's blocks,
-        // not into cached pages.
-        let mut len = st.st_size as u64;
-        if direct.is_empty() {
-            match crate::ns::drop_pages(fd.as_fd(), len) {
-                Ok(crate::ns::PagesDropped::Truncated) => len = 0,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(path = %self.path(&join(to.dir(), &name)).display(), error = %e,
-                        "could not drop an evicted file's cached pages for reuse: unlinking it");
-                    drop(fd);
-                    return self.unlink_taken(v, &to_parent, &join(to.dir(), &name), &st);
-                }
-            }
-        }
-        self.index.drained(std::slice::from_ref(v));
-        Taken::Spare(Spare {
-            parent: to_parent,
-            name,
-            fd,
-            len,
-            leased,
-        })
-    }
-
-    /// Unlinks victim `v`'s file where [`Inner::take_victim`] moved it (`rel`, in `parent`;
-    /// only if it is still the inode `st` describes), completing its eviction.
-    fn unlink_taken<'s>(
-        &self,
-        v: &Victim,
-        parent: &Parent<'_>,
-        rel: &str,
-        st: &rustix::fs::Stat,
-    ) -> Taken<'s> {
-        let (_, name) = crate::ns::split(rel);
-        if let Err(e) = self
-            .ns
-            .unlink_in(parent, name, Some(crate::ns::Inode::of(st)))
-        {
-            tracing::warn!(path = %self.path(rel).display(), error = %e,
-                "could not unlink an evicted block");
-        }
-        self.index.drained(std::slice::from_ref(v));
-        Taken::Unlinked
-    }
-}
-
-/// True if an evicted file `st` may be written in place for a new block:
-/// - no other name links it (a hard link, in the tree or outside it), since writing it would
-///   change what that name holds;
-/// - it is a file this process could have made as the store makes its block files: owned by
-///   the effective user, no set-id or sticky bit, writable by its owner alone. Otherwise its
-///   owner and mode would pass to the new block, and whoever may write it could change a
-///   published block.
-fn rewritable(st: &rustix::fs::Stat) -> bool {
-    st.st_nlink == 1 && st.st_uid == rustix::process::geteuid().as_raw() && st.st_mode & 0o7022 == 0
 }
