@@ -649,9 +649,9 @@ fn a_small_store_has_its_leaves_from_the_start() {
 
     // Unbounded: sized by the room the filesystem has for blocks of 256 KiB.
     let s = Store::open(dir.path(), worker("u"), common::cfg()).unwrap();
-    let room = tierkv::inspect::BlockDir::open(dir.path(), "u", false)
+    let room = tierkv::testing::BlockDir::open(dir.path(), "u", false)
         .unwrap()
-        .room_in_files(tierkv::inspect::TYPICAL_BLOCK_BYTES + 4096);
+        .room_in_files(tierkv::testing::TYPICAL_BLOCK_BYTES + 4096);
     assert_eq!(
         s.layout(),
         Layout::for_files(room),

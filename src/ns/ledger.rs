@@ -124,7 +124,7 @@ impl Drop for LedgerGuard<'_> {
 }
 
 impl BlockDir {
-    /// Opens (creating it if missing) the shared worker's usage ledger [`USAGE_FILE`], a
+    /// Opens (creating it if missing) the shared worker's usage ledger (`USAGE`), a
     /// regular file beneath the worker directory (a symlink or FIFO there is refused), whose
     /// lock waits at most `wait` (`Ledger::lock`).
     ///

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use common::*;
 use tierkv::engine::{IoEngine, IoRequest, PsyncEngine};
-use tierkv::inspect::BlockDir;
+use tierkv::testing::BlockDir;
 use tierkv::testing::{NsFaults, NsOp};
 use tierkv::{BlockKey, Components, Error, Layout, Lookup, PolicyKind, Store, StoreConfig};
 
@@ -99,7 +99,7 @@ fn stats_temp_symlinks_never_write_outside() {
     std::os::unix::fs::symlink(&target, w.join("STATS.json")).unwrap();
     let pid = std::process::id();
     // A shared store writes its own stats file, STATS.<node>.<pid>.json.
-    let node = format!("{:016x}", tierkv::inspect::node_id());
+    let node = format!("{:016x}", tierkv::testing::node_id());
     let stats = if is_shared() {
         format!("STATS.{node}.{pid}.json")
     } else {

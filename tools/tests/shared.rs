@@ -319,7 +319,7 @@ fn plant(root: &Path, i: u64, name: &str, age: Duration) -> std::path::PathBuf {
 #[test]
 fn temp_files_are_swept_only_when_their_owner_is_gone() {
     let root = tempfile::tempdir().unwrap();
-    let me = format!("{:016x}", tierkv::inspect::node_id());
+    let me = format!("{:016x}", tierkv::testing::node_id());
     let other = if me == "00000000000000aa" {
         "00000000000000bb".to_string()
     } else {
@@ -580,7 +580,7 @@ fn sigkill_of_a_shared_writer_never_exposes_a_partial_block() {
         9_999,
         &temp_name(
             9_999,
-            &format!("{:016x}", tierkv::inspect::node_id()),
+            &format!("{:016x}", tierkv::testing::node_id()),
             std::process::id(),
         ),
         Duration::ZERO,

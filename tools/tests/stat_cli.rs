@@ -423,8 +423,8 @@ fn a_file_under_a_reusing_writers_lease_is_skipped_as_gone() {
         .unwrap()
         .to_string();
     drop(store);
-    let ns = tierkv::inspect::BlockDir::open(&root, "a", false).unwrap();
-    let tierkv::inspect::Opened::File(fd, _) =
+    let ns = tierkv::testing::BlockDir::open(&root, "a", false).unwrap();
+    let tierkv::testing::Opened::File(fd, _) =
         ns.open_file(&rel, rustix::fs::OFlags::RDWR).unwrap()
     else {
         panic!("{rel}: not a regular file");
@@ -471,13 +471,13 @@ fn live_text_output_escapes_control_characters_from_stats_files() {
 fn repair_removes_the_stats_file_of_a_shared_store_that_is_gone() {
     let dir = tempfile::tempdir().unwrap();
     drop(open(dir.path(), "a"));
-    let node = tierkv::inspect::node_id();
+    let node = tierkv::testing::node_id();
     let mut exited = Command::new("true").spawn().unwrap();
     let dead_pid = exited.id();
     exited.wait().unwrap();
     let worker = dir.path().join("v1/a");
-    let dead = worker.join(tierkv::inspect::instance_stats_name(node, dead_pid));
-    let live = worker.join(tierkv::inspect::instance_stats_name(
+    let dead = worker.join(tierkv::testing::instance_stats_name(node, dead_pid));
+    let live = worker.join(tierkv::testing::instance_stats_name(
         node,
         std::process::id(),
     ));

@@ -9,23 +9,15 @@
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
-use rustix::fs::OFlags;
-use rustix::io::Errno;
 use serde::Serialize;
 use tierkv::CorruptReason;
-use tierkv::Layout;
-use tierkv::inspect::LiveStats;
-use tierkv::inspect::TempRule;
-use tierkv::inspect::{self, EntryName, LAYOUT_FILE, STATS_FILE};
-use tierkv::inspect::{At, Visitor, walk};
-use tierkv::inspect::{BlockDir, Inode, Opened, Parent, Unlinked, io_err};
+use tierkv::inspect::{self, Found, LiveStats, ScanOptions, WorkerDir};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Format {
@@ -254,7 +246,7 @@ fn run(args: &Args) -> Result<ExitCode, BoxError> {
 
 fn list_workers(root: &Path, only: Option<&str>) -> Result<Vec<String>, BoxError> {
     let vdir = inspect::version_dir(root);
-    let out = match tierkv::inspect::list_workers(root) {
+    let out = match inspect::workers(root) {
         Ok(w) => w,
         Err(tierkv::Error::Io { source, .. })
             if matches!(
@@ -300,31 +292,12 @@ fn read_all_live(vdir: &Path, worker: &str) -> Vec<(String, LiveStats)> {
     let Some(root) = vdir.parent() else {
         return Vec::new();
     };
-    let Ok(ns) = BlockDir::open(root, worker, false) else {
-        return Vec::new();
-    };
-    let mut names = vec![STATS_FILE.to_string()];
-    if let Ok(entries) = ns.read_dir("") {
-        names.extend(
-            entries
-                .iter()
-                .map(|e| e.name_str().to_string())
-                .filter(|n| inspect::instance_stats_owner(n).is_some()),
-        );
-    }
-    names
-        .into_iter()
-        .filter_map(|n| {
-            let bytes = ns.read_control(&n).ok()??;
-            let l: LiveStats = serde_json::from_slice(&bytes).ok()?;
-            Some((n, l))
-        })
-        .collect()
+    WorkerDir::open(root, worker).map_or_else(|_| Vec::new(), |w| w.live_stats())
 }
 
 /// The stores of a worker, its mode, and its ledger.
-fn instances_of(vdir: &Path, worker: &str, ns: &BlockDir, wr: &mut WorkerReport) {
-    for (_, l) in read_all_live(vdir, worker) {
+fn instances_of(dir: &WorkerDir, wr: &mut WorkerReport) {
+    for (_, l) in dir.live_stats() {
         wr.instances.push(Instance {
             host: l.host.clone(),
             pid: l.pid,
@@ -335,24 +308,17 @@ fn instances_of(vdir: &Path, worker: &str, ns: &BlockDir, wr: &mut WorkerReport)
         });
     }
     let live_mode = |m: &str| wr.instances.iter().any(|i| i.live && i.sharing == m);
-    wr.sharing = if live_mode("shared") || (wr.live && ns.holder_is_shared()) {
+    wr.sharing = if live_mode("shared") || (wr.live && dir.holder_is_shared()) {
         Some("shared".into())
     } else if wr.live || live_mode("exclusive") {
         Some("exclusive".into())
     } else {
         None
     };
-    if let Ok(Some(text)) = ns.read_control(inspect::USAGE_FILE) {
-        let text = String::from_utf8_lossy(&text);
-        let field = |k: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
-                .and_then(|v| v.trim().parse().ok())
-        };
-        if let (Some(bytes), Some(files)) = (field("bytes"), field("files")) {
-            wr.ledger = Some(LedgerUsage { bytes, files });
-        }
-    }
+    wr.ledger = dir.ledger().map(|u| LedgerUsage {
+        bytes: u.bytes,
+        files: u.files,
+    });
 }
 
 fn now_ms() -> u64 {
@@ -406,47 +372,6 @@ fn human(b: u64) -> String {
     }
 }
 
-/// What reading one block file found.
-enum Judged {
-    /// A valid block: its payload length and `fstat`.
-    Good(u64, Box<rustix::fs::Stat>),
-    /// A bad block, read through the descriptor whose inode is given (so repair removes
-    /// exactly that file, never a newer one published under the name since).
-    Bad(CorruptReason, Inode),
-    /// Not a regular file: never read, never removed.
-    NotRegular,
-    /// Gone since the listing.
-    Gone,
-    /// Not read: `O_NOATIME` was refused (not the file's owner), and reading would move the
-    /// access time the store's recency comes from.
-    NoAtime,
-}
-
-/// Reads and judges a block file ([`tierkv::format::check_file`]: header, name, padding,
-/// length against its own `fstat`, and with `verify` the payload's checksum, streamed),
-/// opened `O_NOATIME`. `Err` is an error reading it, never a judgement.
-fn check_block(
-    ns: &BlockDir,
-    parent: &Parent<'_>,
-    name: &str,
-    name_hash: &tierkv::BlockHash,
-    verify: bool,
-) -> Result<Judged, rustix::io::Errno> {
-    let (fd, st) = match ns.open_file_in(parent, name, OFlags::RDONLY | OFlags::NOATIME) {
-        Ok(Opened::File(fd, st)) => (fd, st),
-        Ok(Opened::NotRegular(_)) => return Ok(Judged::NotRegular),
-        // EAGAIN: the writer is reusing the file (a lease; this open does not block).
-        Err(Errno::NOENT | Errno::AGAIN) => return Ok(Judged::Gone),
-        Err(Errno::PERM) => return Ok(Judged::NoAtime),
-        Err(e) => return Err(e),
-    };
-    match tierkv::format::check_file(fd.as_fd(), name_hash, st.st_size as u64, verify) {
-        Ok(Ok(header)) => Ok(Judged::Good(header.payload_len, st)),
-        Ok(Err(reason)) => Ok(Judged::Bad(reason, Inode::of(&st))),
-        Err(e) => Err(Errno::from_io_error(&e).unwrap_or(Errno::IO)),
-    }
-}
-
 fn scan(args: &Args, workers: &[String]) -> Result<Report, BoxError> {
     let progress = indicatif::ProgressBar::new_spinner();
     if !std::io::stderr().is_terminal() {
@@ -492,6 +417,14 @@ impl WorkerReport {
         });
     }
 
+    /// A file the repair removed (`removed`); `bad`: a bad or misplaced block file.
+    fn count_removed(&mut self, removed: bool, bad: bool) {
+        if removed {
+            self.removed += 1;
+            self.removed_bad += u64::from(bad);
+        }
+    }
+
     /// Bad files still in the tree after this scan.
     fn bad_left(&self) -> u64 {
         (self.bad_header.len() + self.corrupt.len() + self.misplaced.len()) as u64
@@ -499,280 +432,141 @@ impl WorkerReport {
     }
 }
 
-/// A temp file (of a block or a control file): counted, and removed by repair.
-fn temp_file(ns: &BlockDir, parent: &Parent<'_>, rel: &str, rule: TempRule, wr: &mut WorkerReport) {
-    wr.temp += 1;
-    let (_, name) = tierkv::inspect::split(rel);
-    if rule == TempRule::Keep {
-        return;
-    }
-    if tierkv::inspect::temp_abandoned(ns, parent, name, rule) {
-        repair_remove(ns, parent, rel, None, wr);
-    } else {
-        wr.temp_kept += 1;
-    }
-}
-
-/// A block outside the directory its layout puts it in: counted, and removed by repair (if
-/// it is still the regular file just listed).
-fn misplaced(ns: &BlockDir, parent: &Parent<'_>, rel: &str, repair: bool, wr: &mut WorkerReport) {
-    if repair {
-        let (_, name) = tierkv::inspect::split(rel);
-        if let Ok(st) = ns.stat_in(parent, name) {
-            if repair_remove(ns, parent, rel, Some(Inode::of(&st)), wr) {
-                wr.removed_bad += 1;
-            }
-        }
-    }
-    wr.misplaced.push(ns.full(rel));
-}
-
-/// Removes `name` in `parent` for repair: only a regular file, only the inode judged.
-fn repair_remove(
-    ns: &BlockDir,
-    parent: &Parent<'_>,
-    rel: &str,
-    judged: Option<Inode>,
-    local: &mut WorkerReport,
-) -> bool {
-    let (_, name) = tierkv::inspect::split(rel);
-    match ns.unlink_in(parent, name, judged) {
-        Ok(Unlinked::Removed) => {
-            local.removed += 1;
-            true
-        }
-        Ok(Unlinked::Missing) => false,
-        Ok(Unlinked::Refused) => {
-            tracing::warn!(path = %ns.full(rel).display(), "replaced since it was judged: left alone");
-            false
-        }
-        Err(e) => {
-            local.error(ns.full(rel), format!("could not remove: {}", io_err(e)));
-            false
-        }
-    }
-}
-
-/// tierkv-stat's visitor of the tree walk ([`tierkv::inspect::walk`]): what one thread found, and
-/// the block count of each leaf it read.
-struct Scan<'a> {
-    repair: bool,
-    verify: bool,
-    rule: TempRule,
-    now_s: u64,
-    progress: &'a indicatif::ProgressBar,
+/// A worker's scan as one thread saw it: the report, and the block count of each leaf read.
+#[derive(Default)]
+struct Tally {
     wr: WorkerReport,
-    /// Blocks of the leaf being read.
-    in_leaf: u64,
-    /// Blocks of each leaf read.
     leaves: Vec<u64>,
 }
 
-impl Scan<'_> {
-    /// A valid block: its bytes, payload size and age.
-    fn good(&mut self, payload: u64, m: &rustix::fs::Stat) {
-        let local = &mut self.wr;
-        local.files += 1;
-        local.bytes += m.st_blocks as u64 * 512;
-        local.payload_bytes += payload;
-        *local.size_counts.entry(size_bucket(payload)).or_default() += 1;
-        let used = m.st_atime.max(m.st_mtime).max(0) as u64;
-        *local
-            .age_counts
-            .entry(age_bucket(self.now_s.saturating_sub(used)).into())
-            .or_default() += 1;
-    }
-
-    /// A bad block, read through the inode given: listed, and removed by repair.
-    fn bad(&mut self, at: &At<'_>, reason: CorruptReason, inode: Inode) {
-        let rel = at.rel();
-        tracing::warn!(path = %at.path().display(), %reason, "bad block file");
-        if self.repair && repair_remove(at.ns, at.parent, &rel, Some(inode), &mut self.wr) {
-            self.wr.removed_bad += 1;
-        }
-        if matches!(reason, CorruptReason::Checksum) {
-            self.wr.corrupt.push(at.path());
-        } else {
-            self.wr.bad_header.push(at.path());
-        }
-    }
-}
-
-impl Visitor for Scan<'_> {
-    fn block(&mut self, at: &At<'_>, hash: tierkv::BlockHash) {
-        self.in_leaf += 1;
-        self.progress.inc(1);
-        match check_block(at.ns, at.parent, at.name, &hash, self.verify) {
-            Ok(Judged::Good(payload, m)) => self.good(payload, &m),
-            Ok(Judged::Bad(reason, inode)) => self.bad(at, reason, inode),
-            Ok(Judged::NotRegular) => {
-                self.in_leaf -= 1;
-                self.wr.foreign += 1;
+impl Tally {
+    /// Counts what the scan found.
+    fn found(&mut self, f: Found, now_s: u64, progress: &indicatif::ProgressBar) {
+        let wr = &mut self.wr;
+        match f {
+            Found::Block {
+                payload,
+                disk_bytes,
+                last_used_s,
+            } => {
+                progress.inc(1);
+                wr.files += 1;
+                wr.bytes += disk_bytes;
+                wr.payload_bytes += payload;
+                *wr.size_counts.entry(size_bucket(payload)).or_default() += 1;
+                let age = age_bucket(now_s.saturating_sub(last_used_s));
+                *wr.age_counts.entry(age.into()).or_default() += 1;
             }
-            Ok(Judged::Gone) => self.in_leaf -= 1,
-            Ok(Judged::NoAtime) => self.wr.not_read += 1,
-            Err(err) => self.wr.error(at.path(), io_err(err)),
+            Found::Bad {
+                path,
+                reason,
+                removed,
+            } => {
+                progress.inc(1);
+                wr.count_removed(removed, true);
+                if matches!(reason, CorruptReason::Checksum) {
+                    wr.corrupt.push(path);
+                } else {
+                    wr.bad_header.push(path);
+                }
+            }
+            Found::Misplaced { path, removed } => {
+                wr.count_removed(removed, true);
+                wr.misplaced.push(path);
+            }
+            Found::Temp { removed, kept } => {
+                wr.temp += 1;
+                wr.temp_kept += u64::from(kept);
+                wr.count_removed(removed, false);
+            }
+            Found::StaleStatsRemoved => wr.count_removed(true, false),
+            Found::Symlink => wr.symlinks += 1,
+            Found::Foreign => wr.foreign += 1,
+            Found::NotRead => {
+                progress.inc(1);
+                wr.not_read += 1;
+            }
+            Found::LeafDone { blocks } => self.leaves.push(blocks),
+            Found::Error { path, error } => wr.error(path, error),
+            _ => {}
         }
-    }
-
-    fn misplaced(&mut self, at: &At<'_>, _: tierkv::BlockHash) {
-        misplaced(at.ns, at.parent, &at.rel(), self.repair, &mut self.wr);
-    }
-
-    fn temp(&mut self, at: &At<'_>) {
-        temp_file(at.ns, at.parent, &at.rel(), self.rule, &mut self.wr);
-    }
-
-    fn meta(&mut self, at: &At<'_>) {
-        // A shared store's stats file whose store is gone: removed by repair, as a store's
-        // open-time sweep removes it.
-        if self.repair
-            && tierkv::inspect::instance_stats_abandoned(at.ns, at.parent, at.name, self.rule)
-        {
-            repair_remove(at.ns, at.parent, &at.rel(), None, &mut self.wr);
-        }
-    }
-
-    fn symlink(&mut self) {
-        self.wr.symlinks += 1;
-    }
-
-    fn foreign(&mut self) {
-        self.wr.foreign += 1;
-    }
-
-    fn unreadable(&mut self, path: PathBuf, err: Errno) {
-        self.wr.error(path, io_err(err));
-    }
-
-    fn leaf_done(&mut self, _: &str) {
-        self.leaves.push(std::mem::take(&mut self.in_leaf));
     }
 }
 
 /// Scans one worker's tree: takes the worker lock for repair, reads what its stores say,
-/// walks the tree ([`Scan`]), and sums up what was found.
+/// walks the tree, and sums up what was found.
 fn scan_worker(args: &Args, worker: &str, progress: &indicatif::ProgressBar) -> WorkerReport {
     let mut wr = WorkerReport::default();
-    let ns = match BlockDir::open(&args.dir, worker, false) {
-        Ok(ns) => ns,
+    let dir = match WorkerDir::open(&args.dir, worker) {
+        Ok(d) => d,
         Err(e) => {
             wr.error(inspect::version_dir(&args.dir).join(worker), e);
             return wr;
         }
     };
     let shared = args.sharing == tierkv::Sharing::Shared;
-    let repair = args.repair && lock_for_repair(&ns, shared, &mut wr);
+    // Repair holds the worker lock for the whole scan: no store can open (and write temp
+    // files or publish blocks) meanwhile. A worker whose store is running is not repaired.
+    let lock = if args.repair {
+        match dir.lock_for_repair(args.sharing) {
+            Ok(l) => Some(l),
+            Err(tierkv::Error::WorkerBusy { path, holder }) => {
+                wr.error(
+                    path,
+                    format!("in use by a running store ({holder}): not repaired"),
+                );
+                None
+            }
+            Err(e) => {
+                wr.error(dir.path().to_path_buf(), e);
+                None
+            }
+        }
+    } else {
+        None
+    };
     // A store holds the lock (an exclusive one: a shared probe fails), or a shared store's
     // stats file is fresh.
-    wr.live = (!repair || shared) && ns.is_locked_by_other().unwrap_or(false);
+    wr.live = (lock.is_none() || shared) && dir.in_use();
     let live = read_live(&inspect::version_dir(&args.dir), worker);
-    instances_of(&inspect::version_dir(&args.dir), worker, &ns, &mut wr);
+    instances_of(&dir, &mut wr);
     wr.live |= wr.instances.iter().any(|i| i.live);
-    // Shared, a temp file is removed only when its owner is gone.
-    let rule = if !repair {
-        TempRule::Keep
-    } else if shared {
-        TempRule::OwnerGone {
-            lease: args.temp_lease.unwrap_or(tierkv::DEFAULT_TEMP_LEASE),
-        }
-    } else {
-        TempRule::All
-    };
     wr.capacity_bytes = live.as_ref().and_then(|l| l.stats.capacity_bytes);
     wr.capacity_files = live.as_ref().and_then(|l| l.stats.capacity_files);
-    if let Some(layout) = read_layout(&ns, &mut wr) {
-        let scan = Scan {
-            repair,
-            verify: args.verify || args.repair,
-            rule,
-            now_s: now_ms() / 1000,
-            progress,
-            wr: WorkerReport::default(),
-            in_leaf: 0,
-            leaves: Vec::new(),
-        };
-        walk_worker(&ns, layout, &scan, &mut wr);
-    }
-    if repair {
-        let _ = ns.unlock();
-    }
-    wr
-}
-
-/// Takes the worker lock for repair, which holds it for the whole scan: no store can open
-/// (and write temp files or publish blocks) meanwhile. A worker whose store is running is
-/// not repaired (an error naming the holder). True if taken.
-fn lock_for_repair(ns: &BlockDir, shared: bool, wr: &mut WorkerReport) -> bool {
-    let locked = if shared {
-        ns.try_lock_shared()
-    } else {
-        ns.try_lock()
-    };
-    match locked {
-        Ok(true) => true,
-        Ok(false) => {
-            let holder = ns.holder();
-            wr.error(
-                ns.path().to_path_buf(),
-                format!("in use by a running store ({holder}): not repaired"),
-            );
-            false
-        }
+    let layout = match dir.layout() {
+        Ok(l) => l,
         Err(e) => {
-            wr.error(
-                ns.path().to_path_buf(),
-                format!("could not take the worker lock: {}", io_err(e)),
-            );
-            false
-        }
-    }
-}
-
-/// The worker's layout (also into `wr`); without one nothing can be placed, so every entry
-/// of the worker directory but its control files counts as foreign, and `None`.
-fn read_layout(ns: &BlockDir, wr: &mut WorkerReport) -> Option<Layout> {
-    let layout = match ns.read_control(LAYOUT_FILE) {
-        Ok(Some(t)) => std::str::from_utf8(&t)
-            .ok()
-            .and_then(Layout::from_file_text),
-        Ok(None) => None,
-        Err(e) => {
-            wr.error(ns.full(LAYOUT_FILE), e);
+            wr.error(dir.path().join("LAYOUT"), e);
             None
         }
     };
     wr.layout = layout.map(|l| l.to_string());
-    if layout.is_none() {
-        match ns.read_dir("") {
-            Ok(entries) => {
-                wr.foreign = entries
-                    .iter()
-                    .filter(|e| Layout::classify(e.name_str()) != EntryName::Meta)
-                    .count() as u64;
-            }
-            Err(e) => wr.error(ns.path().to_path_buf(), io_err(e)),
+    let Some(layout) = layout else {
+        // Without a layout nothing can be placed: every entry but the control files is
+        // foreign.
+        match dir.entries_besides_control_files() {
+            Ok(n) => wr.foreign = n,
+            Err(e) => wr.error(dir.path().to_path_buf(), e),
         }
-    }
-    layout
-}
-
-/// Walks the worker's tree with a copy of `scan` per thread, and sums what they found into
-/// `wr`: counts, the shard balance, ages and block sizes.
-fn walk_worker(ns: &BlockDir, layout: Layout, scan: &Scan<'_>, wr: &mut WorkerReport) {
-    let scans = walk(ns, layout, 8, || Scan {
-        wr: WorkerReport::default(),
-        leaves: Vec::new(),
-        ..*scan
-    });
+        return wr;
+    };
+    let options = ScanOptions::default().with_verify(args.verify || args.repair);
+    let now_s = now_ms() / 1000;
+    let tallies = dir.scan(
+        layout,
+        &options,
+        lock.as_ref().map(|l| (l, args.temp_lease)),
+        Tally::default,
+        |t, f| t.found(f, now_s, progress),
+    );
     let mut leaves = Vec::new();
-    for scan in scans {
-        merge(wr, scan.wr);
-        leaves.extend(scan.leaves);
+    for t in tallies {
+        merge(&mut wr, t.wr);
+        leaves.extend(t.leaves);
     }
     if wr.not_read > 0 {
         wr.error(
-            ns.path().to_path_buf(),
+            dir.path().to_path_buf(),
             format!(
                 "{} block files not read: O_NOATIME refused (not their owner), and reading them \
                  would move the access times the store's recency comes from; run as their owner",
@@ -794,6 +588,7 @@ fn walk_worker(ns: &BlockDir, layout: Layout, scan: &Scan<'_>, wr: &mut WorkerRe
     wr.bad_header.sort();
     wr.corrupt.sort();
     wr.misplaced.sort();
+    wr
 }
 
 /// How evenly the blocks spread over the leaf directories, from each leaf's block count.
