@@ -36,33 +36,45 @@ impl Ledger {
     /// makes it fail with `TimedOut`, naming the ledger, instead of waiting for ever.
     pub fn lock(&self) -> Result<LedgerGuard<'_>> {
         let local = self.local.lock().unwrap_or_else(|e| e.into_inner());
-        let started = std::time::Instant::now();
-        let mut pause = std::time::Duration::from_millis(1);
-        loop {
-            match rustix::fs::flock(&self.fd, FlockOperation::NonBlockingLockExclusive) {
-                Ok(()) => {
-                    return Ok(LedgerGuard {
-                        ledger: self,
-                        _local: local,
-                    });
-                }
-                Err(Errno::INTR) => {}
-                Err(Errno::WOULDBLOCK) if started.elapsed() < self.wait => {
-                    std::thread::sleep(pause);
-                    pause = pause
-                        .saturating_mul(2)
-                        .min(std::time::Duration::from_millis(20));
-                }
-                Err(Errno::WOULDBLOCK) => {
-                    let msg = format!(
-                        "another store has held the usage ledger's lock for {:?} and not let go (stopped, or hung)",
-                        self.wait
-                    );
-                    let e = std::io::Error::new(std::io::ErrorKind::TimedOut, msg);
-                    return Err(Error::from_io(&self.path, e));
-                }
-                Err(e) => return Err(Error::from_io(&self.path, io_err(e))),
+        flock_waiting(&self.fd, &self.path, self.wait, "the usage ledger")?;
+        Ok(LedgerGuard {
+            ledger: self,
+            _local: local,
+        })
+    }
+}
+
+/// Takes the exclusive `flock` of `fd` (the file at `path`, called `what` in messages), which
+/// every holder keeps for one short update: polls (`LOCK_NB`, backing off from 1 to 20 ms)
+/// for at most `wait`, so that a holder that does not let go (stopped with `SIGSTOP`, or hung
+/// on a dead filesystem) makes it fail with `TimedOut`, naming the file, instead of waiting
+/// for ever.
+pub(super) fn flock_waiting(
+    fd: &OwnedFd,
+    path: &Path,
+    wait: std::time::Duration,
+    what: &str,
+) -> Result<()> {
+    let started = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        match rustix::fs::flock(fd, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(()),
+            Err(Errno::INTR) => {}
+            Err(Errno::WOULDBLOCK) if started.elapsed() < wait => {
+                std::thread::sleep(pause);
+                pause = pause
+                    .saturating_mul(2)
+                    .min(std::time::Duration::from_millis(20));
             }
+            Err(Errno::WOULDBLOCK) => {
+                let msg = format!(
+                    "another store has held {what}'s lock for {wait:?} and not let go (stopped, or hung)"
+                );
+                let e = std::io::Error::new(std::io::ErrorKind::TimedOut, msg);
+                return Err(Error::from_io(path, e));
+            }
+            Err(e) => return Err(Error::from_io(path, io_err(e))),
         }
     }
 }
