@@ -272,6 +272,19 @@ impl WorkerDir {
         })
     }
 
+    /// The worker's events from `from` on (at most `max`), from its event journal
+    /// ([`StoreConfig::events`](crate::StoreConfig::events)); empty, its `journal_id` 0,
+    /// without one.
+    pub fn events_since(&self, from: u64, max: usize) -> Result<crate::EventsRead> {
+        match self
+            .ns
+            .open_journal(false, false, true, std::time::Duration::ZERO)?
+        {
+            Some(j) => j.read_since(from, max),
+            None => Ok(crate::EventsRead::default()),
+        }
+    }
+
     /// Walks the tree laid out as `layout` and reads every block file in it, on up to 8
     /// threads, each reporting what it finds to `on` with a sink of its own from `make`;
     /// returns the sinks. With `repair` (the worker lock held), bad and misplaced block files
@@ -292,8 +305,20 @@ impl WorkerDir {
             },
             Some(_) => TempRule::All,
         };
+        // Opened as a shared store opens it: the stores of other nodes may append too.
+        let journal = match repair {
+            Some(_) => self
+                .ns
+                .open_journal(false, true, true, crate::StoreConfig::default().ledger_wait)
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "the event journal: this repair's removals are not told");
+                    None
+                }),
+            None => None,
+        };
         walk(&self.ns, layout, 8, || Scan {
             repair: repair.is_some(),
+            journal: journal.as_ref(),
             verify: options.verify,
             rule,
             sink: make(),
@@ -309,6 +334,8 @@ impl WorkerDir {
 /// The tree walk's visitor of [`WorkerDir::scan`], one per thread.
 struct Scan<'o, S, F> {
     repair: bool,
+    /// The worker's event journal, if it has one: a repair tells the blocks it removes.
+    journal: Option<&'o crate::ns::Journal>,
     verify: bool,
     rule: TempRule,
     sink: S,
@@ -363,10 +390,23 @@ impl<S, F: Fn(&mut S, Found)> Scan<'_, S, F> {
     }
 
     /// Removes `at`'s entry for repair: only a regular file, only the inode judged (if
-    /// given). True if removed; an error is reported.
-    fn remove(&mut self, at: &At<'_>, judged: Option<Inode>) -> bool {
+    /// given). True if removed; an error is reported. A block (`told`) is told to the
+    /// worker's event journal, under its lock as a store's removals are.
+    fn remove(&mut self, at: &At<'_>, judged: Option<Inode>, told: Option<BlockHash>) -> bool {
+        let mut journal = told
+            .and(self.journal)
+            .and_then(|j| j.lock().inspect_err(|e| tracing::warn!(error = %e, "the event journal's lock: a repair's removal is not told")).ok());
         match at.ns.unlink_in(at.parent, at.name, judged) {
-            Ok(Unlinked::Removed) => true,
+            Ok(Unlinked::Removed) => {
+                if let (Some(j), Some(h)) = (&mut journal, told) {
+                    j.record(
+                        crate::ns::EventKind::Removed,
+                        crate::ns::EventCause::Repair,
+                        h,
+                    );
+                }
+                true
+            }
             Ok(Unlinked::Missing) => false,
             Ok(Unlinked::Refused) => {
                 tracing::warn!(path = %at.path().display(), "replaced since it was judged: left alone");
@@ -398,7 +438,7 @@ impl<S, F: Fn(&mut S, Found)> Visitor for Scan<'_, S, F> {
             Ok(Judged::Bad(reason, inode)) => {
                 self.in_leaf += 1;
                 tracing::warn!(path = %at.path().display(), %reason, "bad block file");
-                let removed = self.repair && self.remove(at, Some(inode));
+                let removed = self.repair && self.remove(at, Some(inode), Some(hash));
                 self.found(Found::Bad {
                     path: at.path(),
                     reason,
@@ -425,7 +465,7 @@ impl<S, F: Fn(&mut S, Found)> Visitor for Scan<'_, S, F> {
         let mut removed = false;
         if self.repair {
             if let Ok(st) = at.ns.stat_in(at.parent, at.name) {
-                removed = self.remove(at, Some(Inode::of(&st)));
+                removed = self.remove(at, Some(Inode::of(&st)), None);
             }
         }
         self.found(Found::Misplaced {
@@ -438,7 +478,7 @@ impl<S, F: Fn(&mut S, Found)> Visitor for Scan<'_, S, F> {
         let (mut removed, mut kept) = (false, false);
         if self.rule != TempRule::Keep {
             if temp_abandoned(at.ns, at.parent, at.name, self.rule) {
-                removed = self.remove(at, None);
+                removed = self.remove(at, None, None);
             } else {
                 kept = true;
             }
@@ -451,7 +491,7 @@ impl<S, F: Fn(&mut S, Found)> Visitor for Scan<'_, S, F> {
         // open-time sweep removes it.
         if self.repair
             && instance_stats_abandoned(at.ns, at.parent, at.name, self.rule)
-            && self.remove(at, None)
+            && self.remove(at, None, None)
         {
             self.found(Found::StaleStatsRemoved);
         }

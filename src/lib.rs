@@ -63,6 +63,7 @@ pub use error::{CorruptReason, Error, HeaderError, Result};
 pub use index::policy::{Access, Belady, Oracle, Policy, PolicyKind};
 pub use key::{BlockHash, BlockKey, MAX_WORKER_ID_LEN, WorkerId};
 pub use layout::Layout;
+pub use ns::{BlockEvent, EventCause, EventKind, EventsRead, JOURNAL_CAPACITY};
 pub use offload::{
     DropReason, FilterKind, OfferCompletion, OfferOutcome, Offered, OffloadConfig, OffloadStats,
     Offloader, OnClose, Payload, PayloadParts, WhenFull,

@@ -26,7 +26,14 @@ pub const STATS_FILE: &str = "STATS.json";
 /// 16 hex characters, [`crate::ns::node_id`]; names without it are of earlier versions).
 pub const TEMP_PREFIX: &str = ".tmp.";
 /// The control files of a worker directory, which the store rewrites through temp names.
-pub const CONTROL_FILES: [&str; 5] = [LAYOUT_FILE, LOCK_FILE, STATS_FILE, USAGE_FILE, FLOCK_FILE];
+pub const CONTROL_FILES: [&str; 6] = [
+    LAYOUT_FILE,
+    LOCK_FILE,
+    STATS_FILE,
+    USAGE_FILE,
+    FLOCK_FILE,
+    EVENTS_FILE,
+];
 /// The empty file the worker lock is held on besides the worker directory (`flock`), for
 /// filesystems whose directory locks do not reach other clients (docs/format.md).
 pub const FLOCK_FILE: &str = "FLOCK";
@@ -35,6 +42,11 @@ const LEGACY_CONTROL_TEMPS: [&str; 2] = [".STATS.json.tmp", ".tmp.layout."];
 /// The ledger of a shared worker's usage (bytes and files of its blocks), kept under a lock
 /// by every store that shares the worker (docs/format.md).
 pub const USAGE_FILE: &str = "USAGE";
+
+/// The worker's event journal: every block stored and removed, in order (`ns::journal`,
+/// docs/events.md). Made by a store configured with events; every store of the worker writes
+/// to it from then on.
+pub const EVENTS_FILE: &str = "EVENTS";
 /// Prefix of a shared store's live counters: `STATS.<node>.<pid>.json`, one per store.
 pub const INSTANCE_STATS_PREFIX: &str = "STATS.";
 

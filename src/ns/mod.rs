@@ -24,6 +24,7 @@
 
 mod control;
 mod fault;
+mod journal;
 mod lease;
 mod ledger;
 mod lock;
@@ -42,6 +43,9 @@ use rustix::fs::{AtFlags, FileType, FlockOperation, Mode, OFlags, ResolveFlags, 
 use rustix::io::Errno;
 
 pub use fault::{NsFaults, NsOp};
+pub use journal::{
+    BlockEvent, EventCause, EventKind, EventsRead, JOURNAL_CAPACITY, Journal, JournalGuard,
+};
 pub use lease::{PagesDropped, drop_pages};
 pub use ledger::{Ledger, LedgerGuard};
 pub use lock::{LOCK_KEEP_INTERVAL, LockKept};

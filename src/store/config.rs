@@ -273,6 +273,14 @@ pub struct StoreConfig {
     /// evictor does not run and the watermarks do nothing: every eviction happens in the put
     /// that needs the room, exactly at the bound. See docs/design.md.
     pub reuse_evicted: bool,
+    /// Keep the worker's event journal (default off): every block stored and removed under
+    /// the worker directory, by any store of any process or node, in one order, for a
+    /// cache-aware router's publisher to tail ([`Store::events_since`](crate::Store::events_since),
+    /// docs/events.md). The journal is made if missing. Once a worker has one, every store
+    /// that opens it for writing writes to it, whatever this says; removing the `EVENTS` file
+    /// turns it off for stores opened after. Each put batch and each eviction batch then
+    /// takes the journal's lock while it publishes or unlinks, and appends its events.
+    pub events: bool,
 }
 
 impl Default for StoreConfig {
@@ -302,6 +310,7 @@ impl Default for StoreConfig {
             temp_lease: DEFAULT_TEMP_LEASE,
             ledger_wait: DEFAULT_LEDGER_WAIT,
             reuse_evicted: true,
+            events: false,
         }
     }
 }
@@ -459,6 +468,12 @@ impl StoreConfig {
     /// Shared mode: how long to wait for the usage ledger's lock before failing.
     pub fn with_ledger_wait(mut self, wait: std::time::Duration) -> Self {
         self.ledger_wait = wait;
+        self
+    }
+
+    /// Sets [`StoreConfig::events`].
+    pub fn with_events(mut self, on: bool) -> Self {
+        self.events = on;
         self
     }
 

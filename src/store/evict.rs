@@ -11,7 +11,7 @@ const EVICT_STEP: usize = 16;
 /// Victims whose files could not be unlinked, tried again by each later unlinking call.
 const RETRY_STUCK: usize = 16;
 use crate::index::Victim;
-use crate::ns::Unlinked;
+use crate::ns::{EventCause, EventKind, JournalGuard, Unlinked};
 
 #[derive(Debug, Default)]
 struct Signal {
@@ -106,16 +106,17 @@ impl Inner {
     /// one whose unlink fails stays counted (`Index::stuck`). True if any did: the put that
     /// counted on that room declines what no longer fits (`Inner::shed_over_bound`).
     pub(super) fn unlink_victims(&self, victims: Vec<Victim>) -> bool {
+        let mut journal = self.journal_lock();
         let mut stuck = Vec::new();
         for v in victims {
-            if let Err((path, e)) = self.unlink_victim(&v) {
+            if let Err((path, e)) = self.unlink_victim(&v, &mut journal) {
                 tracing::warn!(path = %path.display(), error = %e,
                     "could not unlink an evicted block: it counts against the capacity until it can be");
                 stuck.push(v);
             }
         }
         for v in self.index.take_stuck(RETRY_STUCK) {
-            if let Err((path, e)) = self.unlink_victim(&v) {
+            if let Err((path, e)) = self.unlink_victim(&v, &mut journal) {
                 tracing::debug!(path = %path.display(), error = %e,
                     "still cannot unlink an evicted block");
                 stuck.push(v);
@@ -128,7 +129,12 @@ impl Inner {
 
     /// Unlinks victim `v`'s file under its stripe lock (unless its key was published again)
     /// and marks it drained; the path and error if the unlink failed (it is not drained).
-    fn unlink_victim(&self, v: &Victim) -> Result<(), (std::path::PathBuf, rustix::io::Errno)> {
+    /// Its removal is recorded in `journal`.
+    fn unlink_victim(
+        &self,
+        v: &Victim,
+        journal: &mut Option<JournalGuard<'_>>,
+    ) -> Result<(), (std::path::PathBuf, rustix::io::Errno)> {
         let _stripe = self.lock_stripe(self.stripe_of(&v.hash));
         if self.index.contains(&v.hash) {
             // Published again: the file is the new block's; the old one was renamed over.
@@ -138,7 +144,12 @@ impl Inner {
         self.fds.invalidate(&v.hash);
         let rel = self.layout.rel_path(&v.hash);
         match self.ns.unlink_file_sized(rel.as_str(), None) {
-            Ok((Unlinked::Removed, bytes)) => self.freed(bytes),
+            Ok((Unlinked::Removed, bytes)) => {
+                self.freed(bytes);
+                if let Some(j) = journal {
+                    j.record(EventKind::Removed, EventCause::Evicted, v.hash);
+                }
+            }
             Ok((Unlinked::Missing, _)) => {}
             Ok((Unlinked::Refused, _)) => tracing::warn!(
                 path = %self.path(rel.as_str()).display(),

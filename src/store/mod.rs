@@ -20,7 +20,9 @@ use crate::index::Index;
 use crate::index::policy::Policy;
 use crate::key::{BlockHash, BlockKey, WorkerId};
 use crate::layout::{self, Layout};
-use crate::ns::{BlockDir, FileKind, NsFaults, Opened, Unlinked};
+use crate::ns::{
+    BlockDir, EventCause, EventKind, FileKind, JournalGuard, NsFaults, Opened, Unlinked,
+};
 
 mod async_api;
 mod config;
@@ -171,6 +173,8 @@ struct Inner {
     engine: Arc<dyn IoEngine>,
     /// Shared mode's ledger (`None`: exclusive, or read-only).
     shared: Option<shared::SharedTier>,
+    /// The worker's event journal, if it has one (read-only: read, never written).
+    journal: Option<crate::ns::Journal>,
     /// A store of a shared tree (writable or read-only): its remembered "absent" answers. Its
     /// presence means that a key the index does not hold is asked of the tree (`None`: the
     /// index is all there is, as in an exclusive store).
@@ -300,6 +304,17 @@ impl Store {
         self.inner
             .ns
             .full(self.inner.layout.rel_path(hash).as_str())
+    }
+
+    /// The worker's events from `from` on (at most `max`), in order, from its event journal
+    /// ([`StoreConfig::events`], docs/events.md): every block stored and removed by any store
+    /// of the worker, in this process or another, on this node or another. Empty (its
+    /// `journal_id` 0) if the worker had no journal when this store opened.
+    pub fn events_since(&self, from: u64, max: usize) -> Result<crate::ns::EventsRead> {
+        match &self.inner.journal {
+            Some(j) => j.read_since(from, max),
+            None => Ok(crate::ns::EventsRead::default()),
+        }
     }
 
     /// A snapshot of the counters.
@@ -758,9 +773,14 @@ impl Inner {
     /// Forgets a block found missing, under its stripe lock and after looking again, so a
     /// put that published it meanwhile keeps its entry.
     fn forget_if_missing(&self, hash: &BlockHash, rel: &layout::RelPath) {
+        let mut journal = self.journal_lock();
         let _stripe = self.lock_stripe(self.stripe_of(hash));
         if let Err(Errno::NOENT | Errno::NOTDIR) = self.ns.stat(rel.as_str()) {
-            self.index.forget(hash);
+            if self.index.forget(hash) {
+                if let Some(j) = &mut journal {
+                    j.record(EventKind::Removed, EventCause::Missing, *hash);
+                }
+            }
         }
     }
 
@@ -768,6 +788,24 @@ impl Inner {
     fn freed(&self, bytes: u64) {
         if let Some(sh) = &self.shared {
             sh.freed(bytes, 1);
+        }
+    }
+
+    /// The event journal's lock, if the worker has a journal this store writes: held while
+    /// the events recorded in it happen (files published or unlinked), so that they reach
+    /// the journal in the order they happened on disk; appended when it drops. Taken before
+    /// any stripe lock. A lock that cannot be taken (held past the ledger's wait) is logged,
+    /// and that batch's events are not journaled (consumers resync; docs/events.md).
+    fn journal_lock(&self) -> Option<JournalGuard<'_>> {
+        if self.opts.read_only {
+            return None;
+        }
+        match self.journal.as_ref()?.lock() {
+            Ok(g) => Some(g),
+            Err(e) => {
+                tracing::warn!(error = %e, "the event journal's lock: this batch's events are not journaled");
+                None
+            }
         }
     }
 
@@ -876,6 +914,7 @@ impl Inner {
         let rel = self.layout.rel_path(hash);
         let key = hash;
         Ok({
+            let mut journal = self.journal_lock();
             let _stripe = self.lock_stripe(self.stripe_of(key));
             let r = self.ns.unlink_file_sized(rel.as_str(), None);
             self.fds.invalidate(key);
@@ -883,6 +922,9 @@ impl Inner {
                 Ok((Unlinked::Removed, bytes)) => {
                     Counters::add(&self.counters.removes, 1);
                     self.freed(bytes);
+                    if let Some(j) = &mut journal {
+                        j.record(EventKind::Removed, EventCause::Removed, *hash);
+                    }
                     true
                 }
                 Ok((Unlinked::Missing, _)) => false,

@@ -440,7 +440,20 @@ impl Store {
         } else {
             None
         };
+        let journal = match ns.open_journal(
+            config.events && !read_only,
+            !read_only,
+            read_only || shared_mode,
+            config.ledger_wait,
+        ) {
+            Ok(j) => j,
+            Err(e) => {
+                unlock(&ns);
+                return Err(e);
+            }
+        };
         // After the control files and the ledger: the leaves are an optimisation, never what
+
         // takes a small filesystem's last inodes from them.
         if !read_only {
             make_leaves(&ns, layout);
@@ -459,6 +472,7 @@ impl Store {
             ns,
             engine,
             shared,
+            journal,
             tree: (config.sharing == Sharing::Shared)
                 .then(|| shared::Negative::new(config.negative_ttl)),
             fds: FdCache::new(fd_cap),

@@ -675,7 +675,13 @@ impl Inner {
         // Under the key's stripe lock, so a put cannot publish between the check and the
         // unlink; only the inode that was read is removed (a concurrent put may have
         // published a good block under the name).
+        let mut journal = self.journal_lock();
         let _stripe = self.lock_stripe(self.stripe_of(hash));
+        let mut note = |cause| {
+            if let Some(j) = &mut journal {
+                j.record(crate::ns::EventKind::Removed, cause, *hash);
+            }
+        };
         if self.opts.read_only {
             self.index.forget(hash);
         } else if let Ok(judged) = rustix::fs::fstat(fd).map(|st| Inode::of(&st)) {
@@ -683,9 +689,12 @@ impl Inner {
                 Ok((crate::ns::Unlinked::Removed, bytes)) => {
                     self.freed(bytes);
                     self.index.forget(hash);
+                    note(crate::ns::EventCause::Corrupt);
                 }
                 Ok((crate::ns::Unlinked::Missing, _)) => {
-                    self.index.forget(hash);
+                    if self.index.forget(hash) {
+                        note(crate::ns::EventCause::Missing);
+                    }
                 }
                 Ok((crate::ns::Unlinked::Refused, _)) => {}
                 Err(e) => {

@@ -11,7 +11,7 @@ use rustix::io::Errno;
 use super::Inner;
 use crate::index::{Offer, Victim};
 use crate::key::{BlockHash, BlockKey};
-use crate::ns::{Parent, join};
+use crate::ns::{EventCause, EventKind, Parent, join};
 
 /// Turns `O_DIRECT` on for a taken evicted file's descriptor; false if refused.
 pub(super) fn add_direct(fd: &OwnedFd) -> bool {
@@ -53,6 +53,8 @@ impl Inner {
         victims: Vec<Victim>,
         targets: &[(&BlockKey, u64)],
     ) -> (Vec<Option<Spare<'s>>>, bool) {
+        // A taken victim's file leaves its name: the block is removed.
+        let mut journal = self.journal_lock();
         let mut spares = Vec::with_capacity(targets.len());
         let mut unlink = Vec::new();
         let mut victims: Vec<Option<Victim>> = victims.into_iter().map(Some).collect();
@@ -72,7 +74,11 @@ impl Inner {
                 spares.push(None);
                 continue;
             };
-            match self.take_victim(&v, key) {
+            let taken = self.take_victim(&v, key);
+            if let (Some(j), Taken::Spare(_) | Taken::Unlinked) = (&mut journal, &taken) {
+                j.record(EventKind::Removed, EventCause::Evicted, v.hash);
+            }
+            match taken {
                 Taken::Spare(spare) => spares.push(Some(spare)),
                 Taken::Unlinked => spares.push(None),
                 Taken::Not => {
@@ -82,6 +88,7 @@ impl Inner {
             }
         }
         unlink.extend(victims.into_iter().flatten());
+        drop(journal);
         let stuck = self.unlink_victims(unlink);
         (spares, stuck)
     }

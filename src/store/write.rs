@@ -18,7 +18,9 @@ use crate::format::{HEADER_LEN, Header, PADDING, PAYLOAD_OFFSET};
 use crate::index::Offer;
 use crate::key::{BlockHash, BlockKey};
 use crate::layout::RelPath;
-use crate::ns::{CreateError, CreateHooks, Created, Parent, Published, TempFile, join};
+use crate::ns::{
+    CreateError, CreateHooks, Created, EventCause, EventKind, Parent, Published, TempFile, join,
+};
 
 /// A put in progress: its temp file and what it will be published as.
 pub(super) struct WritePlan<'a> {
@@ -429,6 +431,8 @@ impl Inner {
         results: &mut [Option<Result<Stored>>],
     ) {
         let mut published = (0u64, 0u64);
+        // The journal's lock first (as everywhere): held while the files are published.
+        let mut journal = self.journal_lock();
         // Under the keys' stripe locks, so that an eviction or removal of the same key cannot
         // interleave between a file's publication and its commit in the index.
         let mut stripes: Vec<usize> = written
@@ -464,6 +468,9 @@ impl Inner {
                         Counters::add(&self.counters.reused_files, 1);
                     }
                     Counters::add(&self.counters.bytes_written, plan.len as u64);
+                    if let Some(j) = &mut journal {
+                        j.record(EventKind::Stored, EventCause::Put, plan.hash);
+                    }
                     if self.opts.sync_writes && !synced.contains(&plan.rel.dir()) {
                         synced.push(plan.rel.dir());
                         self.sync_dir(plan);
@@ -483,6 +490,8 @@ impl Inner {
         drop(synced);
         drop(written);
         drop(guards);
+        // Appended now, before the victims' unlinking takes the lock again.
+        drop(journal);
         self.unlink_victims(over_victims);
         if let Some(sh) = &self.shared {
             // What was reserved, against what this store published.

@@ -19,7 +19,7 @@ const MAGIC: &[u8; 8] = b"TKVBLOCK";
 const HEADER_END: usize = 128;
 const PAYLOAD_AT: usize = 4096;
 /// Control files of a worker directory.
-const CONTROLS: [&str; 5] = ["LAYOUT", ".lock", "STATS.json", "USAGE", "FLOCK"];
+const CONTROLS: [&str; 6] = ["LAYOUT", ".lock", "STATS.json", "USAGE", "FLOCK", "EVENTS"];
 
 /// What a tree holds, name by name, as the document classifies it.
 #[derive(Debug, Default)]
@@ -482,4 +482,84 @@ pub fn encode_block(hex: &str, payload: &[u8]) -> Vec<u8> {
     b[120..128].copy_from_slice(&check[..8]);
     b[PAYLOAD_AT..].copy_from_slice(payload);
     b
+}
+
+/// One record of a worker's event journal, as docs/events.md describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalRecord {
+    pub seq: u64,
+    /// 1 stored, 2 removed.
+    pub kind: u8,
+    /// 1 put, 2 evicted, 3 removed, 4 corrupt, 5 missing, 6 repair.
+    pub cause: u8,
+    pub pid: u32,
+    pub node: u64,
+    pub unix_ms: u64,
+    /// The block's name (64 lowercase hex digits).
+    pub hex: String,
+}
+
+/// Reads the event journal `path` as docs/events.md describes it ("The journal file"): the
+/// header page (magic, version, record size, capacity, next seq, id, check), then the records
+/// the ring still holds, oldest first, each checked (its seq, its check). Returns the next
+/// seq, the id and the records; panics on anything the document does not allow.
+pub fn read_journal(path: &Path) -> (u64, u64, Vec<JournalRecord>) {
+    let b = fs::read(path).unwrap();
+    let le = |at: usize, n: usize| -> u64 {
+        b[at..at + n]
+            .iter()
+            .rev()
+            .fold(0u64, |acc, &x| (acc << 8) | u64::from(x))
+    };
+    assert!(
+        b.len() >= 4096 && b.len() % 4096 == 0,
+        "{}: {} bytes",
+        path.display(),
+        b.len()
+    );
+    assert_eq!(&b[0..8], b"TKVEVTS1", "magic");
+    assert_eq!((le(8, 2), le(10, 2)), (1, 128), "version, record size");
+    assert_eq!(b[12..16], [0; 4], "reserved");
+    assert_eq!(
+        &blake3::hash(&b[0..40]).as_bytes()[0..4],
+        &b[40..44],
+        "header check"
+    );
+    let (capacity, next, id) = (le(16, 8), le(24, 8), le(32, 8));
+    assert!(capacity > 0 && capacity % 32 == 0, "capacity {capacity}");
+    let mut out = Vec::new();
+    for seq in next.saturating_sub(capacity)..next {
+        let at = 4096 + (seq % capacity) as usize * 128;
+        let r = b.get(at..at + 128).expect("a record inside the file");
+        assert_eq!(
+            &blake3::hash(&r[0..124]).as_bytes()[0..4],
+            &r[124..128],
+            "record {seq}'s check"
+        );
+        assert_eq!(le(at, 8), seq, "record at slot {}", seq % capacity);
+        let (kind, cause) = (r[8], r[9]);
+        assert!(
+            matches!(kind, 1 | 2) && (1..=6).contains(&cause),
+            "record {seq}: {kind} {cause}"
+        );
+        assert_eq!(r[10..12], [0; 2], "record {seq}: reserved");
+        assert!(
+            r[64..124].iter().all(|&x| x == 0),
+            "record {seq}: reserved tail"
+        );
+        out.push(JournalRecord {
+            seq,
+            kind,
+            cause,
+            pid: le(at + 12, 4) as u32,
+            node: le(at + 16, 8),
+            unix_ms: le(at + 24, 8),
+            hex: r[32..64].iter().fold(String::new(), |mut h, x| {
+                use std::fmt::Write;
+                let _ = write!(h, "{x:02x}");
+                h
+            }),
+        });
+    }
+    (next, id, out)
 }

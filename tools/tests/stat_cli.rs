@@ -494,3 +494,31 @@ fn repair_removes_the_stats_file_of_a_shared_store_that_is_gone() {
     assert!(live.exists(), "a live store's stats file was removed");
     assert_eq!(r["workers"]["a"]["removed"], 1, "{r}");
 }
+
+/// A repair tells the worker's event journal the blocks it removes (docs/events.md: cause 6,
+/// "repair"), so that a router tailing it forgets them; a worker without a journal gets none.
+#[test]
+fn repair_tells_the_event_journal_what_it_removed() {
+    let t = build_tree();
+    // Worker a gets a journal: a store opened with events makes it.
+    let a = tierkv::Store::open(&t.root, worker("a"), quiet().with_events(true)).unwrap();
+    drop(a);
+    let (code, r) = stat_json(&[t.root.to_str().unwrap(), "--repair"]);
+    assert_eq!(code, Some(0), "{r}");
+    let (next, _, records) = common::oracle::read_journal(&t.root.join("v1/a/EVENTS"));
+    let told: Vec<(u8, u8, String)> = records
+        .iter()
+        .map(|r| (r.kind, r.cause, r.hex.clone()))
+        .collect();
+    let name = |p: &PathBuf| p.file_name().unwrap().to_string_lossy().into_owned();
+    let mut want = vec![(2, 6, name(&t.flipped)), (2, 6, name(&t.truncated))];
+    let mut got = told.clone();
+    want.sort();
+    got.sort();
+    assert_eq!(
+        (next, got),
+        (2, want),
+        "the two bad blocks, and not the temp file"
+    );
+    assert!(!t.root.join("v1/b/EVENTS").exists());
+}

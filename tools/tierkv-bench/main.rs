@@ -206,6 +206,10 @@ struct Args {
     #[arg(long, value_name = "BOOL", default_value_t = true, num_args = 0..=1,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     reuse_evicted: bool,
+    /// Keep the worker's event journal (`StoreConfig::events`, docs/events.md): every put and
+    /// eviction batch appends its events under the journal's lock.
+    #[arg(long)]
+    events: bool,
     /// Eviction policy: adaptive (default), lru, admit2, arc; belady (replay only: knows the
     /// trace).
     #[arg(long, default_value = "adaptive")]
@@ -703,7 +707,9 @@ fn store_config(args: &Args, bs: usize) -> Result<StoreConfig, BoxError> {
     if let Some((high, low)) = args.watermarks {
         config = config.with_watermarks(high, low);
     }
-    Ok(config.with_reuse_evicted(args.reuse_evicted))
+    Ok(config
+        .with_reuse_evicted(args.reuse_evicted)
+        .with_events(args.events))
 }
 
 /// The Belady oracle a replay feeds the trace's future to.

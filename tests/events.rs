@@ -1,0 +1,226 @@
+//! The event journal (docs/events.md): replayed from its first event, it is the tree. Every
+//! way a block comes and goes is driven (puts, eviction by reuse and by unlinking, in the
+//! put and in the background, removal with and without descendants, `clear`, a corrupt file
+//! found by a read, a file deleted by hand and found missing), in exclusive mode and by two
+//! shared stores that overlap; then the journal, read by the independent reader of
+//! tests/common/oracle.rs, is replayed into a set and compared with the block files the oracle
+//! finds in the tree.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use common::oracle::{self, JournalRecord};
+use common::*;
+use tierkv::{BlockKey, EventCause, EventKind, Sharing, Store, StoreConfig};
+
+const LEN: usize = 8192;
+
+/// The journal of worker `w` under `root`, replayed: the names of the blocks it says are
+/// stored. Also checks that the store's own reader gives the same events.
+fn replay(root: &Path, w: &str, store: Option<&Store>) -> (BTreeSet<String>, Vec<JournalRecord>) {
+    let (next, _, records) = oracle::read_journal(&root.join("v1").join(w).join("EVENTS"));
+    assert_eq!(
+        records.first().map(|r| r.seq),
+        Some(0),
+        "the ring still holds every event"
+    );
+    let mut present = BTreeSet::new();
+    for r in &records {
+        match r.kind {
+            1 => present.insert(r.hex.clone()),
+            _ => present.remove(&r.hex),
+        };
+    }
+    if let Some(s) = store {
+        let read = s.events_since(0, usize::MAX).unwrap();
+        assert_eq!((read.next, read.missed), (next, 0));
+        let ours: Vec<(u64, String, bool)> = read
+            .events
+            .iter()
+            .map(|e| (e.seq, e.hash.to_hex(), e.kind == EventKind::Stored))
+            .collect();
+        let theirs: Vec<(u64, String, bool)> = records
+            .iter()
+            .map(|r| (r.seq, r.hex.clone(), r.kind == 1))
+            .collect();
+        assert_eq!(ours, theirs, "the store reads what the document describes");
+    }
+    (present, records)
+}
+
+/// The names of the valid block files of worker `w`, by the oracle.
+fn tree(root: &Path, w: &str) -> BTreeSet<String> {
+    let t = oracle::read_worker(&root.join("v1").join(w));
+    assert!(t.bad_blocks.is_empty() && t.misplaced.is_empty(), "{t:?}");
+    t.blocks
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// How many records have each cause (1 put .. 6 repair).
+fn causes(records: &[JournalRecord]) -> [usize; 7] {
+    let mut n = [0; 7];
+    for r in records {
+        n[usize::from(r.cause)] += 1;
+    }
+    n
+}
+
+fn put_chains(store: &Store, seeds: std::ops::Range<u32>, n: usize) -> Vec<Vec<BlockKey>> {
+    seeds
+        .map(|seed| {
+            let chain = chain_keys(store, seed, n);
+            let data: Vec<Vec<u8>> = (0..n).map(|i| payload(i as u64, seed as u8, LEN)).collect();
+            for r in store.put_many(&items(&chain, &data)) {
+                r.unwrap();
+            }
+            chain
+        })
+        .collect()
+}
+
+/// Exclusive stores, reuse of evicted files on and off: every cause but repair shows in the
+/// journal, and the journal replayed is the tree.
+#[test]
+fn replayed_the_journal_is_the_tree_whatever_removed_the_blocks() {
+    for reuse in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = quiet()
+            .with_sharing(Sharing::Exclusive)
+            .with_events(true)
+            .with_reuse_evicted(reuse)
+            .with_capacity_files(40);
+        let store = Store::open(dir.path(), worker("w"), cfg).unwrap();
+        let chains = put_chains(&store, 0..30, 4);
+        // Removed with its descendants, and alone (its descendants stay, detached).
+        let last = chains.last().unwrap();
+        assert!(store.remove_many(&last[1..2])[0].as_ref().unwrap());
+        let prev = &chains[chains.len() - 2];
+        assert!(store.discard_many(&prev[..1])[0].as_ref().unwrap());
+        // A corrupt file found by a read, a file deleted by hand found by a lookup.
+        let held: Vec<&BlockKey> = chains
+            .iter()
+            .flatten()
+            .filter(|k| {
+                store.contains_many(std::slice::from_ref(*k))[0]
+                    .as_ref()
+                    .unwrap()
+                    == &true
+            })
+            .collect();
+        let (bad, gone) = (held[0].clone(), held[1].clone());
+        std::fs::write(store.path_of(&bad.hash), b"not a block").unwrap();
+        let mut buf = vec![0u8; LEN];
+        assert!(!store.get(&bad, &mut buf).unwrap().is_hit());
+        std::fs::remove_file(store.path_of(&gone.hash)).unwrap();
+        store.recheck_many(std::slice::from_ref(&gone)).unwrap();
+        let (present, records) = replay(dir.path(), "w", Some(&store));
+        drop(store);
+        assert_eq!(present, tree(dir.path(), "w"), "reuse {reuse}");
+        let n = causes(&records);
+        assert!(
+            n[1] >= 120 && n[2] > 0 && n[3] >= 2 && n[4] == 1 && n[5] == 1,
+            "{n:?}"
+        );
+        assert!(
+            records
+                .iter()
+                .all(|r| r.node == tierkv::testing::node_id() && r.pid == std::process::id())
+        );
+        // A store opened without events on a worker that has a journal writes to it.
+        let plain = quiet()
+            .with_sharing(Sharing::Exclusive)
+            .with_capacity_files(40);
+        let store = Store::open(dir.path(), worker("w"), plain).unwrap();
+        let removed = store.clear().unwrap();
+        assert!(removed > 0);
+        let (present, records) = replay(dir.path(), "w", Some(&store));
+        assert!(present.is_empty() && tree(dir.path(), "w").is_empty());
+        assert_eq!(causes(&records)[3] as u64, 2 + removed);
+    }
+}
+
+/// A store opened without events on a worker with no journal makes none.
+#[test]
+fn without_events_no_journal_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), worker("w"), quiet()).unwrap();
+    put_chains(&store, 0..2, 3);
+    let read = store.events_since(0, 10).unwrap();
+    assert_eq!((read.events.len(), read.journal_id), (0, 0));
+    assert!(!dir.path().join("v1/w/EVENTS").exists());
+}
+
+/// Two shared stores on one worker, putting overlapping chains at once under one capacity,
+/// each evicting blocks the other put: the journal replayed is the tree, and its order is
+/// the order on disk (no block ends up "stored" that is gone, nor the reverse).
+#[test]
+fn two_shared_stores_that_overlap_journal_the_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = || {
+        quiet()
+            .with_sharing(Sharing::Shared)
+            .with_events(true)
+            .with_capacity_files(48)
+    };
+    let a = Store::open(dir.path(), worker("w"), cfg()).unwrap();
+    let b = Store::open(dir.path(), worker("w"), cfg()).unwrap();
+    std::thread::scope(|s| {
+        for (store, from) in [(&a, 0u32), (&b, 20u32)] {
+            s.spawn(move || {
+                for round in 0..3u32 {
+                    // Chains 20..40 are put by both: published by one, found by the other.
+                    put_chains(store, from + round * 5..from + round * 5 + 25, 3);
+                }
+            });
+        }
+    });
+    drop(b);
+    let (present, records) = replay(dir.path(), "w", Some(&a));
+    drop(a);
+    assert_eq!(present, tree(dir.path(), "w"));
+    let n = causes(&records);
+    assert!(n[1] > 100 && n[2] > 50, "{n:?}");
+    // Each block's events alternate: stored, removed, stored...
+    let mut last = std::collections::HashMap::<&str, u8>::new();
+    for r in &records {
+        if let Some(prev) = last.insert(&r.hex, r.kind) {
+            assert_ne!(
+                prev, r.kind,
+                "block {} told {} twice in a row (seq {})",
+                r.hex, r.kind, r.seq
+            );
+        }
+    }
+}
+
+/// The public event types carry what the journal holds.
+#[test]
+fn events_name_their_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), worker("w"), quiet().with_events(true)).unwrap();
+    let k = store.key(hash(1));
+    store.put(&k, &[1u8; 100]).unwrap();
+    store.remove_many(std::slice::from_ref(&k))[0]
+        .as_ref()
+        .unwrap();
+    let ev = store.events_since(0, 10).unwrap().events;
+    let got: Vec<(EventKind, EventCause, &str)> = ev
+        .iter()
+        .map(|e| (e.kind, e.cause, e.cause.name()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (EventKind::Stored, EventCause::Put, "put"),
+            (EventKind::Removed, EventCause::Removed, "removed")
+        ]
+    );
+    assert!(ev.iter().all(|e| e.hash == k.hash));
+    let later = store.events_since(2, 10).unwrap();
+    assert_eq!((later.events.len(), later.next), (0, 2));
+    let _ = StoreConfig::default();
+}
