@@ -196,6 +196,9 @@ fn seconds(s: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
     }
 }
 
+/// One journal event as Python sees it: (seq, kind, cause, key, node, pid, unix_ms).
+type EventTuple = (u64, &'static str, &'static str, [u8; 32], u64, u32, u64);
+
 #[pymethods]
 impl PyStore {
     /// Every option left out (or `None`) is `StoreConfig::default()`'s: the defaults are
@@ -208,7 +211,7 @@ impl PyStore {
         direct_puts_from=StoreConfig::default().direct_puts_from, sync_writes=None,
         fd_cache=None, max_block_size=None, layout=None, publish=None, watermarks=None,
         queue_depth=None, stats_interval=default_stats_interval(), keep_temp_files=None,
-        reuse_evicted=None, sharing=None, negative_ttl=None
+        reuse_evicted=None, sharing=None, negative_ttl=None, events=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -235,6 +238,7 @@ impl PyStore {
         reuse_evicted: Option<bool>,
         sharing: Option<&str>,
         negative_ttl: Option<f64>,
+        events: Option<bool>,
     ) -> PyResult<Self> {
         // A worker is a name; a TP rank may be given as an int.
         let worker: String = if worker.is_instance_of::<pyo3::types::PyInt>() {
@@ -272,6 +276,9 @@ impl PyStore {
         }
         if let Some(on) = reuse_evicted {
             config = config.with_reuse_evicted(on);
+        }
+        if let Some(on) = events {
+            config = config.with_events(on);
         }
         if let Some(on) = keep_temp_files {
             config.keep_temp_files = on;
@@ -644,6 +651,46 @@ impl PyStore {
         let v = serde_json::to_value(&stats)
             .map_err(|e| errors::Error::new_err(format!("stats: {e}")))?;
         json_to_py(py, &v)
+    }
+
+    /// The worker's events from `start` on (at most `max`), from its event journal
+    /// (`events=True`, docs/events.md): `(events, next, missed, journal_id)`, each event a
+    /// tuple `(seq, kind, cause, key, node, pid, unix_ms)` (`kind` "stored" or "removed",
+    /// `cause` "put", "evicted", "removed", "corrupt", "missing" or "repair", `key` the
+    /// block's 32 bytes). `missed`: events asked for that the ring no longer holds (resync
+    /// from a listing); a `journal_id` that changes means the journal was made again. Reads
+    /// the file without the GIL.
+    #[pyo3(signature = (start, max=4096))]
+    #[allow(clippy::type_complexity)]
+    fn events_since(
+        &self,
+        py: Python<'_>,
+        start: u64,
+        max: usize,
+    ) -> PyResult<(Vec<EventTuple>, u64, u64, u64)> {
+        let store = self.store()?;
+        let read = py_result(py, py.detach(move || store.events_since(start, max)))?;
+        let events = read
+            .events
+            .iter()
+            .map(|e| {
+                let kind = if e.kind == tierkv::EventKind::Stored {
+                    "stored"
+                } else {
+                    "removed"
+                };
+                (
+                    e.seq,
+                    kind,
+                    e.cause.name(),
+                    e.hash.0,
+                    e.node,
+                    e.pid,
+                    e.unix_ms,
+                )
+            })
+            .collect();
+        Ok((events, read.next, read.missed, read.journal_id))
     }
 }
 

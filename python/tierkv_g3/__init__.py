@@ -134,6 +134,9 @@ class Store(_tierkv.Store):
       ``"shared"`` (many stores, in several processes or nodes, on one worker directory: a
       key the index lacks is looked up in the tree, and a miss is remembered for
       ``negative_ttl`` seconds, default 1; docs/shared.md).
+    - ``events``: keep the worker's event journal (every block stored and removed, by any
+      store of any process or node, in one order; ``events_since``; docs/events.md). Once a
+      worker has one, every store of it writes to it.
     - ``stats_interval``: seconds between writes of the live counters (``tierkv-stat
       --live``; default 1), None: never. ``keep_temp_files``: leave a crashed store's temp files.
 

@@ -35,6 +35,7 @@ STORE_OPTIONS = (
     "reuse_evicted",
     "sharing",
     "negative_ttl",
+    "events",
     "read_only",
 )
 
