@@ -222,5 +222,8 @@ fn events_name_their_cause() {
     assert!(ev.iter().all(|e| e.hash == k.hash));
     let later = store.events_since(2, 10).unwrap();
     assert_eq!((later.events.len(), later.next), (0, 2));
+    let end = store.events_end().unwrap();
+    assert_eq!((end.next, end.journal_id), (2, later.journal_id));
+    assert!(end.events.is_empty());
     let _ = StoreConfig::default();
 }

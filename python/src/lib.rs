@@ -660,6 +660,14 @@ impl PyStore {
     /// block's 32 bytes). `missed`: events asked for that the ring no longer holds (resync
     /// from a listing); a `journal_id` that changes means the journal was made again. Reads
     /// the file without the GIL.
+    /// Where the worker's event journal ends now: `(next, journal_id)`, to tail it from
+    /// here with `events_since(next)`; `(0, 0)` without a journal.
+    fn events_end(&self, py: Python<'_>) -> PyResult<(u64, u64)> {
+        let store = self.store()?;
+        let end = py_result(py, py.detach(move || store.events_end()))?;
+        Ok((end.next, end.journal_id))
+    }
+
     #[pyo3(signature = (start, max=4096))]
     #[allow(clippy::type_complexity)]
     fn events_since(

@@ -306,3 +306,57 @@ def test_a_missing_root_is_a_miss_never_an_exception(sched, tmp_path):
     t.drop_primary()
     assert t.lookup_all([0, 1, 5]) == {0: MISS, 1: MISS, 5: MISS}
     assert t.tier().tierkv_stats()["failures"]["store"] >= 1
+
+
+def _drain_events(tier, told):
+    """Collects the tier's KV events (the journal is followed on a thread of its own) until
+    none has come for 0.3 s: `told` maps each OffloadKey to whether it was last told stored."""
+    from vllm.v1.kv_offload.base import Medium
+
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < 0.3:
+        for e in tier.take_events():
+            quiet_since = time.monotonic()
+            assert (e.medium, e.ownership, e.removal_expected) == (Medium.STORAGE, "tierkv", True)
+            for k in e.keys:
+                told[k] = not e.removed
+        time.sleep(0.02)
+
+
+def test_kv_events_tell_what_the_tier_stored_and_what_anyone_removed(sched, tmp_path):
+    """With vLLM's KV events on, the tier's `take_events` yields STORAGE events for the chunks it
+    stored and for their removal, whichever store of the worker removed them (its own
+    evictions under the capacity, another process's removals), from the worker's event journal
+    (docs/events.md): replayed, they are what the store holds of those chunks."""
+    import tierkv_g3
+
+    cfg = h.tierkv_tier(tmp_path, worker="vllm-events", capacity_files=6, negative_ttl=0)
+    s = sched([cfg], events=True)
+    tier = s.tier()
+    told = {}
+    for i in range(0, 12, 3):
+        s.store([i, i + 1, i + 2])
+        s.settle()
+    _drain_events(tier, told)
+    keys = [h.key(i) for i in range(12)]
+    ours = {k: fold_key(tier._prefix, k) for k in keys}
+    held = tier.store.lookup_many([ours[k] for k in keys], tree=True)
+    present = {k for k, p in told.items() if p}
+    assert present == {k for k, hd in zip(keys, held) if hd} and len(present) == 6, told
+    assert set(told) == set(keys), "every chunk stored was told, then six removed"
+    # Another process's store on the worker (shared, as the tier's) removes two of them.
+    gone = sorted(present)[:2]
+    other = tierkv_g3.Store(tier.root, tier.worker, sharing="shared", stats_interval=None)
+    assert other.discard_many([ours[k] for k in gone]) == [True, True]
+    other.close()
+    _drain_events(tier, told)
+    assert [told[k] for k in gone] == [False, False]
+    assert {k for k, p in told.items() if p} == present - set(gone)
+
+
+def test_without_kv_events_the_tier_tells_nothing_and_keeps_no_journal(sched, tmp_path):
+    s = sched([h.tierkv_tier(tmp_path, worker="vllm-quiet")])
+    s.store([0, 1])
+    s.settle()
+    assert list(s.tier().take_events()) == []
+    assert not (Path(s.tier().store.dir) / "EVENTS").exists()

@@ -49,6 +49,7 @@ def make_spec(
     n_chunks: int = 32,
     model: str = "test/tiny-llama",
     dtype: str = "float16",
+    events: bool = False,
 ) -> TieringOffloadingSpec:
     """The spec vLLM builds for `--kv-transfer-config` with these secondary tiers: one
     KV-cache group, 16 tokens per block, one block per chunk, one worker; the primary tier
@@ -56,7 +57,7 @@ def make_spec(
     config = OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0", "l1"), group_id=0),),
         worker_kv_bytes_per_block=chunk_bytes,
-        enable_kv_cache_events=False,
+        enable_kv_cache_events=events,
         extra_config={"cpu_bytes_to_use": chunk_bytes * n_chunks, "secondary_tiers": tiers},
         engine_id=f"tierkv-test-{uuid.uuid4().hex[:12]}",
         model=OffloadingModelConfig(name=model, dtype=dtype),

@@ -50,6 +50,7 @@ from vllm.v1.kv_offload.base import (
     Locality,
     LookupResult,
     Medium,
+    OffloadingEvent,
     OffloadKey,
     ReqContext,
     RequestOffloadingContext,
@@ -65,7 +66,14 @@ from vllm.v1.kv_offload.tiering.base import (
 
 from . import Store, Transfers, engine_key
 from . import worker_id as worker_id_of
-from ._engines import STORE_OPTIONS, FailureLog, slug, store_options, weights_identity
+from ._engines import (
+    STORE_OPTIONS,
+    FailureLog,
+    JournalTail,
+    slug,
+    store_options,
+    weights_identity,
+)
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -217,9 +225,21 @@ class TierkvSecondaryTier(SecondaryTierManager):
         self._job_keys: Dict[int, List[OffloadKey]] = {}
         self._load_jobs: Set[int] = set()
         self._bad: Set[OffloadKey] = set()
+        # KV events (vLLM's --kv-events-config): stores and removals of the chunks this tier
+        # stored, whichever process or node removed them, from the worker's event journal.
+        self._events_on = bool(offloading_spec.kv_events_config.enable_kv_cache_events)
+        if self._events_on:
+            self.options.setdefault("events", True)
+        self._events: List[OffloadingEvent] = []
+        # Our key -> vLLM's, for the chunks this tier stores; and those told stored.
+        self._known: Dict[bytes, OffloadKey] = {}
+        self._told: Set[bytes] = set()
+        self._tail: Optional[JournalTail] = None
         self.store: Optional[Store] = None
         try:
             self.store = Store(self.root, self.worker, **self.options)
+            if self._events_on:
+                self._tail = JournalTail(self.store)
             bs = self.block_size_bytes
             self._transfers = Transfers(
                 self.store, self._flat, [(0, bs, bs)], len(self._flat) // bs, threads=threads
@@ -278,6 +298,7 @@ class TierkvSecondaryTier(SecondaryTierManager):
             for i, msg in errors[:1]:
                 self.failures.fail(op, f"chunk {i}: {msg}")
             if not load:
+                self._note_stored(keys, outcomes)
                 ok = "failed" not in outcomes
                 nbytes = len(keys) * self.block_size_bytes if ok else None
                 self._done.append(
@@ -322,6 +343,8 @@ class TierkvSecondaryTier(SecondaryTierManager):
         touched); returns at once."""
         keys = list(job_metadata.keys)
         self._job_keys[job_metadata.job_id] = keys
+        if self._events_on:
+            self._known.update(zip(self._keys(keys), keys))
         for k in keys:
             self._storing[k] = self._storing.get(k, 0) + 1
         self._submit(job_metadata, load=False)
@@ -399,12 +422,87 @@ class TierkvSecondaryTier(SecondaryTierManager):
                 self._collect(transfers.close())
             if self._async_lookup is not None:
                 self._async_lookup.shutdown()
+            if self._tail is not None:
+                self._tail.close()
             store, self.store = self.store, None
             if store is not None:
                 store.close()
             self._flat.release()  # vLLM's primary region closes its mmap after this
         except Exception as e:  # noqa: BLE001
             self.failures.fail("shutdown", e)
+
+    # -- KV events -----------------------------------------------------------------------
+
+    def _event(self, keys: List[OffloadKey], removed: bool) -> None:
+        """Tells `keys` stored or removed: one event with the last one when it is of the same
+        kind (the order of the keys is kept)."""
+        if self._events and self._events[-1].removed == removed:
+            self._events[-1].keys.extend(keys)
+            return
+        self._events.append(
+            OffloadingEvent(
+                keys=keys,
+                medium=self.medium,
+                removed=removed,
+                locality=self.locality,
+                ownership="tierkv",
+                removal_expected=True,
+            )
+        )
+
+    def _note_stored(self, keys: List[OffloadKey], outcomes: List[str]) -> None:
+        """A finished store job: its chunks found present already are told stored (those it
+        wrote are told from the journal, in its order); those it did not store are forgotten."""
+        if not self._events_on:
+            return
+        present = []
+        for ours, k, o in zip(self._keys(keys), keys, outcomes):
+            if o == "present" and ours not in self._told:
+                self._told.add(ours)
+                present.append(k)
+            elif o not in ("written", "present") and ours not in self._told:
+                self._known.pop(ours, None)
+        if present:
+            self._event(present, removed=False)
+
+    def _resync(self) -> None:
+        """Events were missed: what was told stored and is no longer in the store's index is
+        told removed (no system call: the index, on the scheduler thread)."""
+        told = sorted(self._told)
+        store = self.store
+        if not told or store is None:
+            return
+        held = store.lookup_many(told, tree=False)
+        gone = [k for k, h in zip(told, held) if not h]
+        self._told.difference_update(gone)
+        removed = [self._known.pop(k) for k in gone if k in self._known]
+        if removed:
+            self._event(removed, removed=True)
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        """vLLM's scheduler collects these each step: the chunks of this tier's stores that
+        the worker's journal says were stored, then removed (evicted, removed, found corrupt
+        or missing, by any process or node), in the journal's order, medium STORAGE. Only with
+        vLLM's KV events on; nothing here reads the disk (the journal is followed on a thread
+        of its own). Chunks this process never stored are not told: it cannot name them."""
+        if self._tail is None:
+            return ()
+        events, missed = self._tail.take()
+        for kind, ours in events:
+            k = self._known.get(ours)
+            if k is None:
+                continue
+            if kind == "stored" and ours not in self._told:
+                self._told.add(ours)
+                self._event([k], removed=False)
+            elif kind == "removed" and ours in self._told:
+                self._told.discard(ours)
+                del self._known[ours]
+                self._event([k], removed=True)
+        if missed:
+            self._resync()
+        out, self._events = self._events, []
+        return out
 
     # -- statistics ----------------------------------------------------------------------
 

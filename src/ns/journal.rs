@@ -298,6 +298,21 @@ impl Journal {
         }
     }
 
+    /// Where the journal ends now: its `next` and `journal_id`, no events (a consumer that
+    /// starts here is told what happens from now on). Read without the lock.
+    pub fn end(&self) -> Result<EventsRead> {
+        let mut page = crate::buf::AlignedBuf::zeroed(PAGE);
+        self.read_page(0, &mut page)?;
+        Ok(match Head::decode(&page).map_err(|w| self.corrupt(w))? {
+            Some(head) => EventsRead {
+                next: head.next,
+                journal_id: head.id,
+                ..EventsRead::default()
+            },
+            None => EventsRead::default(),
+        })
+    }
+
     /// The events from `from` on (at most `max`), read without the lock.
     pub fn read_since(&self, from: u64, max: usize) -> Result<EventsRead> {
         let mut page = crate::buf::AlignedBuf::zeroed(PAGE);

@@ -317,6 +317,15 @@ impl Store {
         }
     }
 
+    /// Where the worker's event journal ends now (its `next` and `journal_id`, no events), to
+    /// tail it from here: see [`Store::events_since`].
+    pub fn events_end(&self) -> Result<crate::ns::EventsRead> {
+        match &self.inner.journal {
+            Some(j) => j.end(),
+            None => Ok(crate::ns::EventsRead::default()),
+        }
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> StoreStats {
         self.inner.snapshot()
