@@ -688,15 +688,18 @@ impl Index {
     /// (a scan of the tree found their files gone: another store evicted them). Returns how
     /// many.
     pub fn forget_absent(&self, found: &std::collections::HashSet<BlockHash>) -> usize {
-        let gone: Vec<BlockHash> = {
-            let st = self.lock();
-            st.map
-                .iter()
-                .filter(|(h, e)| !found.contains(*h) && e.pins == 0 && !e.pending)
-                .map(|(h, _)| *h)
-                .collect()
-        };
-        gone.iter().filter(|h| self.forget(h)).count()
+        self.absent(found).iter().filter(|h| self.forget(h)).count()
+    }
+
+    /// The present blocks (not pinned, not being written) that are not in `found`: those
+    /// [`Index::forget_absent`] forgets.
+    pub fn absent(&self, found: &std::collections::HashSet<BlockHash>) -> Vec<BlockHash> {
+        let st = self.lock();
+        st.map
+            .iter()
+            .filter(|(h, e)| !found.contains(*h) && e.pins == 0 && !e.pending)
+            .map(|(h, _)| *h)
+            .collect()
     }
 
     /// Removes a block (the user's `remove_many`) and, since they can no longer be reached,

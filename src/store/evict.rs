@@ -150,7 +150,13 @@ impl Inner {
                     j.record(EventKind::Removed, EventCause::Evicted, v.hash);
                 }
             }
-            Ok((Unlinked::Missing, _)) => {}
+            Ok((Unlinked::Missing, _)) => {
+                // Gone before its eviction (removed by hand, or by another store, which told
+                // it then: a removal may be told twice).
+                if let Some(j) = journal {
+                    j.record(EventKind::Removed, EventCause::Missing, v.hash);
+                }
+            }
             Ok((Unlinked::Refused, _)) => tracing::warn!(
                 path = %self.path(rel.as_str()).display(),
                 "an evicted block's name holds something else: left alone"

@@ -173,8 +173,10 @@ struct Inner {
     engine: Arc<dyn IoEngine>,
     /// Shared mode's ledger (`None`: exclusive, or read-only).
     shared: Option<shared::SharedTier>,
-    /// The worker's event journal, if it has one (read-only: read, never written).
+    /// The worker's event journal, if it had one at open (read-only: read, never written).
     journal: Option<crate::ns::Journal>,
+    /// The journal made after this store opened, found by a reader ([`Inner::reader_journal`]).
+    late_journal: std::sync::OnceLock<crate::ns::Journal>,
     /// A store of a shared tree (writable or read-only): its remembered "absent" answers. Its
     /// presence means that a key the index does not hold is asked of the tree (`None`: the
     /// index is all there is, as in an exclusive store).
@@ -309,9 +311,10 @@ impl Store {
     /// The worker's events from `from` on (at most `max`), in order, from its event journal
     /// ([`StoreConfig::events`], docs/events.md): every block stored and removed by any store
     /// of the worker, in this process or another, on this node or another. Empty (its
-    /// `journal_id` 0) if the worker had no journal when this store opened.
+    /// `journal_id` 0) while the worker has no journal (one made after this store opened is
+    /// read, though this store writes only to one it found at open).
     pub fn events_since(&self, from: u64, max: usize) -> Result<crate::ns::EventsRead> {
-        match &self.inner.journal {
+        match self.inner.reader_journal() {
             Some(j) => j.read_since(from, max),
             None => Ok(crate::ns::EventsRead::default()),
         }
@@ -320,7 +323,7 @@ impl Store {
     /// Where the worker's event journal ends now (its `next` and `journal_id`, no events), to
     /// tail it from here: see [`Store::events_since`].
     pub fn events_end(&self) -> Result<crate::ns::EventsRead> {
-        match &self.inner.journal {
+        match self.inner.reader_journal() {
             Some(j) => j.end(),
             None => Ok(crate::ns::EventsRead::default()),
         }
@@ -780,8 +783,9 @@ impl Inner {
     }
 
     /// Forgets a block found missing, under its stripe lock and after looking again, so a
-    /// put that published it meanwhile keeps its entry.
-    fn forget_if_missing(&self, hash: &BlockHash, rel: &layout::RelPath) {
+    /// put that published it meanwhile keeps its entry; told to the journal. True if
+    /// forgotten.
+    fn forget_if_missing(&self, hash: &BlockHash, rel: &layout::RelPath) -> bool {
         let mut journal = self.journal_lock();
         let _stripe = self.lock_stripe(self.stripe_of(hash));
         if let Err(Errno::NOENT | Errno::NOTDIR) = self.ns.stat(rel.as_str()) {
@@ -789,8 +793,10 @@ impl Inner {
                 if let Some(j) = &mut journal {
                     j.record(EventKind::Removed, EventCause::Missing, *hash);
                 }
+                return true;
             }
         }
+        false
     }
 
     /// A block file this store removed (shared mode: the ledger counts it no more).
@@ -798,6 +804,18 @@ impl Inner {
         if let Some(sh) = &self.shared {
             sh.freed(bytes, 1);
         }
+    }
+
+    /// The journal to read events from: the one found at open, else one made since (looked
+    /// for at each call until found).
+    fn reader_journal(&self) -> Option<&crate::ns::Journal> {
+        if let Some(j) = self.journal.as_ref().or_else(|| self.late_journal.get()) {
+            return Some(j);
+        }
+        let wait = std::time::Duration::from_secs(1);
+        let j = self.ns.open_journal(false, false, true, wait).ok()??;
+        let _ = self.late_journal.set(j);
+        self.late_journal.get()
     }
 
     /// The event journal's lock, if the worker has a journal this store writes: held while

@@ -473,6 +473,7 @@ impl Store {
             engine,
             shared,
             journal,
+            late_journal: std::sync::OnceLock::new(),
             tree: (config.sharing == Sharing::Shared)
                 .then(|| shared::Negative::new(config.negative_ttl)),
             fds: FdCache::new(fd_cap),
