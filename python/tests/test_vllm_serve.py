@@ -135,3 +135,74 @@ def test_a_served_engine_with_the_tier_serves_every_turn_from_disk_with_the_same
     # The connector's own failures, as logged: the damaged block's load, nothing else.
     assert a.connector_failures() == {"load"}
     assert a2.connector_failures() == set() and b.connector_failures() == set()
+
+
+def test_a_router_subscribed_to_the_kv_events_knows_what_the_tier_holds(model, tmp_path, monkeypatch):
+    """`vllm serve --kv-events-config` (ZMQ on 127.0.0.1) with the connector: a subscriber
+    (pyzmq, as a cache-aware router) builds an index of the STORAGE blocks from vLLM's stream.
+    Three multi-turn conversations at once and two long prompts overflow the tier (40 block
+    files), a second process on the tree evicts the engine's blocks for blocks of its own, and a
+    block file is removed by hand and then asked for (the load finds it missing). Once the stores are quiet, the index,
+    each block named by its tokens, is the tree's blocks (the other process's aside). A
+    subscriber that drops four batches finds the gap by sequence number and replays it from
+    the engine's replay socket, ending with the same index."""
+    import json
+    import os
+    import time
+
+    from kv_events_subscriber import Subscriber
+    from vllm_server import free_port
+
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")  # /reset_prefix_cache
+    root, cap = tmp_path / "kv", 40
+    pub, rep = free_port(), free_port()
+    events = {
+        "enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv",
+        "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{rep}",
+    }
+    server = Server(
+        model, root, tmp_path / "events.log",
+        extra=["--kv-events-config", json.dumps(events)], options={"capacity_files": cap},
+    )
+    ends = (f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}")
+    router = Subscriber(*ends, topic="kv")
+    lossy = Subscriber(*ends, topic="kv", drop={3, 4, 5, 9})
+    try:
+        concurrently(server, CONVERSATIONS)
+        for seed in (7001, 7002):
+            server.complete(vllm_harness.prompt(900, seed=seed), ANSWER)
+        (wdir,) = [d for d in (root / "v1").iterdir() if d.is_dir()]
+        # Another process on the tree puts blocks of its own under the same capacity.
+        junk = [bytes([0xEE, i]) * 16 for i in range(12)]
+        other = tierkv_g3.Store(root, wdir.name, sharing="shared", capacity_files=cap, stats_interval=None)
+        other.put_many(junk, [b"j" * 4096] * len(junk))
+        other.close()
+        # A block of a new prompt removed by hand while the engine holds it as stored: asked
+        # for again with vLLM's own prefix cache emptied (its dev endpoint), the prompt is
+        # loaded from the tier, and the worker's store finds the block missing.
+        fresh = vllm_harness.prompt(300, seed=7003)
+        server.complete(fresh, ANSWER)
+        server.reset_prefix_cache()
+        server.complete(fresh, ANSWER)  # the scheduler looks its blocks up in the tree
+        blocks = {p.name: p for p in wdir.rglob("*") if len(p.name) == 64}
+        gone = next(k for k in tierkv_g3.chain_hashes(fresh, BLOCK)[2:] if k in blocks)
+        os.unlink(blocks[gone])
+        server.reset_prefix_cache()
+        server.complete(fresh, ANSWER)
+        # Quiet: no batch for 3 s.
+        seen, since = -1, time.monotonic()
+        while time.monotonic() - since < 3:
+            time.sleep(0.2)
+            if router.received != seen:
+                seen, since = router.received, time.monotonic()
+        tree = {p.name for p in wdir.rglob("*") if len(p.name) == 64} - {k.hex() for k in junk}
+        told = {tierkv_g3.chain_hashes(router.prefix(h), BLOCK)[-1] for h in router.storage()}
+        assert told == tree, (sorted(told - tree), sorted(tree - told))
+        assert len(tree) > 10 and router.removed > len(junk)
+        assert router.gaps == 0 and lossy.gaps >= 1 and lossy.replayed >= 4
+        assert lossy.storage() == router.storage()
+    finally:
+        router.close()
+        lossy.close()
+        server.stop()
+    assert server.connector_failures() == {"load"}  # the block removed by hand

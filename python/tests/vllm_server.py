@@ -32,14 +32,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def connector_config(root: Path, capacity: int = 1 << 30) -> dict:
-    """README's connector line, with `root` and `capacity`."""
+def connector_config(root: Path, capacity: int = 1 << 30, **options) -> dict:
+    """README's connector line, with `root` and `capacity` (and any other Store options)."""
     return {
         "kv_connector": "TierkvConnector",
         "kv_connector_module_path": "tierkv_g3.vllm_connector",
         "kv_role": "kv_both",
         "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"root": str(root), "capacity_bytes": capacity},
+        "kv_connector_extra_config": {"root": str(root), "capacity_bytes": capacity, **options},
     }
 
 
@@ -56,6 +56,7 @@ class Server:
         max_len: int = 1024,
         block_size: int = 32,
         extra: Optional[List[str]] = None,
+        options: Optional[dict] = None,
     ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -68,7 +69,7 @@ class Server:
             "--enable-prompt-tokens-details", *(extra or []),
         ]
         if root is not None:
-            args += ["--kv-transfer-config", json.dumps(connector_config(root))]
+            args += ["--kv-transfer-config", json.dumps(connector_config(root, **(options or {})))]
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="INFO")
         self.log = log
         with open(log, "wb") as out:
@@ -129,6 +130,12 @@ class Server:
                     counts.append(len(ids))
                     out.extend(ids)
         return {"sent": sent, "times": times, "counts": counts, "tokens": out}
+
+    def reset_prefix_cache(self) -> None:
+        """Empties vLLM's own prefix cache (a dev endpoint: VLLM_SERVER_DEV_MODE=1), not the
+        connector's."""
+        req = urllib.request.Request(self.url + "/reset_prefix_cache", b"", method="POST")
+        urllib.request.urlopen(req, timeout=60).read()
 
     def metric(self, name: str) -> float:
         """The sum of vLLM's Prometheus counter `name` over its label sets."""

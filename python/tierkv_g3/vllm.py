@@ -43,6 +43,7 @@ import logging
 import os
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional, Set, Tuple
 
@@ -82,6 +83,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _TAG = b"vllm.tier."
+# The chunks remembered for their KV events: the oldest beyond this are forgotten (their
+# removal is then not told).
+MAX_BLOCKS = 1 << 20
 _TIER_KEYS = ("root", "worker", "n_read_threads", "n_write_threads", "log_interval", "locality")
 
 
@@ -232,7 +236,7 @@ class TierkvSecondaryTier(SecondaryTierManager):
             self.options.setdefault("events", True)
         self._events: List[OffloadingEvent] = []
         # Our key -> vLLM's, for the chunks this tier stores; and those told stored.
-        self._known: Dict[bytes, OffloadKey] = {}
+        self._known: "OrderedDict[bytes, OffloadKey]" = OrderedDict()
         self._told: Set[bytes] = set()
         self._tail: Optional[JournalTail] = None
         self.store: Optional[Store] = None
@@ -344,7 +348,11 @@ class TierkvSecondaryTier(SecondaryTierManager):
         keys = list(job_metadata.keys)
         self._job_keys[job_metadata.job_id] = keys
         if self._events_on:
-            self._known.update(zip(self._keys(keys), keys))
+            for ours, k in zip(self._keys(keys), keys):
+                self._known[ours] = k
+                self._known.move_to_end(ours)
+            while len(self._known) > MAX_BLOCKS:
+                self._told.discard(self._known.popitem(last=False)[0])
         for k in keys:
             self._storing[k] = self._storing.get(k, 0) + 1
         self._submit(job_metadata, load=False)
@@ -475,7 +483,7 @@ class TierkvSecondaryTier(SecondaryTierManager):
         held = store.lookup_many(told, tree=False)
         gone = [k for k, h in zip(told, held) if not h]
         self._told.difference_update(gone)
-        removed = [self._known.pop(k) for k in gone if k in self._known]
+        removed = [self._known[k] for k in gone if k in self._known]
         if removed:
             self._event(removed, removed=True)
 
@@ -496,8 +504,9 @@ class TierkvSecondaryTier(SecondaryTierManager):
                 self._told.add(ours)
                 self._event([k], removed=False)
             elif kind == "removed" and ours in self._told:
+                # Remembered still: a store submitted before this removal was read may
+                # store it again.
                 self._told.discard(ours)
-                del self._known[ours]
                 self._event([k], removed=True)
         if missed:
             self._resync()

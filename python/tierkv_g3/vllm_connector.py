@@ -62,7 +62,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -271,6 +271,16 @@ class TierkvConnector(KVConnectorBase_V1, SupportsHMA):
         unknown = set(extra) - set(STORE_OPTIONS) - {"root", "log_interval", "threads"}
         self.options: Dict[str, Any] = store_options(extra)
         self.options.setdefault("sharing", "shared")
+        # vLLM's KV events: the workers' stores keep the event journal, and the scheduler side
+        # turns it into BlockStored/BlockRemoved of medium STORAGE (_vllm_events).
+        kv_events = getattr(vllm_config, "kv_events_config", None)
+        self._kv_events = None
+        if kv_events is not None and kv_events.enable_kv_cache_events:
+            from ._vllm_events import StorageEvents
+
+            self.options.setdefault("events", True)
+            hash_bs = getattr(kv_cache_config, "hash_block_size", None) or vllm_config.cache_config.block_size
+            self._kv_events = StorageEvents(int(vllm_config.cache_config.block_size), int(hash_bs))
         # The scheduler's lookups remember absent keys for the configured time (default 1 s).
         self._lookup_options = {k: self.options[k] for k in ("negative_ttl",) if k in self.options}
         self.log_interval = float(extra.get("log_interval", 10.0))
@@ -323,6 +333,8 @@ class TierkvConnector(KVConnectorBase_V1, SupportsHMA):
             # Opened now, while the engine starts (the workers made the tree when they
             # registered their KV caches): its sweep of the tree is not a request's wait.
             self._scheduler_store()
+            if self._kv_events is not None:
+                self._kv_events.follow(self.store)
 
     def _recompute_failed_loads(self) -> None:
         """A block that cannot be read is a miss: vLLM's kv_load_failure_policy must be
@@ -393,6 +405,8 @@ class TierkvConnector(KVConnectorBase_V1, SupportsHMA):
                 self._settle(transfers.close())
             except Exception as e:  # noqa: BLE001
                 self._fail("close", e)
+        if self._kv_events is not None:
+            self._kv_events.close()
         store, self.store = self.store, None
         close_store(store, self._fail)
 
@@ -596,6 +610,8 @@ class TierkvConnector(KVConnectorBase_V1, SupportsHMA):
                 req_id, group_keys[lo:last], st.block_ids[g][lo:last],
                 group_keys[lo - 1] if lo else None, self._seq,
             )
+            if self._kv_events is not None:
+                self._kv_events.note_save(st.request, g, job.keys, lo)
             if self._windows[g] is not None:
                 # vLLM frees a window's blocks while the request runs: until this save
                 # completes, a step that allocates one of them waits for it.
@@ -636,6 +652,22 @@ class TierkvConnector(KVConnectorBase_V1, SupportsHMA):
                 self._save_reqs[seq] = (req_id, seen + n)
             else:
                 self._saved(seq)
+
+    def take_events(self) -> Iterable[Any]:
+        """vLLM's scheduler collects these each step and publishes them beside its own: the
+        blocks this connector saved, BlockStored once a worker's store published them and
+        BlockRemoved once any store of the worker removed them (docs/events.md). Only with
+        vLLM's KV events on; the journal is read on a thread of its own."""
+        ev = self._kv_events
+        if ev is None:
+            return ()
+        try:
+            if ev._tail is None:
+                ev.follow(self._scheduler_store())
+            return ev.take()
+        except Exception as e:  # noqa: BLE001: never raise into vLLM's scheduler
+            self._fail("events", e)
+            return ()
 
     def request_finished(
         self, request: "Request", block_ids: List[int]
