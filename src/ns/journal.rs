@@ -477,52 +477,21 @@ impl BlockDir {
         direct: bool,
         wait: std::time::Duration,
     ) -> Result<Option<Journal>> {
-        let path = self.full(EVENTS_FILE);
         let access = if writable {
             OFlags::RDWR
         } else {
             OFlags::RDONLY
         };
-        let open = |flags: OFlags| match self.open_file(EVENTS_FILE, flags) {
-            Err(Errno::NOENT) if create && writable => {
-                let top = Parent::Top(self.fd.as_fd());
-                match self.create_in(&top, EVENTS_FILE, flags, Mode::from_raw_mode(FILE_MODE)) {
-                    Ok(fd) => regular_only(fd, flags),
-                    // Made by another store meanwhile.
-                    Err(Errno::EXIST) => self.open_file(EVENTS_FILE, flags),
-                    Err(e) => Err(e),
-                }
-            }
-            r => r,
-        };
-        // Every read and write is of whole aligned pages, so either works.
-        let fd = match open(access | OFlags::DIRECT) {
-            Err(Errno::INVAL | Errno::OPNOTSUPP) => open(access),
-            r if direct => r,
-            r => {
-                drop(r);
-                open(access)
-            }
-        };
-        match fd {
-            Ok(Opened::File(fd, _)) => Ok(Some(Journal {
-                fd,
-                path,
-                sync: direct && writable,
-                local: std::sync::Mutex::new(()),
-                wait,
-            })),
-            Err(Errno::NOENT) => Ok(None),
-            Ok(Opened::NotRegular(kind)) => Err(Error::Corrupt {
-                path,
-                reason: crate::error::CorruptReason::NotRegular(kind),
-            }),
-            Err(Errno::LOOP) => Err(Error::Corrupt {
-                path,
-                reason: crate::error::CorruptReason::NotRegular(FileKind::Symlink),
-            }),
-            Err(e) => Err(Error::from_io(path, io_err(e))),
-        }
+        // Synced where the stores share the worker, whether or not `O_DIRECT` was granted.
+        let sync = direct && writable;
+        let opened = self.open_shared_file(EVENTS_FILE, create && writable, access, direct)?;
+        Ok(opened.map(|(fd, _)| Journal {
+            fd,
+            path: self.full(EVENTS_FILE),
+            sync,
+            local: std::sync::Mutex::new(()),
+            wait,
+        }))
     }
 }
 

@@ -145,30 +145,55 @@ impl BlockDir {
     /// (GlusterFS's did, until it was; docs/shared.md).
     pub fn open_ledger(&self, wait: std::time::Duration) -> Result<Ledger> {
         let path = self.full(USAGE_FILE);
-        let open = |flags: OFlags| match self.open_file(USAGE_FILE, flags) {
-            Err(Errno::NOENT) => {
-                let top = Parent::Top(self.fd.as_fd());
-                match self.create_in(&top, USAGE_FILE, flags, Mode::from_raw_mode(FILE_MODE)) {
-                    Ok(fd) => regular_only(fd, flags),
-                    // Created by another store meanwhile.
-                    Err(Errno::EXIST) => self.open_file(USAGE_FILE, flags),
-                    Err(e) => Err(e),
-                }
-            }
-            r => r,
-        };
-        let (fd, direct) = match open(OFlags::RDWR | OFlags::DIRECT) {
-            Err(Errno::INVAL | Errno::OPNOTSUPP) => (open(OFlags::RDWR), false),
-            r => (r, true),
-        };
-        match fd {
-            Ok(Opened::File(fd, _)) => Ok(Ledger {
+        match self.open_shared_file(USAGE_FILE, true, OFlags::RDWR, true)? {
+            Some((fd, direct)) => Ok(Ledger {
                 fd,
                 path,
                 direct,
                 local: std::sync::Mutex::new(()),
                 wait,
             }),
+            // Made, then removed before it was opened again.
+            None => Err(Error::from_io(path, io_err(Errno::NOENT))),
+        }
+    }
+
+    /// Opens the file `name` of the worker directory that its stores share (the usage
+    /// ledger, the event journal) with `access`: a regular file (a symlink or FIFO there is
+    /// refused, naming it), made if missing and `create` (made by another store meanwhile is
+    /// fine); `None` if it is missing and not to be made. With `direct`, `O_DIRECT` where
+    /// the filesystem allows it: the second value says whether it is.
+    pub(crate) fn open_shared_file(
+        &self,
+        name: &str,
+        create: bool,
+        access: OFlags,
+        direct: bool,
+    ) -> Result<Option<(OwnedFd, bool)>> {
+        let path = self.full(name);
+        let open = |flags: OFlags| match self.open_file(name, flags) {
+            Err(Errno::NOENT) if create => {
+                let top = Parent::Top(self.fd.as_fd());
+                match self.create_in(&top, name, flags, Mode::from_raw_mode(FILE_MODE)) {
+                    Ok(fd) => regular_only(fd, flags),
+                    // Made by another store meanwhile.
+                    Err(Errno::EXIST) => self.open_file(name, flags),
+                    Err(e) => Err(e),
+                }
+            }
+            r => r,
+        };
+        let (fd, direct) = if direct {
+            match open(access | OFlags::DIRECT) {
+                Err(Errno::INVAL | Errno::OPNOTSUPP) => (open(access), false),
+                r => (r, true),
+            }
+        } else {
+            (open(access), false)
+        };
+        match fd {
+            Ok(Opened::File(fd, _)) => Ok(Some((fd, direct))),
+            Err(Errno::NOENT) => Ok(None),
             Ok(Opened::NotRegular(kind)) => Err(Error::Corrupt {
                 path,
                 reason: crate::error::CorruptReason::NotRegular(kind),
