@@ -12,7 +12,8 @@ import os
 import re
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from collections import OrderedDict
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -177,3 +178,63 @@ class JournalTail:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+class ToldBlocks:
+    """What a backend told its engine's KV event stream of the blocks it stored: each block's
+    name on the engine's side (its hash, ...) by our key, and which are told stored. The
+    oldest names beyond `limit` are forgotten (their removal is then not told). A name
+    outlives the block's removal: a store planned before the removal was read may store the
+    block again."""
+
+    def __init__(self, limit: int = 1 << 20) -> None:
+        self._names: "OrderedDict[bytes, Any]" = OrderedDict()
+        self._told: set = set()
+        self._limit = limit
+
+    def name(self, ours: bytes, name: Any) -> None:
+        self._names[ours] = name
+        self._names.move_to_end(ours)
+        while len(self._names) > self._limit:
+            self._told.discard(self._names.popitem(last=False)[0])
+
+    def forget(self, ours: bytes) -> None:
+        """A block not stored after all: its name goes, unless it is told stored."""
+        if ours not in self._told:
+            self._names.pop(ours, None)
+
+    def tell_present(self, ours: bytes) -> Optional[Any]:
+        """A block found stored: its name, if it is not told stored yet (it is now)."""
+        if ours in self._told or ours not in self._names:
+            return None
+        self._told.add(ours)
+        return self._names[ours]
+
+    def changes(self, events: Iterable[Tuple[str, bytes]]) -> List[Tuple[bool, Any]]:
+        """The journal's `(kind, key)` events as what to tell, in order: `(removed, name)`
+        for each named block told stored anew or told removed."""
+        out = []
+        for kind, ours in events:
+            name = self._names.get(ours)
+            if name is None:
+                continue
+            if kind == "stored" and ours not in self._told:
+                self._told.add(ours)
+                out.append((False, name))
+            elif kind == "removed" and ours in self._told:
+                self._told.discard(ours)
+                out.append((True, name))
+        return out
+
+    def told(self) -> List[bytes]:
+        """The keys told stored, sorted."""
+        return sorted(self._told)
+
+    def untell(self, gone: Iterable[bytes]) -> List[Any]:
+        """Blocks told stored that are gone: their names, now told removed."""
+        out = []
+        for ours in gone:
+            if ours in self._told:
+                self._told.discard(ours)
+                out.append(self._names[ours])
+        return out

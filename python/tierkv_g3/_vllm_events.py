@@ -10,19 +10,14 @@ published and when it went (`take`, each step, on vLLM's scheduler thread, witho
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional
 
 from vllm.distributed.kv_events import MEDIUM_STORAGE, BlockRemoved, BlockStored, KVCacheEvent
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
-from ._engines import JournalTail
+from ._engines import JournalTail, ToldBlocks
 
 logger = logging.getLogger(__name__)
-
-# The blocks remembered for their events: the oldest beyond this are forgotten (their removal
-# is then not told).
-MAX_BLOCKS = 1 << 20
 
 
 class StorageEvents:
@@ -33,10 +28,8 @@ class StorageEvents:
         # vLLM hashes every `hash_block_size` tokens; a block is the last of its hashes.
         self.scale = max(block_size // max(hash_block_size, 1), 1)
         # Our key -> (vLLM hash, parent's, tokens, group, lora id, lora name).
-        self._blocks: "OrderedDict[bytes, Tuple[Any, ...]]" = OrderedDict()
-        self._told: set = set()
+        self._blocks = ToldBlocks()
         self._tail: Optional[JournalTail] = None
-        self._missed = 0
 
     def follow(self, store: Any) -> None:
         """Starts following `store`'s journal from where it ends now (a journal made later is
@@ -61,13 +54,8 @@ class StorageEvents:
             if h is None:
                 continue
             parent = self._hash(request, i - 1) if i > 0 else None
-            ours = bytes.fromhex(key)
             block = (h, parent, list(tokens[i * bs : (i + 1) * bs]), group, lora_id, lora_name)
-            self._blocks[ours] = block
-            self._blocks.move_to_end(ours)
-        while len(self._blocks) > MAX_BLOCKS:
-            old, _ = self._blocks.popitem(last=False)
-            self._told.discard(old)
+            self._blocks.name(bytes.fromhex(key), block)
 
     def take(self) -> List[KVCacheEvent]:
         """The events since the last call, in the journal's order."""
@@ -75,13 +63,10 @@ class StorageEvents:
             return []
         events, missed = self._tail.take()
         out: List[KVCacheEvent] = []
-        for kind, ours in events:
-            b = self._blocks.get(ours)
-            if b is None:
-                continue
-            h, parent, tokens, group, lora_id, lora_name = b
-            if kind == "stored" and ours not in self._told:
-                self._told.add(ours)
+        for removed, (h, parent, tokens, group, lora_id, lora_name) in self._blocks.changes(events):
+            if removed:
+                out.append(BlockRemoved(block_hashes=[h], medium=MEDIUM_STORAGE, group_idx=group))
+            else:
                 out.append(
                     BlockStored(
                         block_hashes=[h], parent_block_hash=parent, token_ids=tokens,
@@ -89,13 +74,7 @@ class StorageEvents:
                         lora_name=lora_name, group_idx=group,
                     )
                 )
-            elif kind == "removed" and ours in self._told:
-                # Remembered still: a save planned before this removal was read may store it
-                # again.
-                self._told.discard(ours)
-                out.append(BlockRemoved(block_hashes=[h], medium=MEDIUM_STORAGE, group_idx=group))
         if missed:
-            self._missed += 1
             logger.warning(
                 "tierkv vLLM connector: the event journal went round between two reads: "
                 "some KV events were missed (a router resyncs from a listing of the tree)"

@@ -43,7 +43,6 @@ import logging
 import os
 import sys
 import time
-from collections import OrderedDict
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional, Set, Tuple
 
@@ -71,6 +70,7 @@ from ._engines import (
     STORE_OPTIONS,
     FailureLog,
     JournalTail,
+    ToldBlocks,
     slug,
     store_options,
     weights_identity,
@@ -83,9 +83,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _TAG = b"vllm.tier."
-# The chunks remembered for their KV events: the oldest beyond this are forgotten (their
-# removal is then not told).
-MAX_BLOCKS = 1 << 20
 _TIER_KEYS = ("root", "worker", "n_read_threads", "n_write_threads", "log_interval", "locality")
 
 
@@ -235,9 +232,8 @@ class TierkvSecondaryTier(SecondaryTierManager):
         if self._events_on:
             self.options.setdefault("events", True)
         self._events: List[OffloadingEvent] = []
-        # Our key -> vLLM's, for the chunks this tier stores; and those told stored.
-        self._known: "OrderedDict[bytes, OffloadKey]" = OrderedDict()
-        self._told: Set[bytes] = set()
+        # Our key -> vLLM's, for the chunks this tier stores, and those told stored.
+        self._known = ToldBlocks()
         self._tail: Optional[JournalTail] = None
         self.store: Optional[Store] = None
         try:
@@ -349,10 +345,7 @@ class TierkvSecondaryTier(SecondaryTierManager):
         self._job_keys[job_metadata.job_id] = keys
         if self._events_on:
             for ours, k in zip(self._keys(keys), keys):
-                self._known[ours] = k
-                self._known.move_to_end(ours)
-            while len(self._known) > MAX_BLOCKS:
-                self._told.discard(self._known.popitem(last=False)[0])
+                self._known.name(ours, k)
         for k in keys:
             self._storing[k] = self._storing.get(k, 0) + 1
         self._submit(job_metadata, load=False)
@@ -464,26 +457,25 @@ class TierkvSecondaryTier(SecondaryTierManager):
         if not self._events_on:
             return
         present = []
-        for ours, k, o in zip(self._keys(keys), keys, outcomes):
-            if o == "present" and ours not in self._told:
-                self._told.add(ours)
-                present.append(k)
-            elif o not in ("written", "present") and ours not in self._told:
-                self._known.pop(ours, None)
+        for ours, o in zip(self._keys(keys), outcomes):
+            if o == "present":
+                k = self._known.tell_present(ours)
+                if k is not None:
+                    present.append(k)
+            elif o != "written":
+                self._known.forget(ours)
         if present:
             self._event(present, removed=False)
 
     def _resync(self) -> None:
         """Events were missed: what was told stored and is no longer in the store's index is
         told removed (no system call: the index, on the scheduler thread)."""
-        told = sorted(self._told)
+        told = self._known.told()
         store = self.store
         if not told or store is None:
             return
         held = store.lookup_many(told, tree=False)
-        gone = [k for k, h in zip(told, held) if not h]
-        self._told.difference_update(gone)
-        removed = [self._known[k] for k in gone if k in self._known]
+        removed = self._known.untell(k for k, h in zip(told, held) if not h)
         if removed:
             self._event(removed, removed=True)
 
@@ -496,18 +488,8 @@ class TierkvSecondaryTier(SecondaryTierManager):
         if self._tail is None:
             return ()
         events, missed = self._tail.take()
-        for kind, ours in events:
-            k = self._known.get(ours)
-            if k is None:
-                continue
-            if kind == "stored" and ours not in self._told:
-                self._told.add(ours)
-                self._event([k], removed=False)
-            elif kind == "removed" and ours in self._told:
-                # Remembered still: a store submitted before this removal was read may
-                # store it again.
-                self._told.discard(ours)
-                self._event([k], removed=True)
+        for removed, k in self._known.changes(events):
+            self._event([k], removed=removed)
         if missed:
             self._resync()
         out, self._events = self._events, []
