@@ -41,6 +41,7 @@ use crate::store::sweep::{instance_stats_abandoned, temp_abandoned};
 use crate::store::{DEFAULT_TEMP_LEASE, Sharing};
 
 pub use crate::layout::{STATS_FILE, version_dir};
+pub use crate::ns::{Filesystem, filesystem};
 pub use crate::store::LiveStats;
 pub use crate::store::sweep::TempRule;
 
@@ -102,6 +103,8 @@ impl ScanOptions {
 pub enum Found {
     /// A valid block file.
     Block {
+        /// The block.
+        hash: BlockHash,
         /// Its payload's length.
         payload: u64,
         /// The bytes it takes on disk.
@@ -285,6 +288,18 @@ impl WorkerDir {
         }
     }
 
+    /// Where the worker's event journal ends now (its `next` and `journal_id`; the default,
+    /// without one): where a consumer that has just listed the tree starts following it.
+    pub fn events_end(&self) -> Result<crate::EventsRead> {
+        match self
+            .ns
+            .open_journal(false, false, true, std::time::Duration::ZERO)?
+        {
+            Some(j) => j.end(),
+            None => Ok(crate::EventsRead::default()),
+        }
+    }
+
     /// Walks the tree laid out as `layout` and reads every block file in it, on up to 8
     /// threads, each reporting what it finds to `on` with a sink of its own from `make`;
     /// returns the sinks. With `repair` (the worker lock held), bad and misplaced block files
@@ -430,6 +445,7 @@ impl<S, F: Fn(&mut S, Found)> Visitor for Scan<'_, S, F> {
                 self.in_leaf += 1;
                 let last_used_s = st.st_atime.max(st.st_mtime).max(0) as u64;
                 self.found(Found::Block {
+                    hash,
                     payload,
                     disk_bytes: st.st_blocks as u64 * 512,
                     last_used_s,

@@ -28,6 +28,7 @@ mod journal;
 mod lease;
 mod ledger;
 mod lock;
+mod mount;
 mod node;
 mod publish;
 pub mod walk;
@@ -49,6 +50,7 @@ pub use journal::{
 pub use lease::{PagesDropped, drop_pages};
 pub use ledger::{Ledger, LedgerGuard};
 pub use lock::{LOCK_KEEP_INTERVAL, LockKept};
+pub use mount::{Filesystem, filesystem};
 pub use node::{boot_id, host_name, node_id, pid_alive};
 pub(crate) use publish::{CreateError, CreateHooks, Created, Published, Publisher, TempFile};
 

@@ -748,3 +748,17 @@ fn node_1_reads_what_node_2_evicted_within_two_seconds() {
         .collect();
     assert_eq!(present, files, "the journal replayed is the tree");
 }
+
+#[test]
+fn a_tree_on_the_distributed_filesystem_is_on_a_network_filesystem() {
+    let Some(d) = dfs() else { return };
+    // What the event publishers tell a router as locality: REMOTE for this tree, which
+    // every node mounting the volume reads, LOCAL for a directory of this node's disk.
+    for n in 0..2 {
+        let fs = tierkv::inspect::filesystem(&d.mounts[n]).unwrap();
+        assert!(fs.network, "{:?}: {fs:?}", d.mounts[n]);
+        assert_eq!(fs.kind, "fuse.glusterfs");
+    }
+    let local = tempfile::tempdir().unwrap();
+    assert!(!tierkv::inspect::filesystem(local.path()).unwrap().network);
+}

@@ -448,6 +448,7 @@ impl Tally {
                 payload,
                 disk_bytes,
                 last_used_s,
+                ..
             } => {
                 progress.inc(1);
                 wr.files += 1;
