@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command of README.md, and what .ci/run runs. Idempotent: installs what the tests
 # need when it is missing (libclang for nixl-sys's bindings, the NIXL libraries from the PyPI
-# wheel into .nixl/; a virtualenv .venv-py/ with maturin, numpy, pytest and hypothesis for
+# wheel into .nixl/; a virtualenv .venv-py/ with maturin, numpy, pytest, hypothesis, pyzmq and msgspec for
 # the Python package), then runs formatting, lints and every test, the NIXL engine and the
 # Python package (python/, pytest) included.
 set -euo pipefail
@@ -87,8 +87,8 @@ VENV=.venv-py
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import maturin, numpy, pytest, hypothesis" 2>/dev/null; then
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check maturin numpy pytest hypothesis
+if ! "$VENV/bin/python" -c "import maturin, numpy, pytest, hypothesis, zmq, msgspec" 2>/dev/null; then
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check maturin numpy pytest hypothesis pyzmq msgspec
 fi
 (cd python && VIRTUAL_ENV="$PWD/../$VENV" "../$VENV/bin/maturin" develop -q --release)
 cargo build -q --example interop

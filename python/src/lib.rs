@@ -26,6 +26,7 @@ mod errors;
 mod lmcache;
 mod offload;
 mod transfer;
+mod tree;
 
 use buffer::{Span, View};
 
@@ -195,9 +196,6 @@ fn seconds(s: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
         None => Ok(None),
     }
 }
-
-/// One journal event as Python sees it: (seq, kind, cause, key, node, pid, unix_ms).
-type EventTuple = (u64, &'static str, &'static str, [u8; 32], u64, u32, u64);
 
 #[pymethods]
 impl PyStore {
@@ -669,36 +667,10 @@ impl PyStore {
     }
 
     #[pyo3(signature = (start, max=4096))]
-    #[allow(clippy::type_complexity)]
-    fn events_since(
-        &self,
-        py: Python<'_>,
-        start: u64,
-        max: usize,
-    ) -> PyResult<(Vec<EventTuple>, u64, u64, u64)> {
+    fn events_since(&self, py: Python<'_>, start: u64, max: usize) -> PyResult<tree::EventsTuple> {
         let store = self.store()?;
         let read = py_result(py, py.detach(move || store.events_since(start, max)))?;
-        let events = read
-            .events
-            .iter()
-            .map(|e| {
-                let kind = if e.kind == tierkv::EventKind::Stored {
-                    "stored"
-                } else {
-                    "removed"
-                };
-                (
-                    e.seq,
-                    kind,
-                    e.cause.name(),
-                    e.hash.0,
-                    e.node,
-                    e.pid,
-                    e.unix_ms,
-                )
-            })
-            .collect();
-        Ok((events, read.next, read.missed, read.journal_id))
+        Ok(tree::events_tuple(read))
     }
 }
 
@@ -893,6 +865,11 @@ fn _tierkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(engine_key, m)?)?;
     m.add_function(wrap_pyfunction!(_worker_id, m)?)?;
     m.add_function(wrap_pyfunction!(_raise_rust_error, m)?)?;
+    m.add_function(wrap_pyfunction!(tree::workers, m)?)?;
+    m.add_function(wrap_pyfunction!(tree::journal_since, m)?)?;
+    m.add_function(wrap_pyfunction!(tree::journal_end, m)?)?;
+    m.add_function(wrap_pyfunction!(tree::tree_blocks, m)?)?;
+    m.add_function(wrap_pyfunction!(tree::filesystem, m)?)?;
     errors::register(m)?;
     Ok(())
 }

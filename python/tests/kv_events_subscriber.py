@@ -64,8 +64,12 @@ class Subscriber:
     ignore those batches as they arrive, as a subscriber that fell behind would: it then finds
     the gap at the next batch and replays it."""
 
-    def __init__(self, endpoint: str, replay: str, topic: str = "", drop: Optional[Set[int]] = None):
-        self._dec = msgspec.msgpack.Decoder(KVEventBatch)
+    def __init__(
+        self, endpoint: str, replay: str, topic: str = "", drop: Optional[Set[int]] = None,
+        batch: Any = None,
+    ):
+        # `batch`: an engine's own batch class (SGLang's KVEventBatch), to decode with it.
+        self._dec = msgspec.msgpack.Decoder(batch or KVEventBatch)
         ctx = zmq.Context.instance()
         self._sub = ctx.socket(zmq.SUB)
         self._sub.connect(endpoint)
@@ -78,6 +82,7 @@ class Subscriber:
         self.replayed = 0  # batches recovered from the replay socket
         self.present: Dict[str, Set[Hash]] = {}  # medium -> hashes told stored, not removed
         self.stored: Dict[Hash, BlockStored] = {}  # every one-block STORAGE BlockStored, by hash
+        self.stored_all: List[BlockStored] = []  # every BlockStored, in order
         self.removed = 0
         self.lock = threading.Lock()
         self.received = 0
@@ -88,12 +93,14 @@ class Subscriber:
     def _apply(self, payload: bytes) -> None:
         with self.lock:
             for e in self._dec.decode(payload).events:
-                if isinstance(e, BlockStored):
+                kind = type(e).__name__
+                if kind == "BlockStored":
+                    self.stored_all.append(e)
                     for h in e.block_hashes:
                         self.present.setdefault(e.medium or "", set()).add(h)
                     if e.medium == "STORAGE" and len(e.block_hashes) == 1:
                         self.stored[e.block_hashes[0]] = e
-                elif isinstance(e, BlockRemoved):
+                elif kind == "BlockRemoved":
                     self.removed += 1
                     for h in e.block_hashes:
                         self.present.setdefault(e.medium or "", set()).discard(h)
@@ -131,9 +138,9 @@ class Subscriber:
             self._apply(payload)
             self.last = seq
 
-    def storage(self) -> Set[Hash]:
+    def storage(self, medium: str = "STORAGE") -> Set[Hash]:
         with self.lock:
-            return set(self.present.get("STORAGE", set()))
+            return set(self.present.get(medium, set()))
 
     def prefix(self, h: Hash) -> List[int]:
         """The tokens from the start of the chain to block `h`'s end, by its parents."""
