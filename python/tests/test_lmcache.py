@@ -426,3 +426,52 @@ def test_clear_empties_the_worker_and_a_replica_keeps_working(tmp_path, engines)
     assert got == 2 * h.CHUNK and torch.equal(back, kv2)
     for e in (a, b):
         assert h.plugin(e).tierkv_stats()["failures"] == {}
+
+
+def test_a_router_subscribed_to_the_kv_events_ends_with_the_chunks_on_disk(tmp_path, engines):
+    """A plugin cannot reach LMCache's own event list: its `kv_events` publisher tells a
+    router, in vLLM's schema and under LMCache's chunk hashes (what LMCache's own stored
+    events carry), every chunk this engine stored and its removal by anyone: a replica's
+    evictions, a remove, a chunk found gone by a lookup. A router that drops batches
+    replays them."""
+    from kv_events_subscriber import Subscriber
+    from tierkv_g3 import _tierkv
+
+    root, sock = tmp_path / "kv", tmp_path / "ev"
+    events = {"endpoint": f"ipc://{sock}.pub", "replay_endpoint": f"ipc://{sock}.replay"}
+    router = Subscriber(events["endpoint"], events["replay_endpoint"])
+    lossy = Subscriber(events["endpoint"], events["replay_endpoint"], drop={1})
+    try:
+        e1 = engines("tierkv", root, kv_events=events, capacity_files=10)
+        e2 = engines("tierkv", root, capacity_files=10)  # a replica, no publisher of its own
+        worker = h.plugin(e1).worker
+        stored = {}
+        for i, (e, base) in enumerate([(e1, 1000), (e1, 3000), (e2, 5000), (e1, 7000)]):
+            toks = h.tokens(4, base=base)
+            h.store(e, toks, h.kv(4 * h.CHUNK))
+            if e is e1:
+                stored.update({bytes.fromhex(block_key(k)): k.chunk_hash for k in keys_of(e, toks)})
+            time.sleep(0.3)  # batches of their own
+        first = keys_of(e1, h.tokens(4, base=7000))
+        assert h.plugin(e1).remove(first[3])
+        os.unlink(h.plugin(e1).store.path_of(block_key(first[2])))
+        assert e1.lookup(torch.tensor(h.tokens(4, base=7000))) == 2 * h.CHUNK  # found gone
+        time.sleep(0.3)
+        h.store(e1, h.tokens(1, base=9000), h.kv(h.CHUNK))  # a last batch: gaps show at it
+        stored.update({bytes.fromhex(block_key(k)): k.chunk_hash for k in keys_of(e1, h.tokens(1, base=9000))})
+        on_disk = set(_tierkv.tree_blocks(str(root), worker))
+        tree = {stored[k] for k in on_disk if k in stored}
+        assert 3 <= len(tree) < len(stored) and len(on_disk) > len(tree)  # e2's are not told
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (router.storage() == tree == lossy.storage()):
+            time.sleep(0.05)
+        assert router.storage() == tree, (len(router.storage()), len(tree))
+        assert lossy.storage() == tree and lossy.gaps >= 1 and lossy.replayed >= 1
+        assert router.removed > 0
+        assert {(e.ownership, e.locality, e.block_size) for e in router.stored_all} == {
+            ("tierkv", "LOCAL", h.CHUNK)
+        }
+    finally:
+        router.close()
+        lossy.close()

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -414,3 +415,58 @@ def test_two_servers_of_one_model_share_a_root_by_default(tmp_path, controllers)
     more = tokens(3, base=5000)
     pages_b = h.backup(b, more)
     assert h.prefetch(a, more) == pages_b
+
+
+def test_a_router_subscribed_to_the_kv_events_ends_with_the_pages_on_disk(tmp_path, controllers):
+    """SGLang's storage backends have no event hook: the backend's `kv_events` publisher tells
+    a router, in SGLang's own schema (decoded here with SGLang's classes) and under SGLang's
+    own event hashes of the pages, every page stored on and removed from disk: by this
+    server, by a replica on the same root, by capacity eviction, and found gone by a read.
+    A router that drops batches replays them."""
+    from sglang.srt.disaggregation.kv_events import KVEventBatch
+    from sglang.srt.mem_cache.utils import hash_str_to_int64
+
+    from kv_events_subscriber import Subscriber
+    from tierkv_g3 import _tierkv
+
+    root, sock = tmp_path / "kv", tmp_path / "ev"
+    events = {"endpoint": f"ipc://{sock}.pub", "replay_endpoint": f"ipc://{sock}.replay"}
+    router = Subscriber(events["endpoint"], events["replay_endpoint"], batch=KVEventBatch)
+    lossy = Subscriber(events["endpoint"], events["replay_endpoint"], batch=KVEventBatch, drop={1, 2})
+    try:
+        a = controllers(root, kv_events=events, capacity_files=12)
+        b = controllers(root, capacity_files=12)  # a replica on the root, no publisher of its own
+        worker = a.storage_backend.worker
+        # Apart in time, so that they go out in batches of their own.
+        h.backup(a, tokens(6))
+        time.sleep(0.3)
+        h.backup(b, tokens(8, base=5000))  # evicts pages of a's
+        time.sleep(0.3)
+        h.backup(a, tokens(4, base=9000), seed=2)
+        time.sleep(0.3)
+        gone = h.hashes(tokens(4, base=9000))[1]
+        os.unlink(a.storage_backend.store.path_of(gone))
+        assert len(h.prefetch(a, tokens(4, base=9000))) == 1  # found gone: the chain stops
+        time.sleep(0.3)
+        h.backup(b, tokens(1, base=12000), seed=3)  # a last batch: a router finds gaps at it
+        tree = {hash_str_to_int64(k.hex()) for k in _tierkv.tree_blocks(str(root), worker)}
+        assert hash_str_to_int64(gone) not in tree and len(tree) > 4
+
+        def converged():
+            return router.storage("DISK") == tree and lossy.storage("DISK") == tree
+
+        deadline = time.monotonic() + 30
+        while not converged() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert router.storage("DISK") == tree, (len(router.storage("DISK")), len(tree))
+        assert lossy.storage("DISK") == tree and lossy.gaps >= 1 and lossy.replayed >= 2
+        assert router.removed > 0
+        assert {(e.medium, e.block_size) for e in router.stored_all} == {("DISK", h.PAGE)}
+    finally:
+        router.close()
+        lossy.close()
+
+
+def test_an_unknown_kv_events_key_fails_the_backends_start(tmp_path):
+    with pytest.raises(ValueError, match="endpont"):
+        h.backend(h.storage_config(str(tmp_path), kv_events={"endpont": "tcp://*:5560"}), None)

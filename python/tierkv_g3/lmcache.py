@@ -49,6 +49,7 @@ import asyncio
 import json
 import logging
 import struct
+from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -57,7 +58,7 @@ from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
-from . import Offloader, Store, engine_key
+from . import Offloader, Store, engine_key, kv_events
 from . import worker_id as _worker_id
 from ._engines import STORE_OPTIONS, FailureLog, close_store, slug, store_options
 
@@ -165,7 +166,15 @@ def decode_prefix(prefix: Any, key: CacheEngineKey) -> Tuple[Geometry, int, Opti
 # The plugin's own options (besides any keyword argument of tierkv_g3.Store).
 _PLUGIN_KEYS = {
     "module_path", "class_name", "root", "log_interval", "max_pending_bytes", "put_threads",
+    "kv_events",
 }
+
+
+def _json_or_dict(value: Any) -> Any:
+    """A config value given as JSON text (LMCache's environment config) or as an object."""
+    if isinstance(value, str):
+        return json.loads(value)
+    return value
 
 
 def plugin_options(extra: Dict[str, Any], cls: type) -> Tuple[str, Dict[str, Any]]:
@@ -226,8 +235,24 @@ class TierkvStoragePlugin(StoragePluginInterface):
         self._failed_writes = 0  # the offloader's failed writes already counted as failures
         self.store: Optional[Store] = None
         self._offloader: Optional[Offloader] = None
+        # A KV event publisher of the chunks on disk (docs/engines-lmcache.md): a plugin
+        # cannot reach LMCache's own event list, so it publishes on a ZMQ socket of its own.
+        events_config = _json_or_dict(opts.get("kv_events"))
+        if events_config is not None:
+            kv_events.check_config(events_config)
+            self.options.setdefault("events", True)
+        self.kv_events: Optional[kv_events.TreeEvents] = None
+        # Our key -> LMCache's chunk hash, of the chunks this engine offered (the newest
+        # 2**20): the names its events tell them by.
+        self._chunk_names: "OrderedDict[bytes, int]" = OrderedDict()
         try:
             self.store = Store(self.root, self.worker, **self.options)
+            # Every rank stores the same chunk hashes: the first rank publishes.
+            if events_config is not None and int(getattr(metadata, "worker_id", 0) or 0) == 0:
+                self.kv_events = kv_events.from_config(
+                    events_config, self.root, self.worker, name=self._chunk_names.get,
+                    medium=kv_events.MEDIUM_STORAGE, block_size=int(config.chunk_size),
+                )
             # The bound is of chunk bytes; each chunk's payload also carries its prefix.
             chunks = max(1, self.max_pending_bytes // max(1, nbytes_of(self._full_geometry())))
             self._offloader = Offloader(
@@ -324,6 +349,8 @@ class TierkvStoragePlugin(StoragePluginInterface):
                 data = obj.byte_array
                 parts.append([encode_prefix(key, obj, len(data)), data])
                 hkeys.append(block_key(key))
+                if self.kv_events is not None:
+                    self._name_chunk(bytes.fromhex(hkeys[-1]), key.chunk_hash)
                 obj.ref_count_up()
                 releases.append(self._release(obj, key, hkeys[-1], on_complete_callback))
             got = off.offer(hkeys, parts, releases=releases)
@@ -332,6 +359,12 @@ class TierkvStoragePlugin(StoragePluginInterface):
             self.failures.fail("put", e)
         self._offloader_stats()
         return None
+
+    def _name_chunk(self, ours: bytes, chunk_hash: int) -> None:
+        self._chunk_names[ours] = chunk_hash
+        self._chunk_names.move_to_end(ours)
+        if len(self._chunk_names) > 1 << 20:
+            self._chunk_names.popitem(last=False)
 
     def _offloader_stats(self) -> Dict[str, Any]:
         """The offloader's counters; the writes it saw fail since the last look are counted
@@ -524,15 +557,17 @@ class TierkvStoragePlugin(StoragePluginInterface):
         return self.local_cpu_backend
 
     def close(self) -> None:
-        """Writes the queued puts, then closes the store."""
+        """Writes the queued puts, then closes the store (and the event publisher)."""
         off, self._offloader = self._offloader, None
         try:
             if off is not None:
                 off.close()
         except Exception as e:  # noqa: BLE001
             self.failures.fail("close", e)
+        events, self.kv_events = self.kv_events, None
         store, self.store = self.store, None
         close_store(store, self.failures.fail)
+        kv_events.close(events)
 
     def tierkv_stats(self) -> Dict[str, Any]:
         """The worker id, failures per operation, chunks dropped (queue full), chunks queued,

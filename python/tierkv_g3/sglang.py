@@ -56,7 +56,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
-from . import Store
+from . import Store, kv_events
 from . import worker_id as worker_id_of
 from ._engines import STORE_OPTIONS, FailureLog, close_store, slug, store_options, weights_identity
 
@@ -188,10 +188,17 @@ class TierkvHiCacheStorage(HiCacheStorage):
                 "--file-storage-path)"
             )
         self.root = str(root)
-        unknown = set(extra) - set(STORE_OPTIONS) - set(_SGLANG_KEYS) - {"root", "log_interval"}
+        unknown = set(extra) - set(STORE_OPTIONS) - set(_SGLANG_KEYS) - {"root", "log_interval", "kv_events"}
         if unknown:
             raise ValueError(f"tierkv HiCache backend: unknown extra config keys {sorted(unknown)}")
         self.options = store_options(extra)
+        # A KV event publisher of the pages on disk (docs/engines-sglang.md): SGLang's
+        # storage backends have no event hook, so it publishes on a ZMQ socket of its own.
+        self.kv_events_config = extra.get("kv_events")
+        if self.kv_events_config is not None:
+            kv_events.check_config(self.kv_events_config)
+            self.options.setdefault("events", True)
+        self.kv_events: Optional[kv_events.TreeEvents] = None
         self.log_interval = float(extra.get("log_interval", 10.0))
         self.failures = FailureLog(logger, "tierkv HiCache backend", self.log_interval)
         self.writer = bool(storage_config.is_storage_writer)
@@ -239,6 +246,16 @@ class TierkvHiCacheStorage(HiCacheStorage):
     def _open(self) -> None:
         self.store = Store(self.root, self.worker, **self._options(self._shared("kv")))
         logger.info("tierkv HiCache backend: %s (worker %s)", self.store.dir, self.worker)
+        c = self.config
+        # One publisher per data-parallel rank (its port offset by it), on its first TP/PP
+        # rank: every TP rank stores the same pages (their hashes), and an MLA model's ranks
+        # one worker.
+        if self.kv_events_config is not None and c.tp_rank == 0 and c.pp_rank == 0:
+            self.kv_events = kv_events.from_config(
+                self.kv_events_config, self.root, self.worker, name=kv_events.sglang_hash,
+                medium=kv_events.MEDIUM_DISK, block_size=int(self.mem_pool_host.page_size),
+                rank=int(getattr(c, "dp_rank", 0) or 0),
+            )
 
     def _shared(self, name: str) -> bool:
         """Whether all ranks share the pool's worker (an MLA model's pools but Mamba's: the
@@ -261,6 +278,8 @@ class TierkvHiCacheStorage(HiCacheStorage):
         return options
 
     def close(self) -> None:
+        events, self.kv_events = self.kv_events, None
+        kv_events.close(events)
         stores, self.pool_stores = self.pool_stores, {}
         for store in stores.values():
             try:
