@@ -201,6 +201,9 @@ def test_a_router_subscribed_to_the_kv_events_knows_what_the_tier_holds(model, t
         assert len(tree) > 10 and router.removed > len(junk)
         assert router.gaps == 0 and lossy.gaps >= 1 and lossy.replayed >= 4
         assert lossy.storage() == router.storage()
+        # Where the blocks are, for a router: this test's tree is on this node's disk.
+        storage = [e for e in router.stored_all if e.medium == "STORAGE"]
+        assert {(e.locality, e.ownership) for e in storage} == {("LOCAL", "tierkv")}
     finally:
         router.close()
         lossy.close()

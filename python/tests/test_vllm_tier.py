@@ -311,13 +311,14 @@ def test_a_missing_root_is_a_miss_never_an_exception(sched, tmp_path):
 def _drain_events(tier, told):
     """Collects the tier's KV events (the journal is followed on a thread of its own) until
     none has come for 0.3 s: `told` maps each OffloadKey to whether it was last told stored."""
-    from vllm.v1.kv_offload.base import Medium
+    from vllm.v1.kv_offload.base import Locality, Medium
 
     quiet_since = time.monotonic()
     while time.monotonic() - quiet_since < 0.3:
         for e in tier.take_events():
             quiet_since = time.monotonic()
             assert (e.medium, e.ownership, e.removal_expected) == (Medium.STORAGE, "tierkv", True)
+            assert e.locality == Locality.LOCAL  # the test's tree is on this node's disk
             for k in e.keys:
                 told[k] = not e.removed
         time.sleep(0.02)

@@ -15,6 +15,7 @@ from typing import Any, List, Optional
 from vllm.distributed.kv_events import MEDIUM_STORAGE, BlockRemoved, BlockStored, KVCacheEvent
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
+from . import kv_events
 from ._engines import JournalTail, ToldBlocks
 
 logger = logging.getLogger(__name__)
@@ -30,11 +31,13 @@ class StorageEvents:
         # Our key -> (vLLM hash, parent's, tokens, group, lora id, lora name).
         self._blocks = ToldBlocks()
         self._tail: Optional[JournalTail] = None
+        self.where: Optional[str] = None  # LOCAL or REMOTE, from the store's filesystem
 
     def follow(self, store: Any) -> None:
         """Starts following `store`'s journal from where it ends now (a journal made later is
         read from its start)."""
         if self._tail is None and store is not None:
+            self.where = kv_events.locality(store.dir)
             self._tail = JournalTail(store)
 
     def _hash(self, request: Any, block: int) -> Any:
@@ -65,13 +68,19 @@ class StorageEvents:
         out: List[KVCacheEvent] = []
         for removed, (h, parent, tokens, group, lora_id, lora_name) in self._blocks.changes(events):
             if removed:
-                out.append(BlockRemoved(block_hashes=[h], medium=MEDIUM_STORAGE, group_idx=group))
+                out.append(
+                    BlockRemoved(
+                        block_hashes=[h], medium=MEDIUM_STORAGE, group_idx=group,
+                        locality=self.where, ownership=kv_events.OWNERSHIP,
+                    )
+                )
             else:
                 out.append(
                     BlockStored(
                         block_hashes=[h], parent_block_hash=parent, token_ids=tokens,
                         block_size=self.block_size, lora_id=lora_id, medium=MEDIUM_STORAGE,
-                        lora_name=lora_name, group_idx=group,
+                        lora_name=lora_name, group_idx=group, locality=self.where,
+                        ownership=kv_events.OWNERSHIP,
                     )
                 )
         if missed:

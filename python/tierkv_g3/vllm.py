@@ -64,7 +64,7 @@ from vllm.v1.kv_offload.tiering.base import (
     TransferJob,
 )
 
-from . import Store, Transfers, engine_key
+from . import Store, Transfers, engine_key, kv_events
 from . import worker_id as worker_id_of
 from ._engines import (
     STORE_OPTIONS,
@@ -204,7 +204,10 @@ class TierkvSecondaryTier(SecondaryTierManager):
                 f"tierkv vLLM tier: needs 'root'; unknown keys {sorted(unknown)}"
             )
         self.root = str(config["root"])
-        self.locality = Locality(config["locality"]) if config.get("locality") else None
+        # Where the tier's blocks are (vLLM's events and load filters): as configured, else
+        # REMOTE on a network or cluster filesystem, LOCAL on this node's disk.
+        where = config.get("locality") or kv_events.locality(self.root)
+        self.locality = Locality(where)
         self.failures = FailureLog(logger, "tierkv vLLM tier", config.get("log_interval", 10.0))
         self._flat = primary_kv_view.cast("B") if primary_kv_view.ndim != 1 else primary_kv_view
         ident = identity(offloading_spec, self.block_size_bytes)
