@@ -98,7 +98,24 @@ INTEROP="$(source tools/bench-common.sh && target_dir)/debug/examples/interop"
 TIERKV_INTEROP_BIN="$INTEROP" "$VENV/bin/python" -m pytest -q python/tests \
   --ignore=python/tests/test_sglang.py --ignore=python/tests/test_sglang_v2.py \
   --ignore=python/tests/test_lmcache.py \
-  --ignore=python/tests/test_lmcache_mp.py --ignore-glob='python/tests/test_vllm_*.py'
+  --ignore=python/tests/test_lmcache_mp.py --ignore-glob='python/tests/test_vllm_*.py' \
+  --ignore=python/tests/test_kv_events_dfs.py
+echo "== the KV event publisher across two GlusterFS nodes (python/tests/test_kv_events_dfs.py)"
+if [ "$(id -u)" = 0 ]; then
+  trap 'tools/dfs.sh down >/dev/null 2>&1 || true' EXIT
+  DFS_MOUNTS=$(tools/dfs.sh up)
+  TIERKV_DFS_N1=$(awk '$1 == "n1" { print $2 }' <<<"$DFS_MOUNTS")
+  TIERKV_DFS_N2=$(awk '$1 == "n2" { print $2 }' <<<"$DFS_MOUNTS")
+  export TIERKV_DFS_N1 TIERKV_DFS_N2 TIERKV_DFS_SH="$PWD/tools/dfs.sh"
+fi
+cargo build -q -p tierkv-tools --bin tierkv-bench
+TIERKV_BENCH_BIN="$(source tools/bench-common.sh && target_dir)/debug/tierkv-bench" \
+  "$VENV/bin/python" -m pytest -q -s python/tests/test_kv_events_dfs.py
+if [ "$(id -u)" = 0 ]; then
+  tools/dfs.sh down
+  trap - EXIT
+  unset TIERKV_DFS_N1 TIERKV_DFS_N2 TIERKV_DFS_SH
+fi
 echo "== the benchmark scripts' statistics (tools/benchstats.py)"
 "$VENV/bin/python" -m pytest -q tools/test_benchstats.py
 echo "== the engines' virtualenvs (made in the background since the start)"

@@ -391,6 +391,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--locality", choices=["LOCAL", "REMOTE"], default=None,
                    help="default: REMOTE on a network or cluster filesystem, else LOCAL")
     p.add_argument("--interval", type=float, default=0.05, help="seconds between journal reads")
+    p.add_argument("--rescan", type=float, default=5.0, help="seconds between looks for new workers")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     done = threading.Event()
@@ -398,7 +399,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         signal.signal(sig, lambda *_: done.set())
     events = publish(a.root, endpoint=a.endpoint, replay_endpoint=a.replay_endpoint, topic=a.topic,
                      hashes=a.hashes, workers=a.worker, medium=a.medium,
-                     block_size=a.block_size, where=a.locality, interval=a.interval)
+                     block_size=a.block_size, where=a.locality, interval=a.interval,
+                     rescan=a.rescan)
     logger.info("tierkv kv events: %s (%s) on %s", a.root, events.where, a.endpoint)
     while not done.wait(1.0):
         pass
