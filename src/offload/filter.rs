@@ -67,7 +67,7 @@ impl WriteFilter for AdmitAll {
 /// the filter remembers the last `window` to `2 * window` blocks it was shown. It is the
 /// eviction policy's doorkeeper ([`Doorkeeper`], the same admission logic the default
 /// `adaptive` policy uses): two generations, each a set of 64-bit hashes for a window of up
-/// to [`crate::index::policy::EXACT_DOOR_WINDOW`] blocks (no false "seen", about 9 to 18
+/// to `EXACT_DOOR_WINDOW` (src/index/policy/door.rs) blocks (no false "seen", about 9 to 18
 /// bytes per block of the window), above that a Bloom filter of about 10 bits per block of
 /// the window, whatever the block size, where about 1 % of first offers are taken for second
 /// ones (a filter's false positive), which only writes a block early.

@@ -1,0 +1,499 @@
+//! The default policy: ARC, LRU, `admit2`, or ARC or LRU behind a doorkeeper, whichever of five
+//! shadow caches shows to be winning on the workload at hand (set dueling).
+
+use std::collections::{HashMap, HashSet};
+
+use lru::LruCache;
+
+use super::door::Doorkeeper;
+use super::{Access, ArcPolicy, Lru, Policy, pop_lru_unpinned};
+use crate::key::BlockHash;
+
+mod duel;
+mod mirror;
+mod sampling;
+mod shadow;
+#[cfg(test)]
+mod tests;
+
+use duel::{Duel, Regimes};
+pub use sampling::MAX_SAMPLE_DEPTH;
+use shadow::{MODES, Mode, Shadow};
+
+/// Shadow caches simulate at most this many blocks each; above it they follow a hash-sampled
+/// subset of the chains (1 in `2^k`, chosen by the chain's root, so a followed chain is seen
+/// whole and its prefix hits can be counted) at capacity / `2^k`, which estimates the hit ratio
+/// of the full-size cache (spatial sampling, Waldspurger et al., "SHARDS", FAST'15). Below it the
+/// shadows are exact; above it their memory stays a constant, not a share of the cache. Sampling
+/// costs accuracy: docs/eviction-log.md at commit 2f3502f (`git show 2f3502f:docs/eviction-log.md`)
+/// measures sampled shadows against exact ones at 16k blocks.
+pub const SHADOW_BLOCKS: usize = 32768;
+
+/// The doorkeeper remembers a first offer for between 4 and 8 capacities' worth of other
+/// offers: at least as long as the ghost list of admit-on-second-sight (4x the capacity), so it
+/// never turns a block away for want of memory where that rule would admit it.
+pub const DOOR_WINDOW_CAPACITIES: usize = 4;
+
+/// Shadow hit counts are halved every this many capacities' worth of references, so the duel
+/// follows a workload that changes, and a candidate must lead for a while to be followed.
+pub const HALF_LIFE_CAPACITIES: usize = 4;
+
+/// The default policy. The real cache keeps both an ARC and an LRU order over its blocks, and a
+/// [`Doorkeeper`] of recent offers; five shadow caches (metadata only, on a hash-sampled subset
+/// of the chains when the cache is larger than [`SHADOW_BLOCKS`]) replay the same accesses as
+/// ARC, ARC with admission on second sight, LRU, LRU with admission on second sight, and
+/// `admit2`, and count their hits with a half-life of [`HALF_LIFE_CAPACITIES`] capacities. The
+/// real cache follows the shadow with the most recent hits (the leader), switching when another
+/// leads it by [`SWITCH_SIGMAS`](duel::SWITCH_SIGMAS) standard deviations: set dueling (Qureshi et al., ISCA'07), as
+/// adaptive insertion policies in CPU caches decide. With exact shadows it mirrors the shadows:
+/// it admits a block when the shadows that just admitted it carry half the weight of a vote
+/// ([`VOTE_SIGMAS`](mirror::VOTE_SIGMAS)), and evicts first the blocks whose holders carry the least, which with a
+/// clear leader is the leader's shadow block for block; with sampled ones it applies the
+/// leader's rule to its own orders. With exact shadows it also keeps a duel per regime of the
+/// workload ([`REGIME_SHIFT`](duel::REGIME_SHIFT)), so a regime that comes back brings back the rule that won in
+/// it. No constant is fitted to a trace; each is fixed with its reason beside it, and
+/// docs/eviction-log.md at commit 2f3502f (`git show 2f3502f:docs/eviction-log.md`) shows their
+/// sensitivity.
+///
+/// Chain order is the index's: eviction takes only blocks without present children, whichever
+/// order chooses among them.
+#[derive(Debug)]
+pub struct Adaptive {
+    lru: Lru,
+    arc: ArcPolicy,
+    door: Doorkeeper,
+    /// Admitted by `admit`, not yet reported inserted: their reference is already counted.
+    admitted: HashSet<BlockHash>,
+    shadows: Vec<Shadow>,
+    /// Shadows follow the chains whose root's `mix`, salted with `draw`, is 0 modulo `sample`
+    /// (a power of two).
+    sample: u64,
+    /// Which draw of the sampled chains this is, and the references (all, and of sampled
+    /// chains) since the draw's share was last checked ([`RESAMPLE_BELOW`](sampling::RESAMPLE_BELOW)).
+    draw: u32,
+    draw_seen: u64,
+    draw_sampled: u64,
+    shadow_blocks: usize,
+    half_life: usize,
+    door_window: usize,
+    cap_hint: usize,
+    /// With sampled shadows: every reference, and those of the sampled chains, halved every
+    /// half-life of the real cache's references. Their ratio (the share of the traffic the
+    /// shadows see, which chains sharing a root make far from 1 in `sample`) sizes the shadows.
+    seen: f64,
+    seen_sampled: f64,
+    /// With sampled shadows: each shadow's hits in the current chain so far.
+    chain_hits: [f64; MODES.len()],
+    /// The shadows' recent hits and the leader they chose.
+    duel: Duel,
+    /// The last block referenced, and whether its chain is one the shadows follow.
+    last_ref: Option<BlockHash>,
+    chain_sampled: bool,
+    /// A chain started at its root: its block at `depth` (or its last, if it is shorter)
+    /// decides whether it is sampled ([`MAX_SAMPLE_DEPTH`]).
+    at_root: bool,
+    /// With sampled shadows: the depth of the block that decides whether a chain is followed,
+    /// whether the current chain is decided yet, and its blocks before the deciding one (the
+    /// shadows see them once it is decided).
+    depth: usize,
+    decided: bool,
+    pending: Vec<BlockHash>,
+    /// With sampled shadows: the current chain's first [`MAX_SAMPLE_DEPTH`] blocks and its
+    /// length, and, since the depth was last chosen, the references of all chains and of
+    /// those each depth would sample.
+    chain_head: Vec<BlockHash>,
+    chain_len: u64,
+    depth_seen: u64,
+    depth_sampled: Vec<u64>,
+    switches: u64,
+    fixed: bool,
+    /// With exact shadows: for each real block, the shadows that hold it (bit `i` for the
+    /// shadow of `MODES[i]`).
+    held: HashMap<BlockHash, u8>,
+    /// With exact shadows: the real blocks grouped by the shadows that hold them (indexed by
+    /// that bit set), each group least recently used or regrouped first. The victim comes from
+    /// the group with the smallest vote.
+    by_holders: Vec<LruCache<BlockHash, ()>>,
+    /// With exact shadows: the regime the workload is in, and the duel each other one had.
+    regimes: Regimes,
+}
+
+impl Default for Adaptive {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Adaptive {
+    /// The default policy with its documented constants.
+    pub fn new() -> Self {
+        Self::with_constants(SHADOW_BLOCKS, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES)
+    }
+
+    /// With other constants (for the sensitivity tables of docs/eviction-log.md at commit 2f3502f).
+    pub fn with_constants(
+        shadow_blocks: usize,
+        half_life_capacities: usize,
+        door_window_capacities: usize,
+    ) -> Self {
+        Adaptive {
+            lru: Lru::new(),
+            arc: ArcPolicy::new(),
+            door: Doorkeeper::new(1),
+            admitted: HashSet::new(),
+            shadows: Vec::new(),
+            sample: 1,
+            draw: 0,
+            draw_seen: 0,
+            draw_sampled: 0,
+            shadow_blocks: shadow_blocks.max(1),
+            half_life: half_life_capacities.max(1),
+            door_window: door_window_capacities.max(1),
+            cap_hint: 0,
+            seen: 0.0,
+            seen_sampled: 0.0,
+            chain_hits: [0.0; MODES.len()],
+            duel: Duel::new(Mode::Arc),
+            last_ref: None,
+            chain_sampled: false,
+            at_root: false,
+            depth: 0,
+            decided: true,
+            pending: Vec::new(),
+            chain_head: Vec::new(),
+            chain_len: 0,
+            depth_seen: 0,
+            depth_sampled: vec![0; MAX_SAMPLE_DEPTH],
+            switches: 0,
+            fixed: false,
+            held: HashMap::new(),
+            by_holders: (0..1 << MODES.len())
+                .map(|_| LruCache::unbounded())
+                .collect(),
+            regimes: Regimes::default(),
+        }
+    }
+
+    /// Follows one candidate whatever the shadows say (`lru`, `lru+door`, `arc`, `arc+door`,
+    /// `admit2`; its shadow alone votes): for the design tables only.
+    #[cfg(test)]
+    pub fn fixed(mode: &str, door_window_capacities: usize) -> Self {
+        let mut a =
+            Self::with_constants(SHADOW_BLOCKS, HALF_LIFE_CAPACITIES, door_window_capacities);
+        a.duel.leader = *MODES.iter().find(|m| m.name() == mode).expect("mode");
+        a.fixed = true;
+        a
+    }
+
+    /// The candidate the real cache follows now.
+    #[cfg(test)]
+    pub fn leader(&self) -> &'static str {
+        self.duel.leader.name()
+    }
+
+    /// How many times the leader changed.
+    #[cfg(test)]
+    pub fn switches(&self) -> u64 {
+        self.switches
+    }
+
+    /// How many times the workload changed regime ([`REGIME_SHIFT`](duel::REGIME_SHIFT)).
+    #[cfg(test)]
+    pub fn regime_changes(&self) -> u64 {
+        self.regimes.changes
+    }
+
+    /// The index of the leader's shadow.
+    fn leader_index(&self) -> Option<usize> {
+        self.shadows.iter().position(|s| s.mode == self.duel.leader)
+    }
+
+    fn reference(&mut self, h: BlockHash) {
+        if self.at_root {
+            // Chains are sampled whole, by one of their first blocks, so a shadow sees every
+            // block of the chains it follows and can tell prefix hits.
+            self.at_root = false;
+            self.decided = false;
+            self.pending.clear();
+            self.chain_head.clear();
+            self.chain_len = 0;
+        }
+        self.last_ref = Some(h);
+        if self.shadows.is_empty() {
+            return;
+        }
+        if self.sample > 1 {
+            self.chain_len += 1;
+            if self.chain_head.len() < MAX_SAMPLE_DEPTH {
+                self.chain_head.push(h);
+            }
+        }
+        if !self.decided {
+            self.pending.push(h);
+            if self.sample == 1 || self.pending.len() > self.depth {
+                self.decide(h);
+            }
+            return;
+        }
+        self.follow(h);
+    }
+
+    /// The current chain's block `key` decides whether the shadows follow it; they see the
+    /// blocks before it now.
+    fn decide(&mut self, key: BlockHash) {
+        self.decided = true;
+        self.chain_sampled = self.sampled(&key);
+        let mut pending = std::mem::take(&mut self.pending);
+        for &p in &pending {
+            self.follow(p);
+        }
+        pending.clear();
+        self.pending = pending;
+    }
+
+    /// A chain ends (another starts, or one the shadows did not see from its root): a chain
+    /// shorter than the deciding depth is decided by its last block; with sampled shadows each
+    /// depth's share of the traffic counts its references, and its hits join the duel's
+    /// variance as one observation (the square of each pair's difference).
+    fn end_chain(&mut self) {
+        if !self.decided {
+            if let Some(&last) = self.pending.last() {
+                self.decide(last);
+            }
+            self.decided = true;
+        }
+        if self.sample > 1 {
+            if let Some((last, head)) = self.chain_head.split_last() {
+                self.depth_seen += self.chain_len;
+                // Each block of the head decides one depth; the last decides the depths past
+                // a short chain's end too.
+                let last_sampled = self.sampled(last);
+                for d in 0..MAX_SAMPLE_DEPTH {
+                    let sampled = head.get(d).map_or(last_sampled, |b| self.sampled(b));
+                    if sampled {
+                        self.depth_sampled[d] += self.chain_len;
+                    }
+                }
+            }
+            let c = std::mem::take(&mut self.chain_hits);
+            if c.iter().any(|&x| x != 0.0) {
+                self.duel.count_chain(&c);
+            }
+        }
+        self.chain_head.clear();
+        self.chain_len = 0;
+    }
+
+    /// A reference of the current chain, once decided: counted toward the sampled share, and
+    /// replayed on the shadows if they follow the chain.
+    fn follow(&mut self, h: BlockHash) {
+        if self.sample > 1 && self.count_share() {
+            // Another draw or depth: the shadows start over, from the next chain.
+            self.chain_sampled = false;
+            return;
+        }
+        if !self.chain_sampled {
+            return;
+        }
+        let mut hit = [false; MODES.len()];
+        for (s, hit) in self.shadows.iter_mut().zip(&mut hit) {
+            *hit = s.reference(h);
+        }
+        self.duel.count(&hit);
+        if self.sample > 1 {
+            for (c, hit) in self.chain_hits.iter_mut().zip(hit) {
+                *c += f64::from(u8::from(hit));
+            }
+        }
+        if self.mirrors() {
+            self.track(&h);
+        }
+        self.regime(hit.contains(&true));
+        // Toward the half-life of the duel now current (after a move, the one taken up).
+        self.duel.refs += 1;
+        if self.duel.refs >= self.half_life * self.shadows[0].cap {
+            self.duel.halve();
+        }
+        if !self.fixed {
+            self.follow_the_leader();
+        }
+    }
+
+    fn rebuild_shadows(&mut self) {
+        let cap = self.cap_hint.max(1);
+        let mut sample = 1u64;
+        while cap as u64 / sample > self.shadow_blocks as u64 {
+            sample *= 2;
+        }
+        let same_sample = sample == self.sample;
+        self.sample = sample;
+        if !self.shadows.is_empty() && same_sample {
+            // Same sampling, another size: keep what the shadows learned.
+            self.resize_shadows(self.shadow_cap());
+            return;
+        }
+        self.seen = 0.0;
+        self.seen_sampled = 0.0;
+        // Each depth's share starts again with the shadows (another draw, depth or rate).
+        self.depth_seen = 0;
+        self.depth_sampled.fill(0);
+        let shadow_cap = self.shadow_cap();
+        let w = self.door_window;
+        self.shadows = MODES
+            .iter()
+            .map(|&m| Shadow::new(m, shadow_cap, w))
+            .collect();
+        self.chain_hits = [0.0; MODES.len()];
+        self.duel = Duel::new(self.duel.leader);
+        self.regimes = Regimes::default();
+        self.remask();
+    }
+}
+
+impl Policy for Adaptive {
+    fn name(&self) -> &'static str {
+        "adaptive"
+    }
+
+    fn on_chain(&mut self, parent: Option<&BlockHash>) {
+        if parent.is_none() || self.last_ref.as_ref() != parent {
+            self.end_chain();
+        }
+        match parent {
+            None => {
+                self.at_root = true;
+                for s in &mut self.shadows {
+                    s.start_chain(true);
+                }
+            }
+            Some(p) if self.last_ref.as_ref() == Some(p) => {} // the same chain goes on
+            Some(_) => {
+                // A chain the shadows did not see from its root: followed only unsampled, and
+                // not as hits.
+                self.at_root = false;
+                self.decided = true;
+                self.chain_sampled = self.sample == 1;
+                for s in &mut self.shadows {
+                    s.start_chain(false);
+                }
+            }
+        }
+    }
+
+    fn on_access(&mut self, batch: &[Access]) {
+        self.lru.on_access(batch);
+        self.arc.on_access(batch);
+        for a in batch {
+            if a.inserted {
+                if !self.admitted.remove(&a.hash) && self.sampled(&a.hash) {
+                    // Found on disk at open, or published after a removal: stored, not asked for.
+                    for s in &mut self.shadows {
+                        s.insert(a.hash, None);
+                    }
+                    if self.mirrors() {
+                        self.track(&a.hash);
+                    }
+                }
+                if self.mirrors() {
+                    // Grouped by the shadows that hold it (none, if stored in free room
+                    // where they declined it: a first victim).
+                    self.group(a.hash);
+                }
+            } else {
+                self.reference(a.hash);
+                if let Some(&m) = self.held.get(&a.hash) {
+                    self.by_holders[usize::from(m)].promote(&a.hash);
+                }
+            }
+        }
+    }
+
+    fn admit(&mut self, hash: &BlockHash) -> bool {
+        self.reference(*hash);
+        let second = self.door.sight(hash);
+        let arc = self.arc.admit(hash);
+        // A doorkeeper only spares room: while there is free room, everything is admitted.
+        // The index reports a batch's insertions after its evictions, so the blocks admitted
+        // and not yet reported take room too: without them, a block offered after the batch's
+        // first eviction found room that was already spoken for and was stored where the
+        // leader's shadow had declined it.
+        let full = self.cap_hint > 0 && self.lru.len() + self.admitted.len() >= self.cap_hint;
+        let declined = if self.mirrors() {
+            // As the shadows vote, having just seen this offer: stored if the shadows that
+            // stored it weigh at least half.
+            let w = self.weights();
+            full && Self::vote(&w, self.holders(hash)) < 0.5 * w.iter().sum::<f64>()
+        } else {
+            self.duel.leader.second_sight() && !second && full
+        };
+        if declined {
+            // Not stored: ARC forgets the ghost hit it noted for the insertion.
+            self.arc.on_remove(hash);
+            return false;
+        }
+        if arc {
+            self.admitted.insert(*hash);
+        }
+        arc
+    }
+
+    fn victim(&mut self, pinned: &dyn Fn(&BlockHash) -> bool) -> Option<BlockHash> {
+        if self.mirrors() {
+            // The group with the smallest vote first; among equal votes, blocks the leader
+            // does not hold, then those fewer shadows hold.
+            let w = self.weights();
+            let lead = self.leader_index();
+            let mut groups: Vec<(f64, bool, u32, usize)> = (0..self.by_holders.len())
+                .filter(|&m| !self.by_holders[m].is_empty())
+                .map(|m| {
+                    let bits = m as u8;
+                    let leads = lead.is_some_and(|l| bits & 1 << l != 0);
+                    (Self::vote(&w, bits), leads, bits.count_ones(), m)
+                })
+                .collect();
+            groups.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+            for (.., m) in groups {
+                if let Some(v) = pop_lru_unpinned(&mut self.by_holders[m], pinned) {
+                    self.held.remove(&v);
+                    self.lru.on_remove(&v);
+                    self.arc.evicted(&v);
+                    return Some(v);
+                }
+            }
+        }
+        let v = if self.duel.leader.arc() {
+            let v = self.arc.victim(pinned)?;
+            self.lru.on_remove(&v);
+            v
+        } else {
+            let v = self.lru.victim(pinned)?;
+            self.arc.evicted(&v);
+            v
+        };
+        self.ungroup(&v);
+        Some(v)
+    }
+
+    fn on_remove(&mut self, hash: &BlockHash) {
+        self.lru.on_remove(hash);
+        self.arc.on_remove(hash);
+        self.admitted.remove(hash);
+        self.ungroup(hash);
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "following {} after {} switches, {} regime changes",
+            self.duel.leader.name(),
+            self.switches,
+            self.regimes.changes
+        )
+    }
+
+    fn set_capacity_hint(&mut self, blocks: usize) {
+        self.cap_hint = blocks.max(1);
+        self.arc.set_capacity_hint(self.cap_hint);
+        self.door.set_window(self.door_window * self.cap_hint);
+        self.rebuild_shadows();
+    }
+}

@@ -1,0 +1,158 @@
+//! Sampled shadows, above [`SHADOW_BLOCKS`](super::SHADOW_BLOCKS): which chains they follow (by one of a chain's
+//! first blocks, drawn again when the draw starves them), and their size, the share of the
+//! capacity their chains take of the traffic.
+
+use super::super::door::mix;
+use super::Adaptive;
+use super::duel::REGIME_MIN_REFERENCES;
+use crate::key::BlockHash;
+
+/// Sampled shadows draw their chains again (another salt for the hash of a chain's root) when,
+/// over a capacity's worth of references, the chains they follow take less than
+/// 1 / (`RESAMPLE_BELOW` x `2^k`) of the traffic: a few roots (shared system prompts) can
+/// carry all of it, and a draw that samples none of them leaves the shadows nothing to compare
+/// (chat at 25,487 blocks, seed 2, when the shadows were exact only up to 16,384 blocks: three
+/// prompts, none sampled at 1 in 2, and the default stayed with ARC, 0.0197 below LRU).
+pub const RESAMPLE_BELOW: u64 = 8;
+
+/// At most this many draws: traffic that no draw samples stays unsampled, not redrawn forever.
+pub const MAX_DRAWS: u32 = 8;
+
+/// Sampled shadows decide whether they follow a chain by one of its blocks: at first its root,
+/// and deeper (its second block, its third, ...) when the chains sharing the blocks up to that
+/// depth carry too much of the traffic for the shadows to hold their share of the capacity, or
+/// too little of it ([`RESAMPLE_BELOW`]). Real traces put a system prompt before every request:
+/// every request of Mooncake's conversation trace starts with the same block, so a sample by
+/// root takes all of the traffic or none of it, and a shadow of at most [`SHADOW_BLOCKS`](super::SHADOW_BLOCKS) then
+/// models a smaller cache than the real one (at 36,558 blocks the default ended 0.0139 below
+/// LRU). The shadows measure the share each depth up to this one would give, and take the
+/// shallowest that fits: the shallower, the likelier that every turn of a conversation (each
+/// extending the last) is decided by the same block.
+pub const MAX_SAMPLE_DEPTH: usize = 64;
+
+/// With sampled shadows, whether the sampled chains' share of the traffic fits is checked every
+/// this many capacities' worth of references (and at least [`REGIME_MIN_REFERENCES`]): a
+/// shared root shows within the first few hundred requests, so the shadows take the right depth
+/// within the first 10 % of a trace, and learn from there.
+pub const SAMPLE_DEPTH_CHECK: f64 = 0.125;
+
+impl Adaptive {
+    pub(super) fn sampled(&self, h: &BlockHash) -> bool {
+        if self.sample == 1 {
+            return true;
+        }
+        let mut x = mix(h);
+        if self.draw > 0 {
+            // Another draw: the root's hash through a salted splitmix64 finalizer.
+            x ^= u64::from(self.draw).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            x ^= x >> 31;
+        }
+        x.rotate_left(17) % self.sample == 0
+    }
+
+    /// Counts a reference toward the share of the traffic the sampled shadows see, and sizes
+    /// the shadows to that share of the capacity (at most [`SHADOW_BLOCKS`](super::SHADOW_BLOCKS)): a sampled
+    /// shadow estimates the full cache when it holds the share of the capacity that its chains
+    /// take of the traffic. Sampling by root gives 1 in `sample` of the chains, but not of the
+    /// traffic when a few roots (shared system prompts) carry most of it.
+    pub(super) fn count_share(&mut self) -> bool {
+        self.seen += 1.0;
+        self.draw_seen += 1;
+        if self.chain_sampled {
+            self.seen_sampled += 1.0;
+            self.draw_sampled += 1;
+        }
+        let cap_refs = self.cap_hint.max(1) as u64;
+        let check =
+            ((cap_refs as f64 * SAMPLE_DEPTH_CHECK) as u64).max(REGIME_MIN_REFERENCES as u64);
+        if self.draw_seen % check == 0 || self.draw_seen >= cap_refs {
+            let (starved, crowded) = self.misfit(self.draw_sampled, self.draw_seen);
+            if starved || crowded {
+                if let Some(d) = self.fitting_depth() {
+                    // The chains are decided by their blocks at another depth from the next
+                    // one on; the shadows start over, sized to the share measured there.
+                    self.depth = d;
+                    let share = self.depth_sampled[d] as f64 / self.depth_seen as f64;
+                    self.restart_sample();
+                    self.seen = self.cap_hint as f64;
+                    self.seen_sampled = share * self.cap_hint as f64;
+                    self.resize_shadows(self.shadow_cap());
+                    return true;
+                }
+            }
+            if self.draw_seen >= cap_refs {
+                (self.draw_seen, self.draw_sampled) = (0, 0);
+                if starved && self.draw + 1 < MAX_DRAWS {
+                    // The next chain is drawn anew; the shadows start over on the new sample.
+                    self.draw += 1;
+                    self.restart_sample();
+                    return true;
+                }
+            }
+        }
+        let cap = self.cap_hint.max(1) as f64;
+        if self.seen >= self.half_life as f64 * cap {
+            self.seen *= 0.5;
+            self.seen_sampled *= 0.5;
+        }
+        let target = self.shadow_cap();
+        let now = self.shadows[0].cap;
+        if target.abs_diff(now) > now / 16 {
+            self.resize_shadows(target);
+        }
+        false
+    }
+
+    /// The shallowest depth whose block, deciding which chains are sampled, gives the sampled
+    /// chains a share of the traffic the shadows can hold (at most [`SHADOW_BLOCKS`](super::SHADOW_BLOCKS) of the
+    /// capacity) and not a starved one ([`RESAMPLE_BELOW`]), as measured since the depth was
+    /// last chosen; `None` if it is the current one or none fits.
+    pub(super) fn fitting_depth(&self) -> Option<usize> {
+        if self.depth_seen == 0 {
+            return None;
+        }
+        (0..MAX_SAMPLE_DEPTH)
+            .find(|&d| self.misfit(self.depth_sampled[d], self.depth_seen) == (false, false))
+            .filter(|&d| d != self.depth)
+    }
+
+    /// Whether sampled chains taking `sampled` of `seen` references are *starved* (less than
+    /// 1 / ([`RESAMPLE_BELOW`] x `2^k`) of them) and whether they are *crowded* (a share of
+    /// the capacity larger than the shadows may hold).
+    pub(super) fn misfit(&self, sampled: u64, seen: u64) -> (bool, bool) {
+        let starved = sampled * RESAMPLE_BELOW * self.sample < seen;
+        let crowded =
+            sampled as f64 * self.cap_hint as f64 > self.shadow_blocks as f64 * seen as f64;
+        (starved, crowded)
+    }
+
+    /// The shadows start over on another sample (another draw or depth).
+    pub(super) fn restart_sample(&mut self) {
+        self.draw_seen = 0;
+        self.draw_sampled = 0;
+        self.shadows.clear();
+        self.rebuild_shadows();
+    }
+
+    /// The size of each shadow: the capacity, or with sampling its share of the capacity as
+    /// [`Self::count_share`] measures it.
+    pub(super) fn shadow_cap(&self) -> usize {
+        let cap = self.cap_hint.max(1) as f64;
+        if self.sample == 1 {
+            return self.cap_hint.max(1);
+        }
+        // One capacity of references at 1 in `sample` as the prior, until the trace says.
+        let share = (self.seen_sampled + cap / self.sample as f64) / (self.seen + cap);
+        ((cap * share).round() as usize).clamp(1, self.shadow_blocks)
+    }
+
+    pub(super) fn resize_shadows(&mut self, shadow_cap: usize) {
+        for s in &mut self.shadows {
+            s.cap = shadow_cap;
+            s.evict.set_capacity_hint(shadow_cap);
+            s.door.set_window(self.door_window * shadow_cap);
+        }
+    }
+}
