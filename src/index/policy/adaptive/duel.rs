@@ -1,8 +1,8 @@
 //! The duel between the shadows (set dueling): their recent hits, the leader the real cache
 //! follows and when it changes, and a duel per regime of the workload.
 
-use super::Adaptive;
 use super::shadow::{MODES, Mode};
+use super::{Adaptive, Kind};
 
 /// The leader changes when another shadow leads it by this many standard deviations of the
 /// difference of their hits (McNemar's test on the references where one hit and the other did
@@ -202,20 +202,24 @@ impl Adaptive {
     /// workload moves to another regime, keeps the duel of the one it leaves and takes up the
     /// one it enters (a regime entered for the first time starts from the duel as it is).
     pub(super) fn regime(&mut self, any: bool) {
-        if self.fixed || self.sample != 1 {
+        if self.fixed {
             return;
         }
-        let Some((left, next)) = self.regimes.observe(any, self.shadows[0].cap) else {
+        let cap = self.shadows[0].cap;
+        let Kind::Exact(e) = &mut self.kind else {
             return;
         };
-        let left_duel = match self.regimes.known[next].saved.take() {
+        let Some((left, next)) = e.regimes.observe(any, cap) else {
+            return;
+        };
+        let left_duel = match e.regimes.known[next].saved.take() {
             Some(d) => std::mem::replace(&mut self.duel, d),
             None => self.duel.clone(),
         };
         if left_duel.leader != self.duel.leader {
             self.switches += 1;
         }
-        self.regimes.known[left].saved = Some(left_duel);
+        e.regimes.known[left].saved = Some(left_duel);
     }
 
     /// Switches to the shadow with the most recent hits if it leads the current leader by
@@ -231,7 +235,7 @@ impl Adaptive {
         let best = (0..self.shadows.len())
             .filter(|&i| {
                 let lead = hits[i] - hits[cur];
-                if self.sample > 1 {
+                if self.sample() > 1 {
                     return lead
                         > SAMPLED_SWITCH_SIGMAS * self.duel.discordant_chains[i][cur].sqrt();
                 }

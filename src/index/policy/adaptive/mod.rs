@@ -1,12 +1,10 @@
 //! The default policy: ARC, LRU, `admit2`, or ARC or LRU behind a doorkeeper, whichever of five
 //! shadow caches shows to be winning on the workload at hand (set dueling).
 
-use std::collections::{HashMap, HashSet};
-
-use lru::LruCache;
+use std::collections::HashSet;
 
 use super::door::Doorkeeper;
-use super::{Access, ArcPolicy, Lru, Policy, pop_lru_unpinned};
+use super::{Access, ArcPolicy, Lru, Policy};
 use crate::key::BlockHash;
 
 mod duel;
@@ -16,8 +14,10 @@ mod shadow;
 #[cfg(test)]
 mod tests;
 
-use duel::{Duel, Regimes};
+use duel::Duel;
+use mirror::Exact;
 pub use sampling::MAX_SAMPLE_DEPTH;
+use sampling::Sampled;
 use shadow::{MODES, Mode, Shadow};
 
 /// Shadow caches simulate at most this many blocks each; above it they follow a hash-sampled
@@ -65,11 +65,11 @@ pub struct Adaptive {
     /// Admitted by `admit`, not yet reported inserted: their reference is already counted.
     admitted: HashSet<BlockHash>,
     shadows: Vec<Shadow>,
-    /// Shadows follow the chains whose root's `mix`, salted with `draw`, is 0 modulo `sample`
-    /// (a power of two).
-    sample: u64,
+    /// Exact or sampled shadows, and the state only that kind has (made anew with them).
+    kind: Kind,
     /// Which draw of the sampled chains this is, and the references (all, and of sampled
     /// chains) since the draw's share was last checked ([`RESAMPLE_BELOW`](sampling::RESAMPLE_BELOW)).
+    /// Kept while the shadows are made anew, as is `depth`.
     draw: u32,
     draw_seen: u64,
     draw_sampled: u64,
@@ -77,13 +77,6 @@ pub struct Adaptive {
     half_life: usize,
     door_window: usize,
     cap_hint: usize,
-    /// With sampled shadows: every reference, and those of the sampled chains, halved every
-    /// half-life of the real cache's references. Their ratio (the share of the traffic the
-    /// shadows see, which chains sharing a root make far from 1 in `sample`) sizes the shadows.
-    seen: f64,
-    seen_sampled: f64,
-    /// With sampled shadows: each shadow's hits in the current chain so far.
-    chain_hits: [f64; MODES.len()],
     /// The shadows' recent hits and the leader they chose.
     duel: Duel,
     /// The last block referenced, and whether its chain is one the shadows follow.
@@ -98,24 +91,18 @@ pub struct Adaptive {
     depth: usize,
     decided: bool,
     pending: Vec<BlockHash>,
-    /// With sampled shadows: the current chain's first [`MAX_SAMPLE_DEPTH`] blocks and its
-    /// length, and, since the depth was last chosen, the references of all chains and of
-    /// those each depth would sample.
-    chain_head: Vec<BlockHash>,
-    chain_len: u64,
-    depth_seen: u64,
-    depth_sampled: Vec<u64>,
     switches: u64,
     fixed: bool,
-    /// With exact shadows: for each real block, the shadows that hold it (bit `i` for the
-    /// shadow of `MODES[i]`).
-    held: HashMap<BlockHash, u8>,
-    /// With exact shadows: the real blocks grouped by the shadows that hold them (indexed by
-    /// that bit set), each group least recently used or regrouped first. The victim comes from
-    /// the group with the smallest vote.
-    by_holders: Vec<LruCache<BlockHash, ()>>,
-    /// With exact shadows: the regime the workload is in, and the duel each other one had.
-    regimes: Regimes,
+}
+
+/// The shadows' kind, and the state only that kind has.
+#[derive(Debug)]
+enum Kind {
+    /// The shadows hold the whole capacity (at most [`SHADOW_BLOCKS`]): the real cache mirrors
+    /// them, and each regime of the workload keeps its duel.
+    Exact(Exact),
+    /// The shadows follow 1 in `sample` of the chains, at their share of the capacity.
+    Sampled(Sampled),
 }
 
 impl Default for Adaptive {
@@ -142,7 +129,7 @@ impl Adaptive {
             door: Doorkeeper::new(1),
             admitted: HashSet::new(),
             shadows: Vec::new(),
-            sample: 1,
+            kind: Kind::Exact(Exact::new()),
             draw: 0,
             draw_seen: 0,
             draw_sampled: 0,
@@ -150,9 +137,6 @@ impl Adaptive {
             half_life: half_life_capacities.max(1),
             door_window: door_window_capacities.max(1),
             cap_hint: 0,
-            seen: 0.0,
-            seen_sampled: 0.0,
-            chain_hits: [0.0; MODES.len()],
             duel: Duel::new(Mode::Arc),
             last_ref: None,
             chain_sampled: false,
@@ -160,17 +144,16 @@ impl Adaptive {
             depth: 0,
             decided: true,
             pending: Vec::new(),
-            chain_head: Vec::new(),
-            chain_len: 0,
-            depth_seen: 0,
-            depth_sampled: vec![0; MAX_SAMPLE_DEPTH],
             switches: 0,
             fixed: false,
-            held: HashMap::new(),
-            by_holders: (0..1 << MODES.len())
-                .map(|_| LruCache::unbounded())
-                .collect(),
-            regimes: Regimes::default(),
+        }
+    }
+
+    /// One in how many chains the shadows follow (1: they are exact).
+    fn sample(&self) -> u64 {
+        match &self.kind {
+            Kind::Exact(_) => 1,
+            Kind::Sampled(s) => s.sample,
         }
     }
 
@@ -200,7 +183,15 @@ impl Adaptive {
     /// How many times the workload changed regime ([`REGIME_SHIFT`](duel::REGIME_SHIFT)).
     #[cfg(test)]
     pub fn regime_changes(&self) -> u64 {
-        self.regimes.changes
+        self.regimes_changed()
+    }
+
+    /// How many times the workload changed regime since the shadows were made.
+    fn regimes_changed(&self) -> u64 {
+        match &self.kind {
+            Kind::Exact(e) => e.regimes.changes,
+            Kind::Sampled(_) => 0,
+        }
     }
 
     /// The index of the leader's shadow.
@@ -215,22 +206,24 @@ impl Adaptive {
             self.at_root = false;
             self.decided = false;
             self.pending.clear();
-            self.chain_head.clear();
-            self.chain_len = 0;
+            if let Kind::Sampled(s) = &mut self.kind {
+                s.chain_head.clear();
+                s.chain_len = 0;
+            }
         }
         self.last_ref = Some(h);
         if self.shadows.is_empty() {
             return;
         }
-        if self.sample > 1 {
-            self.chain_len += 1;
-            if self.chain_head.len() < MAX_SAMPLE_DEPTH {
-                self.chain_head.push(h);
+        if let Kind::Sampled(s) = &mut self.kind {
+            s.chain_len += 1;
+            if s.chain_head.len() < MAX_SAMPLE_DEPTH {
+                s.chain_head.push(h);
             }
         }
         if !self.decided {
             self.pending.push(h);
-            if self.sample == 1 || self.pending.len() > self.depth {
+            if self.sample() == 1 || self.pending.len() > self.depth {
                 self.decide(h);
             }
             return;
@@ -262,32 +255,20 @@ impl Adaptive {
             }
             self.decided = true;
         }
-        if self.sample > 1 {
-            if let Some((last, head)) = self.chain_head.split_last() {
-                self.depth_seen += self.chain_len;
-                // Each block of the head decides one depth; the last decides the depths past
-                // a short chain's end too.
-                let last_sampled = self.sampled(last);
-                for d in 0..MAX_SAMPLE_DEPTH {
-                    let sampled = head.get(d).map_or(last_sampled, |b| self.sampled(b));
-                    if sampled {
-                        self.depth_sampled[d] += self.chain_len;
-                    }
-                }
-            }
-            let c = std::mem::take(&mut self.chain_hits);
+        let draw = self.draw;
+        if let Kind::Sampled(s) = &mut self.kind {
+            s.end_chain(draw);
+            let c = std::mem::take(&mut s.chain_hits);
             if c.iter().any(|&x| x != 0.0) {
                 self.duel.count_chain(&c);
             }
         }
-        self.chain_head.clear();
-        self.chain_len = 0;
     }
 
     /// A reference of the current chain, once decided: counted toward the sampled share, and
     /// replayed on the shadows if they follow the chain.
     fn follow(&mut self, h: BlockHash) {
-        if self.sample > 1 && self.count_share() {
+        if self.sample() > 1 && self.count_share() {
             // Another draw or depth: the shadows start over, from the next chain.
             self.chain_sampled = false;
             return;
@@ -300,8 +281,8 @@ impl Adaptive {
             *hit = s.reference(h);
         }
         self.duel.count(&hit);
-        if self.sample > 1 {
-            for (c, hit) in self.chain_hits.iter_mut().zip(hit) {
+        if let Kind::Sampled(s) = &mut self.kind {
+            for (c, hit) in s.chain_hits.iter_mut().zip(hit) {
                 *c += f64::from(u8::from(hit));
             }
         }
@@ -325,27 +306,30 @@ impl Adaptive {
         while cap as u64 / sample > self.shadow_blocks as u64 {
             sample *= 2;
         }
-        let same_sample = sample == self.sample;
-        self.sample = sample;
-        if !self.shadows.is_empty() && same_sample {
+        if !self.shadows.is_empty() && sample == self.sample() {
             // Same sampling, another size: keep what the shadows learned.
             self.resize_shadows(self.shadow_cap());
             return;
         }
-        self.seen = 0.0;
-        self.seen_sampled = 0.0;
-        // Each depth's share starts again with the shadows (another draw, depth or rate).
-        self.depth_seen = 0;
-        self.depth_sampled.fill(0);
+        // The state of the shadows' kind starts again with them (each depth's share too:
+        // another draw, depth or rate); a chain under way keeps its head.
+        self.kind = if sample == 1 {
+            Kind::Exact(Exact::new())
+        } else {
+            let mut fresh = Sampled::new(sample);
+            if let Kind::Sampled(old) = &mut self.kind {
+                fresh.chain_head = std::mem::take(&mut old.chain_head);
+                fresh.chain_len = old.chain_len;
+            }
+            Kind::Sampled(fresh)
+        };
         let shadow_cap = self.shadow_cap();
         let w = self.door_window;
         self.shadows = MODES
             .iter()
             .map(|&m| Shadow::new(m, shadow_cap, w))
             .collect();
-        self.chain_hits = [0.0; MODES.len()];
         self.duel = Duel::new(self.duel.leader);
-        self.regimes = Regimes::default();
         self.remask();
     }
 }
@@ -372,7 +356,7 @@ impl Policy for Adaptive {
                 // not as hits.
                 self.at_root = false;
                 self.decided = true;
-                self.chain_sampled = self.sample == 1;
+                self.chain_sampled = self.sample() == 1;
                 for s in &mut self.shadows {
                     s.start_chain(false);
                 }
@@ -401,8 +385,8 @@ impl Policy for Adaptive {
                 }
             } else {
                 self.reference(a.hash);
-                if let Some(&m) = self.held.get(&a.hash) {
-                    self.by_holders[usize::from(m)].promote(&a.hash);
+                if let Kind::Exact(e) = &mut self.kind {
+                    e.promote(&a.hash);
                 }
             }
         }
@@ -439,26 +423,10 @@ impl Policy for Adaptive {
 
     fn victim(&mut self, pinned: &dyn Fn(&BlockHash) -> bool) -> Option<BlockHash> {
         if self.mirrors() {
-            // The group with the smallest vote first; among equal votes, blocks the leader
-            // does not hold, then those fewer shadows hold.
-            let w = self.weights();
-            let lead = self.leader_index();
-            let mut groups: Vec<(f64, bool, u32, usize)> = (0..self.by_holders.len())
-                .filter(|&m| !self.by_holders[m].is_empty())
-                .map(|m| {
-                    let bits = m as u8;
-                    let leads = lead.is_some_and(|l| bits & 1 << l != 0);
-                    (Self::vote(&w, bits), leads, bits.count_ones(), m)
-                })
-                .collect();
-            groups.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-            for (.., m) in groups {
-                if let Some(v) = pop_lru_unpinned(&mut self.by_holders[m], pinned) {
-                    self.held.remove(&v);
-                    self.lru.on_remove(&v);
-                    self.arc.evicted(&v);
-                    return Some(v);
-                }
+            if let Some(v) = self.mirror_victim(pinned) {
+                self.lru.on_remove(&v);
+                self.arc.evicted(&v);
+                return Some(v);
             }
         }
         let v = if self.duel.leader.arc() {
@@ -486,7 +454,7 @@ impl Policy for Adaptive {
             "following {} after {} switches, {} regime changes",
             self.duel.leader.name(),
             self.switches,
-            self.regimes.changes
+            self.regimes_changed()
         )
     }
 

@@ -4,6 +4,22 @@ use super::duel::{REGIME_MEAN_CAPACITIES, REGIME_MIN_REFERENCES};
 use super::sampling::MAX_DRAWS;
 use super::*;
 
+/// The exact shadows' state (the test's shadows are exact).
+fn exact(a: &Adaptive) -> &Exact {
+    match &a.kind {
+        Kind::Exact(e) => e,
+        Kind::Sampled(_) => panic!("the shadows are sampled"),
+    }
+}
+
+/// For each real block, the shadows that hold it: none while the shadows are sampled.
+fn groups(a: &Adaptive) -> std::collections::HashMap<BlockHash, u8> {
+    match &a.kind {
+        Kind::Exact(e) => e.held.clone(),
+        Kind::Sampled(_) => std::collections::HashMap::new(),
+    }
+}
+
 /// A hot set of chains that fits, and long one-off scans that would flush it.
 fn hot_and_scans() -> Vec<Vec<u64>> {
     let mut reqs = Vec::new();
@@ -299,7 +315,7 @@ fn sampled_the_real_doorkeeper_remembers_four_capacities_of_offers() {
     // doorkeeper, a block offered again after 3 capacities of other offers is stored.
     let mut a = Adaptive::with_constants(4, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
     a.set_capacity_hint(16);
-    assert!(a.sample > 1 && !a.mirrors());
+    assert!(a.sample() > 1 && !a.mirrors());
     a.duel.leader = Mode::LruDoor;
     a.fixed = true;
     for i in 0..16 {
@@ -362,17 +378,17 @@ fn blocks_stored_while_the_shadows_sampled_are_grouped_when_they_become_exact() 
     a.set_capacity_hint(1024);
     assert!(!a.mirrors());
     fill(&mut a, 0..100);
-    assert!(a.held.is_empty(), "no groups while sampling");
+    assert!(groups(&a).is_empty(), "no groups while sampling");
     a.set_capacity_hint(50);
     assert!(a.mirrors());
     let real: HashSet<BlockHash> = (0..100).map(h).collect();
     assert_eq!(
-        a.held.keys().copied().collect::<HashSet<_>>(),
+        groups(&a).keys().copied().collect::<HashSet<_>>(),
         real,
         "every real block grouped"
     );
     assert_eq!(
-        a.by_holders[0].len(),
+        exact(&a).by_holders[0].len(),
         100,
         "the new shadows hold none of them"
     );
@@ -397,7 +413,7 @@ fn the_real_cache_holds_what_the_leaders_shadow_holds() {
             "{mode}: the real cache is not the leader's shadow"
         );
         assert_eq!(
-            a.held.keys().collect::<HashSet<_>>(),
+            groups(&a).keys().collect::<HashSet<_>>(),
             real.iter().collect::<HashSet<_>>(),
             "{mode}: every real block grouped"
         );
@@ -524,7 +540,7 @@ fn after_a_switch_the_real_cache_converges_to_the_new_leader() {
             .position(|&m| m == Mode::Admit2)
             .expect("admit2");
     assert_eq!(
-        a.held.values().filter(|&&m| m & admit2 == 0).count(),
+        groups(&a).values().filter(|&&m| m & admit2 == 0).count(),
         real.difference(&held(&a)).count(),
         "the real blocks the new leader does not hold are known"
     );
@@ -660,7 +676,7 @@ fn sampled_and_fixed_candidates_keep_one_regime() {
     assert_eq!(rate(&mut a, false, 100_000), None);
     let mut a = Adaptive::with_constants(64, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
     a.set_capacity_hint(1000);
-    assert!(a.sample > 1);
+    assert!(a.sample() > 1);
     rate(&mut a, true, 100_000);
     assert_eq!(rate(&mut a, false, 100_000), None);
 }
@@ -726,7 +742,7 @@ fn above_the_exact_size_the_real_cache_applies_the_leaders_rule() {
         a.duel.leader = *MODES.iter().find(|m| m.name() == mode).expect("mode");
         a.fixed = true;
         a.set_capacity_hint(1024);
-        assert!(a.sample > 1 && !a.mirrors());
+        assert!(a.sample() > 1 && !a.mirrors());
         fill(&mut a, 0..1024);
         a.on_chain(None);
         assert_eq!(
@@ -736,7 +752,7 @@ fn above_the_exact_size_the_real_cache_applies_the_leaders_rule() {
         );
         a.on_chain(None);
         assert!(a.admit(&h(5000)), "{mode}: a second sight");
-        assert!(a.held.is_empty(), "{mode}: groups only when mirroring");
+        assert!(groups(&a).is_empty(), "{mode}: groups only when mirroring");
         assert!(a.shadows.iter().all(|s| s.evicted.is_empty()), "{mode}");
     }
 }
@@ -834,7 +850,7 @@ fn offer_chain(a: &mut Adaptive, root: u64, next: &mut u64, n: u64) {
 fn a_draw_that_samples_no_traffic_is_drawn_again() {
     let mut a = Adaptive::with_constants(256, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
     a.set_capacity_hint(1024);
-    assert_eq!((a.sample, a.draw), (4, 0));
+    assert_eq!((a.sample(), a.draw), (4, 0));
     // All the traffic is one block (a shared system prompt read again and again, so no
     // block below it can decide the sample instead) that the first draw does not sample,
     // and that a later one does.
@@ -862,7 +878,7 @@ fn a_draw_that_samples_no_traffic_is_drawn_again() {
         offer_chain(&mut a, root, &mut next, 1);
     }
     assert_eq!((a.draw, a.depth), (1, 0));
-    assert!(a.seen_sampled > 0.0 && !a.shadows[0].present.is_empty());
+    assert!(a.sampling().expect("sampled").seen_sampled > 0.0 && !a.shadows[0].present.is_empty());
     // Traffic that no draw samples stops the draws at MAX_DRAWS.
     let mut b = Adaptive::with_constants(256, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
     b.set_capacity_hint(1024);
@@ -886,7 +902,7 @@ fn the_depth_is_chosen_within_an_eighth_of_a_capacity() {
     // 1 in 4 of a 10,000-block cache: an eighth of a capacity is 1,250 references.
     let mut a = Adaptive::with_constants(3000, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
     a.set_capacity_hint(10_000);
-    assert_eq!(a.sample, 4);
+    assert_eq!(a.sample(), 4);
     let root = (0..)
         .find(|&i| !a.sampled(&h(i)))
         .expect("a root not sampled");
@@ -907,9 +923,12 @@ fn the_depth_is_chosen_within_an_eighth_of_a_capacity() {
     assert!((2000..=2900).contains(&cap), "shadows of {cap} blocks");
     // Each depth's share counted so far was at 1 in 4: at another rate it starts again.
     offer_chain(&mut a, root, &mut next, 8);
-    assert!(a.depth_seen > 0);
+    assert!(a.sampling().expect("sampled").depth_seen > 0);
     a.set_capacity_hint(20_000);
-    assert_eq!((a.sample, a.depth_seen), (8, 0));
+    assert_eq!(
+        (a.sample(), a.sampling().expect("sampled").depth_seen),
+        (8, 0)
+    );
 }
 
 #[test]
@@ -918,7 +937,7 @@ fn a_root_that_carries_the_traffic_is_sampled_below_it() {
     let fresh = || {
         let mut a = Adaptive::with_constants(300, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
         a.set_capacity_hint(1000);
-        assert_eq!((a.sample, a.depth), (4, 0));
+        assert_eq!((a.sample(), a.depth), (4, 0));
         a
     };
     let probe = fresh();
@@ -946,7 +965,8 @@ fn a_root_that_carries_the_traffic_is_sampled_below_it() {
             offer_chain(&mut a, root, &mut next, 8);
         }
         assert_eq!(a.depth, 1, "{why}: the depth stays");
-        let share = a.seen_sampled / a.seen;
+        let share =
+            a.sampling().expect("sampled").seen_sampled / a.sampling().expect("sampled").seen;
         assert!(
             (0.18..0.32).contains(&share),
             "{why}: the shadows see {share:.3} of the traffic, about 1 in 4"
@@ -1006,7 +1026,7 @@ fn a_root_that_carries_the_traffic_is_sampled_below_it() {
 fn sampled_shadows_are_sized_to_their_share_of_the_traffic() {
     let mut a = Adaptive::with_constants(256, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
     a.set_capacity_hint(1024);
-    assert_eq!((a.sample, a.shadows[0].cap), (4, 256), "1 in 4 at first");
+    assert_eq!((a.sample(), a.shadows[0].cap), (4, 256), "1 in 4 at first");
     let sampled_root = (0..).find(|&i| a.sampled(&h(i))).expect("a sampled root");
     let other_root = (0..).find(|&i| !a.sampled(&h(i))).expect("another root");
     // One chain in eight hangs off a sampled root, the rest off one that is not (a
@@ -1038,7 +1058,7 @@ fn sampled_shadows_are_sized_to_their_share_of_the_traffic() {
 fn sampled_with_a_chain_arc_holds() -> (Adaptive, Vec<BlockHash>) {
     let mut a = Adaptive::with_constants(64, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
     a.set_capacity_hint(1024);
-    assert_eq!(a.sample, 16);
+    assert_eq!(a.sample(), 16);
     let root = (0..).find(|&i| a.sampled(&h(i))).expect("a sampled root");
     let chain: Vec<BlockHash> = std::iter::once(h(root))
         .chain((1..5).map(|i| h(1_000_000 + i)))
@@ -1120,7 +1140,7 @@ fn a_chain_offered_after_another_parent_is_a_new_one() {
     // still seen.
     let mut a = Adaptive::new();
     a.set_capacity_hint(64);
-    assert_eq!(a.sample, 1);
+    assert_eq!(a.sample(), 1);
     let (x0, x1) = (h(1), h(2));
     assert!(a.shadows[0].insert(x0, None));
     assert!(a.shadows[0].insert(x1, Some(x0)));
@@ -1155,7 +1175,7 @@ fn a_chain_offered_after_another_parent_is_a_new_one() {
 fn large_caches_sample_whole_chains() {
     let mut a = Adaptive::with_constants(64, HALF_LIFE_CAPACITIES, DOOR_WINDOW_CAPACITIES);
     a.set_capacity_hint(1024);
-    assert_eq!(a.sample, 16);
+    assert_eq!(a.sample(), 16);
     assert_eq!(a.shadows[0].cap, 64);
     for c in 0..400u64 {
         a.on_chain(None);
