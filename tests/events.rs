@@ -265,3 +265,34 @@ fn a_block_removed_by_hand_is_told_when_the_store_finds_it_gone() {
         );
     }
 }
+
+/// A shared store that cannot evict for a put (its chain's leaf is pinned, and eviction
+/// takes only leaves) scans the tree for room; the block removed by hand beneath the leaf,
+/// which the scan finds gone, is told as missing by the scan (nothing else looks at it), so
+/// the journal replayed is still the tree.
+#[test]
+fn a_shared_stores_scan_tells_a_block_it_finds_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = quiet()
+        .with_sharing(Sharing::Shared)
+        .with_events(true)
+        .with_capacity_files(4);
+    let store = Store::open(dir.path(), worker("w"), cfg).unwrap();
+    let chain = put_chains(&store, 0..1, 4).remove(0);
+    assert!(store.pin_many(&chain[3..]).into_iter().all(|r| r.unwrap()));
+    std::fs::remove_file(store.path_of(&chain[2].hash)).unwrap();
+    put_chains(&store, 1..2, 1);
+    let (present, records) = replay(dir.path(), "w", Some(&store));
+    let missing: Vec<_> = records
+        .iter()
+        .filter(|r| usize::from(r.cause) == 5)
+        .map(|r| r.hex.clone())
+        .collect();
+    drop(store);
+    assert_eq!(present, tree(dir.path(), "w"));
+    assert_eq!(
+        missing,
+        vec![chain[2].hash.to_hex()],
+        "told missing once, by the scan"
+    );
+}
