@@ -180,6 +180,30 @@ class JournalTail:
         self._thread.join(timeout=5)
 
 
+class Names:
+    """Our key -> a block's name on the engine's side (its hash, ...), for the newest `limit`
+    keys named: the oldest beyond it are forgotten."""
+
+    def __init__(self, limit: int = 1 << 20) -> None:
+        self._names: "OrderedDict[bytes, Any]" = OrderedDict()
+        self._limit = limit
+
+    def name(self, ours: bytes, name: Any) -> List[bytes]:
+        """Names `ours` (the newest now); returns the keys forgotten to make room."""
+        self._names[ours] = name
+        self._names.move_to_end(ours)
+        gone = []
+        while len(self._names) > self._limit:
+            gone.append(self._names.popitem(last=False)[0])
+        return gone
+
+    def get(self, ours: bytes) -> Optional[Any]:
+        return self._names.get(ours)
+
+    def pop(self, ours: bytes) -> None:
+        self._names.pop(ours, None)
+
+
 class ToldBlocks:
     """What a backend told its engine's KV event stream of the blocks it stored: each block's
     name on the engine's side (its hash, ...) by our key, and which are told stored. The
@@ -188,27 +212,25 @@ class ToldBlocks:
     block again."""
 
     def __init__(self, limit: int = 1 << 20) -> None:
-        self._names: "OrderedDict[bytes, Any]" = OrderedDict()
+        self._names = Names(limit)
         self._told: set = set()
-        self._limit = limit
 
     def name(self, ours: bytes, name: Any) -> None:
-        self._names[ours] = name
-        self._names.move_to_end(ours)
-        while len(self._names) > self._limit:
-            self._told.discard(self._names.popitem(last=False)[0])
+        for gone in self._names.name(ours, name):
+            self._told.discard(gone)
 
     def forget(self, ours: bytes) -> None:
         """A block not stored after all: its name goes, unless it is told stored."""
         if ours not in self._told:
-            self._names.pop(ours, None)
+            self._names.pop(ours)
 
     def tell_present(self, ours: bytes) -> Optional[Any]:
         """A block found stored: its name, if it is not told stored yet (it is now)."""
-        if ours in self._told or ours not in self._names:
+        name = self._names.get(ours)
+        if ours in self._told or name is None:
             return None
         self._told.add(ours)
-        return self._names[ours]
+        return name
 
     def changes(self, events: Iterable[Tuple[str, bytes]]) -> List[Tuple[bool, Any]]:
         """The journal's `(kind, key)` events as what to tell, in order: `(removed, name)`
@@ -236,5 +258,5 @@ class ToldBlocks:
         for ours in gone:
             if ours in self._told:
                 self._told.discard(ours)
-                out.append(self._names[ours])
+                out.append(self._names.get(ours))
         return out

@@ -49,7 +49,6 @@ import asyncio
 import json
 import logging
 import struct
-from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -60,7 +59,7 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from . import Offloader, Store, engine_key, kv_events
 from . import worker_id as _worker_id
-from ._engines import STORE_OPTIONS, FailureLog, close_store, slug, store_options
+from ._engines import STORE_OPTIONS, FailureLog, Names, close_store, slug, store_options
 
 logger = logging.getLogger(__name__)
 
@@ -244,7 +243,7 @@ class TierkvStoragePlugin(StoragePluginInterface):
         self.kv_events: Optional[kv_events.TreeEvents] = None
         # Our key -> LMCache's chunk hash, of the chunks this engine offered (the newest
         # 2**20): the names its events tell them by.
-        self._chunk_names: "OrderedDict[bytes, int]" = OrderedDict()
+        self._chunk_names = Names()
         try:
             self.store = Store(self.root, self.worker, **self.options)
             # Every rank stores the same chunk hashes: the first rank publishes.
@@ -350,7 +349,7 @@ class TierkvStoragePlugin(StoragePluginInterface):
                 parts.append([encode_prefix(key, obj, len(data)), data])
                 hkeys.append(block_key(key))
                 if self.kv_events is not None:
-                    self._name_chunk(bytes.fromhex(hkeys[-1]), key.chunk_hash)
+                    self._chunk_names.name(bytes.fromhex(hkeys[-1]), key.chunk_hash)
                 obj.ref_count_up()
                 releases.append(self._release(obj, key, hkeys[-1], on_complete_callback))
             got = off.offer(hkeys, parts, releases=releases)
@@ -359,12 +358,6 @@ class TierkvStoragePlugin(StoragePluginInterface):
             self.failures.fail("put", e)
         self._offloader_stats()
         return None
-
-    def _name_chunk(self, ours: bytes, chunk_hash: int) -> None:
-        self._chunk_names[ours] = chunk_hash
-        self._chunk_names.move_to_end(ours)
-        if len(self._chunk_names) > 1 << 20:
-            self._chunk_names.popitem(last=False)
 
     def _offloader_stats(self) -> Dict[str, Any]:
         """The offloader's counters; the writes it saw fail since the last look are counted
