@@ -60,9 +60,11 @@ echo "== tests"
 # Skipped tests append a line here (tests/common's `skip`): printed below, never silent.
 SKIPS=target/test-skips.txt
 rm -f "$SKIPS"
-# The multi-node tests (tools/tests/shared_dfs.rs) run on a GlusterFS volume that two network
-# namespaces mount (tools/dfs.sh, root only); it is torn down whatever happens.
-if [ "$(id -u)" = 0 ]; then
+# The multi-node tests (tools/tests/shared_dfs.rs, python/tests/test_kv_events_dfs.py) run on
+# a GlusterFS volume that two network namespaces mount (tools/dfs.sh, root only): dfs_up brings
+# it up and exports its mounts as TIERKV_DFS_*; it is torn down whatever happens.
+dfs_up() {
+  [ "$(id -u)" = 0 ] || return 0
   trap 'tools/dfs.sh down >/dev/null 2>&1 || true' EXIT
   tools/dfs.sh down >/dev/null 2>&1 || true
   DFS_MOUNTS=$(tools/dfs.sh up)
@@ -70,12 +72,16 @@ if [ "$(id -u)" = 0 ]; then
   TIERKV_DFS_N2=$(awk '$1 == "n2" { print $2 }' <<<"$DFS_MOUNTS")
   TIERKV_DFS_SH="$PWD/tools/dfs.sh"
   export TIERKV_DFS_N1 TIERKV_DFS_N2 TIERKV_DFS_SH
-fi
-cargo test -q --all-features -p tierkv -p tierkv-tools
-if [ "$(id -u)" = 0 ]; then
+}
+dfs_down() {
+  [ "$(id -u)" = 0 ] || return 0
   tools/dfs.sh down
   trap - EXIT
-fi
+  unset TIERKV_DFS_N1 TIERKV_DFS_N2 TIERKV_DFS_SH
+}
+dfs_up
+cargo test -q --all-features -p tierkv -p tierkv-tools
+dfs_down
 echo "== the hostile-tree and semantics suites against shared stores (TIERKV_TEST_SHARING=shared)"
 TIERKV_TEST_SHARING=shared cargo test -q --all-features -p tierkv -p tierkv-tools --test hostile --test semantics
 echo "== whole-trace policy replays (optimised: src/index/policy)"
@@ -101,21 +107,11 @@ TIERKV_INTEROP_BIN="$INTEROP" "$VENV/bin/python" -m pytest -q python/tests \
   --ignore=python/tests/test_lmcache_mp.py --ignore-glob='python/tests/test_vllm_*.py' \
   --ignore=python/tests/test_kv_events_dfs.py
 echo "== the KV event publisher across two GlusterFS nodes (python/tests/test_kv_events_dfs.py)"
-if [ "$(id -u)" = 0 ]; then
-  trap 'tools/dfs.sh down >/dev/null 2>&1 || true' EXIT
-  DFS_MOUNTS=$(tools/dfs.sh up)
-  TIERKV_DFS_N1=$(awk '$1 == "n1" { print $2 }' <<<"$DFS_MOUNTS")
-  TIERKV_DFS_N2=$(awk '$1 == "n2" { print $2 }' <<<"$DFS_MOUNTS")
-  export TIERKV_DFS_N1 TIERKV_DFS_N2 TIERKV_DFS_SH="$PWD/tools/dfs.sh"
-fi
+dfs_up
 cargo build -q -p tierkv-tools --bin tierkv-bench
 TIERKV_BENCH_BIN="$(source tools/bench-common.sh && target_dir)/debug/tierkv-bench" \
   "$VENV/bin/python" -m pytest -q -s python/tests/test_kv_events_dfs.py
-if [ "$(id -u)" = 0 ]; then
-  tools/dfs.sh down
-  trap - EXIT
-  unset TIERKV_DFS_N1 TIERKV_DFS_N2 TIERKV_DFS_SH
-fi
+dfs_down
 echo "== the benchmark scripts' statistics (tools/benchstats.py)"
 "$VENV/bin/python" -m pytest -q tools/test_benchstats.py
 echo "== the engines' virtualenvs (made in the background since the start)"
