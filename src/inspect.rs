@@ -279,23 +279,25 @@ impl WorkerDir {
     /// ([`StoreConfig::events`](crate::StoreConfig::events)); empty, its `journal_id` 0,
     /// without one.
     pub fn events_since(&self, from: u64, max: usize) -> Result<crate::EventsRead> {
-        match self
-            .ns
-            .open_journal(false, false, true, std::time::Duration::ZERO)?
-        {
-            Some(j) => j.read_since(from, max),
-            None => Ok(crate::EventsRead::default()),
-        }
+        self.read_journal(|j| j.read_since(from, max))
     }
 
     /// Where the worker's event journal ends now (its `next` and `journal_id`; the default,
     /// without one): where a consumer that has just listed the tree starts following it.
     pub fn events_end(&self) -> Result<crate::EventsRead> {
+        self.read_journal(crate::ns::Journal::end)
+    }
+
+    /// `read` of the worker's journal, opened to read (no lock); the default without one.
+    fn read_journal(
+        &self,
+        read: impl FnOnce(&crate::ns::Journal) -> Result<crate::EventsRead>,
+    ) -> Result<crate::EventsRead> {
         match self
             .ns
             .open_journal(false, false, true, std::time::Duration::ZERO)?
         {
-            Some(j) => j.end(),
+            Some(j) => read(&j),
             None => Ok(crate::EventsRead::default()),
         }
     }
