@@ -23,7 +23,7 @@ pub struct Arc {
     p: f64,
     cap_hint: usize,
     /// Ghost hits already accounted in `p` by `admit`, waiting for their insertion.
-    pending: std::collections::HashSet<BlockHash>,
+    pending: super::Set<BlockHash>,
 }
 
 impl Arc {
@@ -36,7 +36,7 @@ impl Arc {
             b2: LruCache::unbounded(),
             p: 0.0,
             cap_hint: 0,
-            pending: std::collections::HashSet::new(),
+            pending: super::Set::default(),
         }
     }
 

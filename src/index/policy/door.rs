@@ -1,8 +1,7 @@
 //! The doorkeeper: has a block been offered recently? Admission on second sight: exact for
 //! the windows of caches up to [`super::SHADOW_BLOCKS`] blocks, in a few bits per block above.
 
-use std::collections::HashSet;
-
+use super::Set;
 use crate::key::BlockHash;
 
 /// Windows of up to this many sightings are remembered exactly (a set of 64-bit hashes of the
@@ -44,7 +43,7 @@ struct Generation {
 #[derive(Debug, Clone)]
 enum Seen {
     /// Their [`mix`] values: windows up to [`EXACT_DOOR_WINDOW`].
-    Exact(HashSet<u64>),
+    Exact(Set<u64>),
     /// A Bloom filter of `len * 64` bits: larger windows.
     Bloom(Vec<u64>),
 }
@@ -64,7 +63,7 @@ fn probes(words: usize, h: &BlockHash) -> [(usize, u64); PROBES] {
 impl Generation {
     fn new(keys: usize) -> Self {
         let seen = if keys <= EXACT_DOOR_WINDOW {
-            Seen::Exact(HashSet::new())
+            Seen::Exact(Set::default())
         } else {
             Seen::Bloom(vec![0; (keys * BITS_PER_KEY).div_ceil(64)])
         };

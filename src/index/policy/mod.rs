@@ -24,6 +24,13 @@ pub use belady::{Belady, Oracle};
 pub use door::Doorkeeper;
 pub use lru::Lru;
 
+/// The policies' maps and sets: hashbrown's keyed foldhash (the `lru` crate's default) in
+/// place of std's SipHash, a fraction of its cost for the one word a [`BlockHash`] feeds it;
+/// the default policy's shadows look keys up a few dozen times per access.
+type Map<K, V> = std::collections::HashMap<K, V, ::lru::DefaultHasher>;
+/// See [`Map`].
+type Set<K> = std::collections::HashSet<K, ::lru::DefaultHasher>;
+
 /// One access of a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Access {

@@ -1,11 +1,9 @@
 //! With exact shadows the real cache mirrors them: each real block grouped by the shadows
 //! that hold it, stored and evicted as their weighted vote says.
 
-use std::collections::HashMap;
-
 use lru::LruCache;
 
-use super::super::pop_lru_unpinned;
+use super::super::{Map, pop_lru_unpinned};
 use super::duel::Regimes;
 use super::shadow::{MODES, Shadow};
 use super::{Adaptive, Kind};
@@ -29,7 +27,7 @@ pub const VOTE_SIGMAS: f64 = 1.0;
 #[derive(Debug)]
 pub(super) struct Exact {
     /// For each real block, the shadows that hold it (bit `i` for the shadow of `MODES[i]`).
-    pub(super) held: HashMap<BlockHash, u8>,
+    pub(super) held: Map<BlockHash, u8>,
     /// The real blocks grouped by the shadows that hold them (indexed by that bit set), each
     /// group least recently used or regrouped first. The victim comes from the group with the
     /// smallest vote.
@@ -41,7 +39,7 @@ pub(super) struct Exact {
 impl Exact {
     pub(super) fn new() -> Self {
         Exact {
-            held: HashMap::new(),
+            held: Map::default(),
             by_holders: (0..1 << MODES.len())
                 .map(|_| LruCache::unbounded())
                 .collect(),

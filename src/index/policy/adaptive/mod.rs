@@ -1,10 +1,8 @@
 //! The default policy: ARC, LRU, `admit2`, or ARC or LRU behind a doorkeeper, whichever of five
 //! shadow caches shows to be winning on the workload at hand (set dueling).
 
-use std::collections::HashSet;
-
 use super::door::Doorkeeper;
-use super::{Access, ArcPolicy, Lru, Policy};
+use super::{Access, ArcPolicy, Lru, Policy, Set};
 use crate::key::BlockHash;
 
 mod duel;
@@ -63,7 +61,7 @@ pub struct Adaptive {
     arc: ArcPolicy,
     door: Doorkeeper,
     /// Admitted by `admit`, not yet reported inserted: their reference is already counted.
-    admitted: HashSet<BlockHash>,
+    admitted: Set<BlockHash>,
     shadows: Vec<Shadow>,
     /// Exact or sampled shadows, and the state only that kind has (made anew with them).
     kind: Kind,
@@ -127,7 +125,7 @@ impl Adaptive {
             lru: Lru::new(),
             arc: ArcPolicy::new(),
             door: Doorkeeper::new(1),
-            admitted: HashSet::new(),
+            admitted: Set::default(),
             shadows: Vec::new(),
             kind: Kind::Exact(Exact::new()),
             draw: 0,

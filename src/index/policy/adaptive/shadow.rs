@@ -1,10 +1,8 @@
 //! The shadow caches: metadata-only replays of each candidate rule on the chains the
 //! shadows follow, counting prefix hits as the index would.
 
-use std::collections::{HashMap, HashSet};
-
 use super::super::door::Doorkeeper;
-use super::super::{Access, Admit2, ArcPolicy, Lru, Policy};
+use super::super::{Access, Admit2, ArcPolicy, Lru, Map, Policy, Set};
 use crate::key::BlockHash;
 
 /// What a candidate (and the real cache, following the leader) does.
@@ -60,14 +58,14 @@ pub(super) struct Shadow {
     pub(super) evict: Box<dyn Policy>,
     pub(super) door: Doorkeeper,
     /// Present blocks: their chain parent and how many present children they have.
-    pub(super) present: HashMap<BlockHash, (Option<BlockHash>, u32)>,
+    pub(super) present: Map<BlockHash, (Option<BlockHash>, u32)>,
     pub(super) cap: usize,
     /// Every block of the current chain so far was a hit.
     pub(super) run: bool,
     /// A block of the current chain was not admitted.
     pub(super) declined: bool,
     /// The current chain's blocks (not evicted while it is placed), and its last block.
-    pub(super) chain: HashSet<BlockHash>,
+    pub(super) chain: Set<BlockHash>,
     pub(super) prev: Option<BlockHash>,
     /// The blocks this shadow evicted since the owner last took them (kept while the real
     /// cache mirrors the shadows, to regroup its blocks).
@@ -87,11 +85,11 @@ impl Shadow {
             mode,
             evict,
             door: Doorkeeper::new(door_window * cap),
-            present: HashMap::new(),
+            present: Map::default(),
             cap,
             run: false,
             declined: false,
-            chain: HashSet::new(),
+            chain: Set::default(),
             prev: None,
             evicted: Vec::new(),
             log_evictions: false,

@@ -1,3 +1,6 @@
+use std::collections::HashSet;
+
+use super::super::Map;
 use super::super::tests::{h, replay};
 use super::super::{Admit2, Lru};
 use super::duel::{REGIME_MEAN_CAPACITIES, REGIME_MIN_REFERENCES};
@@ -13,10 +16,10 @@ fn exact(a: &Adaptive) -> &Exact {
 }
 
 /// For each real block, the shadows that hold it: none while the shadows are sampled.
-fn groups(a: &Adaptive) -> std::collections::HashMap<BlockHash, u8> {
+fn groups(a: &Adaptive) -> Map<BlockHash, u8> {
     match &a.kind {
         Kind::Exact(e) => e.held.clone(),
-        Kind::Sampled(_) => std::collections::HashMap::new(),
+        Kind::Sampled(_) => Map::default(),
     }
 }
 
