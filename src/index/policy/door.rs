@@ -4,14 +4,10 @@
 use super::Set;
 use crate::key::BlockHash;
 
-/// Windows of up to this many sightings are remembered exactly (a set of 64-bit hashes of the
-/// blocks), larger ones in a Bloom filter: 4 x [`super::SHADOW_BLOCKS`], the door window
-/// ([`super::DOOR_WINDOW_CAPACITIES`]) of the largest exact shadow, so every door of a shadow
-/// and the real cache's up to that size are exact. A Bloom filter takes about 1 % of first
-/// sightings for second ones, so which blocks are admitted early depended on the blocks'
-/// hashes: the shared trace replayed through the index with the test's counter hashes and
-/// through a store with blake3 hashes gave 0.0951 and 0.0931 at 1,000 blocks
-/// (docs/eviction-log.md at commit 2f3502f, "The exact doorkeeper"). Exact, the two agree.
+/// Windows of up to this many sightings are remembered exactly (a set of 64-bit hashes), larger
+/// ones in a Bloom filter. Why this size: the door window of the largest exact shadow, so every
+/// exact shadow's door and the real cache's are exact; a Bloom filter's 1 % false sightings made
+/// admission depend on the blocks' hashes (two hash schemes gave 0.0951 and 0.0931).
 pub const EXACT_DOOR_WINDOW: usize = super::DOOR_WINDOW_CAPACITIES * super::SHADOW_BLOCKS;
 
 /// Bits of filter per remembered sighting (with [`PROBES`] probes: about 1 % false "seen").

@@ -5,53 +5,39 @@ use super::shadow::{MODES, Mode};
 use super::{Adaptive, Kind};
 
 /// The leader changes when another shadow leads it by this many standard deviations of the
-/// difference of their hits (McNemar's test on the references where one hit and the other did
-/// not).
+/// difference of their hits (McNemar's test on the references where one hit and the other missed).
+/// Why 3: a chance lead of that size is rarer than 1 in 700, so the leader does not flap.
 pub const SWITCH_SIGMAS: f64 = 3.0;
 
-/// With sampled shadows (above [`SHADOW_BLOCKS`](super::SHADOW_BLOCKS)), the leader changes when another shadow leads
-/// it by this many standard deviations of the difference of their hits counted chain by chain
-/// (the sum, over the chains ended, of the square of the difference in each; the lead is
-/// checked at every reference, as with exact shadows). The shadows sample whole chains, whose
-/// references hit or miss together, so a chain is one observation: per reference, documents at
-/// 52,509 blocks switched from ARC to LRU on a lead of 36 hits in 14,000 (two chains) and lost
-/// 0.0065. That deviation is larger than the per-reference one of [`SWITCH_SIGMAS`], hence
-/// fewer of them: at 3, chat at 25,920 blocks follows LRU too late (-0.0100); 1.5 to 2.5 give
-/// the same figures on every sampled cell of docs/eviction.md.
+/// With sampled shadows (above [`SHADOW_BLOCKS`](super::SHADOW_BLOCKS)), the same margin over
+/// the hits counted chain by chain (the sum over ended chains of the squared difference in each).
+/// Why 2, not 3: a sampled chain's references hit or miss together, so a chain is one
+/// observation and its deviation is larger; 1.5 to 2.5 measured the same (eviction log, 2f3502f).
 pub const SAMPLED_SWITCH_SIGMAS: f64 = 2.0;
 
-/// The share of references that some shadow hits, averaged over this many capacities' worth of
-/// references (an exponential moving average; at least [`REGIME_MIN_REFERENCES`]), is the
-/// *rate* that tells the workload's regimes apart ([`REGIME_SHIFT`]).
+/// The share of references that some shadow hits, averaged (exponentially) over this many
+/// capacities' worth of references: the *rate* that tells the workload's regimes apart
+/// ([`REGIME_SHIFT`]). Why 1: a regime must show within the span a leader change takes.
 pub const REGIME_RATE_CAPACITIES: usize = 1;
 
-/// The capacity that sizes the rate's and a regime's spans ([`REGIME_RATE_CAPACITIES`],
-/// [`REGIME_MEAN_CAPACITIES`]) is counted as at least this many references: at 167 blocks
-/// (conversation at 1 % of its blocks) a capacity of references is six or seven chats, whose
-/// hits come and go together, and the rate moved by 0.3 and back 27 and 46 times on traces of
-/// one regime (seeds 8 and 4), 0.0067 to 0.0096 below the best rule on 3 of 8 seeds.
+/// The capacity that sizes the rate's and a regime's spans counts as at least this many
+/// references. Why: at a small cache a capacity of references is a handful of chats that hit
+/// together, and the rate then moved between regimes on traces that have one.
 pub const REGIME_MIN_REFERENCES: usize = 1000;
 
-/// A regime's mean rate is averaged over this many capacities' worth of references while the
-/// workload is in it, and the workload stays in a regime at least this long. At 4 (the
-/// half-life) phases at 5 % of its blocks fell 0.0054 below ARC (seed 1): its phases last 3 to
-/// 5 capacities there, so a regime was left about as late as the duel's leader changed.
+/// A regime's mean rate is averaged over this many capacities' worth of references in it, and
+/// the workload stays in a regime at least this long. Why 2: phases last 3 to 5 capacities, and
+/// at 4 a regime was left as late as the duel's leader changed.
 pub const REGIME_MEAN_CAPACITIES: usize = 2;
 
-/// The workload has entered another regime when the rate ([`REGIME_RATE_CAPACITIES`]) moves
-/// this far from the mean it had in the current one ([`REGIME_MEAN_CAPACITIES`]), and is nearer
-/// the other regime's mean than the current one's (or there is no other yet). Each of the
-/// [`REGIMES`] keeps its own duel (the shadows' hit counts, their discordant references and the
-/// leader), so a regime that comes back brings back the rule that won in it instead of learning
-/// it again against the other's lead. In phases (chat, then one-off prompts, in turn) the
-/// candidates hit 0.57 to 0.92 of the references in the chat phases and 0.04 to 0.19 in the
-/// others. A steady workload's rate wanders less, but not by much less at small capacities: at
-/// 0.2, conversation at 2 % of its blocks (seed 8) changed regime 21 times where it has one,
-/// against 3 times at 0.3 (both with a mean over 4 capacities and no [`REGIME_MIN_REFERENCES`]);
-/// docs/eviction.md has the record.
+/// The workload has entered another regime when the rate moves this far from the current
+/// regime's mean and nearer the other's. Each of the [`REGIMES`] keeps its own duel, so a regime
+/// that comes back brings back the rule that won in it. Why 0.3: phases' rates differ by 0.4 or
+/// more (0.57-0.92 against 0.04-0.19); at 0.2 a steady trace changed regime 21 times.
 pub const REGIME_SHIFT: f64 = 0.3;
 
-/// How many regimes, each with its own duel, are kept ([`REGIME_SHIFT`]).
+/// How many regimes, each with its own duel, are kept ([`REGIME_SHIFT`]). Why 2: the workloads
+/// measured alternate between two (chat and one-off prompts).
 pub const REGIMES: usize = 2;
 
 /// The duel between the shadows: their recent hits, what the differences between them vary

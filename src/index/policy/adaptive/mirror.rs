@@ -9,17 +9,11 @@ use super::shadow::{MODES, Shadow};
 use super::{Adaptive, Kind};
 use crate::key::BlockHash;
 
-/// With exact shadows the real cache holds what the shadows vote for, each shadow weighing
-/// `exp(-(z / VOTE_SIGMAS)^2 / 2)`, where `z` is how many standard deviations (McNemar's, as
-/// for a switch) it trails the leader by: the leader, and a shadow ahead of it by less than the
-/// switching margin, weigh 1; one half a deviation behind, 0.88; one deviation behind, 0.61;
-/// two, 0.14; three, 0.011; one that no reference has yet told apart from the leader (one hit
-/// where the other missed), 0. So with a clear leader the real cache is the leader's shadow,
-/// and near a tie it keeps what most of the close shadows keep instead of what one of them,
-/// perhaps by chance, keeps. Over the 216 cells of 8 seeds in docs/eviction-log.md at commit
-/// 2f3502f, 1 leaves the fewest cells below the best simple rule by more than 0.005 of the
-/// widths tried (7 at 1, 8 at 0.5, 9 at 1.5, 10 at 2), with 33 below 0.995x the best (36 at
-/// 0.5).
+/// With exact shadows the real cache holds what the shadows vote for, each weighing
+/// `exp(-(z / VOTE_SIGMAS)^2 / 2)` where `z` is how many standard deviations it trails the
+/// leader by (0 for one no reference has told apart from it), so a clear leader's shadow is the
+/// real cache and near a tie the close shadows' majority is. Why 1: of 0.5, 1, 1.5 and 2 it left
+/// the fewest cells more than 0.005 below the best simple rule (7 of 216; eviction log, 2f3502f).
 pub const VOTE_SIGMAS: f64 = 1.0;
 
 /// What exact shadows keep beside them: the real blocks grouped by the shadows that hold

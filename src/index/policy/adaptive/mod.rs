@@ -18,22 +18,18 @@ pub use sampling::MAX_SAMPLE_DEPTH;
 use sampling::Sampled;
 use shadow::{MODES, Mode, Shadow};
 
-/// Shadow caches simulate at most this many blocks each; above it they follow a hash-sampled
-/// subset of the chains (1 in `2^k`, chosen by the chain's root, so a followed chain is seen
-/// whole and its prefix hits can be counted) at capacity / `2^k`, which estimates the hit ratio
-/// of the full-size cache (spatial sampling, Waldspurger et al., "SHARDS", FAST'15). Below it the
-/// shadows are exact; above it their memory stays a constant, not a share of the cache. Sampling
-/// costs accuracy: docs/eviction-log.md at commit 2f3502f (`git show 2f3502f:docs/eviction-log.md`)
-/// measures sampled shadows against exact ones at 16k blocks.
+/// Shadow caches are exact up to this many blocks; above it each follows 1 in `2^k` of the
+/// chains (hash-sampled by a chain's first blocks, so a chain is seen whole) at capacity /
+/// `2^k` (spatial sampling, "SHARDS", FAST'15). Why: exact shadows cost a share of the cache in
+/// memory and time, sampled ones a constant, at some accuracy (eviction log, 2f3502f).
 pub const SHADOW_BLOCKS: usize = 32768;
 
-/// The doorkeeper remembers a first offer for between 4 and 8 capacities' worth of other
-/// offers: at least as long as the ghost list of admit-on-second-sight (4x the capacity), so it
-/// never turns a block away for want of memory where that rule would admit it.
+/// The doorkeeper remembers a first offer for 4 to 8 capacities' worth of other offers. Why
+/// 4: as long as `admit2`'s ghost list, so it never refuses a block that rule would admit.
 pub const DOOR_WINDOW_CAPACITIES: usize = 4;
 
-/// Shadow hit counts are halved every this many capacities' worth of references, so the duel
-/// follows a workload that changes, and a candidate must lead for a while to be followed.
+/// Shadow hit counts halve every this many capacities' worth of references. Why 4: the duel
+/// follows a workload that changes, yet a candidate must lead for a while to be followed.
 pub const HALF_LIFE_CAPACITIES: usize = 4;
 
 /// The default policy. The real cache keeps both an ARC and an LRU order over its blocks, and a

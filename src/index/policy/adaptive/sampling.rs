@@ -8,33 +8,23 @@ use super::shadow::MODES;
 use super::{Adaptive, Kind};
 use crate::key::BlockHash;
 
-/// Sampled shadows draw their chains again (another salt for the hash of a chain's root) when,
-/// over a capacity's worth of references, the chains they follow take less than
-/// 1 / (`RESAMPLE_BELOW` x `2^k`) of the traffic: a few roots (shared system prompts) can
-/// carry all of it, and a draw that samples none of them leaves the shadows nothing to compare
-/// (chat at 25,487 blocks, seed 2, when the shadows were exact only up to 16,384 blocks: three
-/// prompts, none sampled at 1 in 2, and the default stayed with ARC, 0.0197 below LRU).
+/// Sampled shadows draw their chains again (another salt) when, over a capacity's worth of
+/// references, their chains take less than 1 / (`RESAMPLE_BELOW` x `2^k`) of the traffic. Why: a
+/// few shared roots can carry all of it, and a draw that samples none leaves nothing to compare.
 pub const RESAMPLE_BELOW: u64 = 8;
 
-/// At most this many draws: traffic that no draw samples stays unsampled, not redrawn forever.
+/// At most this many draws. Why: traffic no draw samples stays unsampled, not redrawn forever.
 pub const MAX_DRAWS: u32 = 8;
 
-/// Sampled shadows decide whether they follow a chain by one of its blocks: at first its root,
-/// and deeper (its second block, its third, ...) when the chains sharing the blocks up to that
-/// depth carry too much of the traffic for the shadows to hold their share of the capacity, or
-/// too little of it ([`RESAMPLE_BELOW`]). Real traces put a system prompt before every request:
-/// every request of Mooncake's conversation trace starts with the same block, so a sample by
-/// root takes all of the traffic or none of it, and a shadow of at most [`SHADOW_BLOCKS`](super::SHADOW_BLOCKS) then
-/// models a smaller cache than the real one (at 36,558 blocks the default ended 0.0139 below
-/// LRU). The shadows measure the share each depth up to this one would give, and take the
-/// shallowest that fits: the shallower, the likelier that every turn of a conversation (each
-/// extending the last) is decided by the same block.
+/// Sampled shadows decide whether to follow a chain by its block at a depth, the shallowest
+/// up to this one whose chains' share of the traffic fits their share of the capacity. Why: real
+/// traces start every request with one system prompt, so a sample by root takes all the traffic
+/// or none, and the shallowest fitting depth keeps a conversation's turns together.
 pub const MAX_SAMPLE_DEPTH: usize = 64;
 
-/// With sampled shadows, whether the sampled chains' share of the traffic fits is checked every
-/// this many capacities' worth of references (and at least [`REGIME_MIN_REFERENCES`]): a
-/// shared root shows within the first few hundred requests, so the shadows take the right depth
-/// within the first 10 % of a trace, and learn from there.
+/// Whether the sampled chains' share fits is checked every this many capacities' worth of
+/// references (at least [`REGIME_MIN_REFERENCES`]). Why 1/8: a shared root shows within the
+/// first few hundred requests, so the depth is right within the first 10 % of a trace.
 pub const SAMPLE_DEPTH_CHECK: f64 = 0.125;
 
 /// What sampled shadows keep beside them, made anew with them.
