@@ -9,8 +9,10 @@ usage: .venv-vllm/bin/python tools/vllm-tier-bench.py [--dir DIR] [--sizes-mib 2
        [--chunks 48] [--batch 8] [--rounds 3]
 
 The `fs` tier uses O_DIRECT where the filesystem allows it (vLLM's default); ours is run
-buffered (the default) and with direct_io=True. Figures: medians of the rounds. Loads after a
-store are warm for buffered tiers (the page cache holds what was just written)."""
+buffered (the default) and with direct_io=True. Figures: medians of the rounds (the tiers
+alternate which goes first), then per-round ratios against `fs` (for the lookup call, of the
+times: below 1 is cheaper). Loads after a store are warm for buffered tiers (the page cache
+holds what was just written); "load cold" loads again after dropping the page cache (root)."""
 
 from __future__ import annotations
 
@@ -72,15 +74,27 @@ def lookup_cost(s: h.Sched, ids: List[int]) -> float:
     return dt / len(ids) * 1e6
 
 
+def drop_caches() -> None:
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        pass
+
+
 def one_round(tier: Dict[str, Any], size: int, n: int, batch: int) -> Dict[str, float]:
     s = h.Sched(h.make_spec([tier], chunk_bytes=size, n_chunks=n))
     try:
         ids = list(range(n))
         st = timed_store(s, ids, batch)
         ld = timed_load(s, ids)
+        # Again from a dropped page cache (root only; otherwise the warm figure again).
+        drop_caches()
+        cold = timed_load(s, ids)
         s.drop_primary()
         lk = lookup_cost(s, ids)
-        return {"store": n * size / st / 2**30, "load": n * size / ld / 2**30, "lookup": lk}
+        return {"store": n * size / st / 2**30, "load": n * size / ld / 2**30,
+                "cold": n * size / cold / 2**30, "lookup": lk}
     finally:
         s.close()
 
@@ -101,20 +115,29 @@ def main() -> None:
     }
     print(f"{a.chunks} chunks per round, stores in batches of {a.batch}, medians of "
           f"{a.rounds} rounds, under {base}")
-    print("| chunk | tier | store GiB/s | load GiB/s | lookup call, us |")
-    print("|---|---|---:|---:|---:|")
+    print("| chunk | tier | store GiB/s | load GiB/s | load cold GiB/s | lookup call, us |")
+    print("|---|---|---:|---:|---:|---:|")
     try:
         for mib in [int(x) for x in a.sizes_mib.split(",")]:
             rows: Dict[str, List[Dict[str, float]]] = {k: [] for k in kinds}
             for r in range(a.rounds):  # interleaved: each round runs every tier once
-                for name, make in kinds.items():
+                for name, make in list(kinds.items())[:: 1 if r % 2 == 0 else -1]:
                     root = base / f"{name.split()[0]}-{mib}-{r}-{len(rows[name])}"
                     rows[name].append(one_round(make(root), mib << 20, a.chunks, a.batch))
                     shutil.rmtree(root, ignore_errors=True)
             for name, rs in rows.items():
                 med = {k: statistics.median(x[k] for x in rs) for k in rs[0]}
                 print(f"| {mib} MiB | {name} | {med['store']:.2f} | {med['load']:.2f} | "
-                      f"{med['lookup']:.1f} |")
+                      f"{med['cold']:.2f} | {med['lookup']:.1f} |")
+            fs = rows["vLLM fs (O_DIRECT)"]
+            for name in ("tierkv", "tierkv direct_io"):
+                cells = []
+                for k in ("store", "load", "cold", "lookup"):
+                    q = [x[k] / y[k] for x, y in zip(rows[name], fs)]
+                    cells.append(f"{statistics.median(q):.2f}x ("
+                                 + ", ".join(f"{v:.2f}" for v in q) + ")")
+                print(f"| {mib} MiB | {name} / fs (rounds) | " + " | ".join(cells) + " |",
+                      flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
