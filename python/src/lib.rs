@@ -570,6 +570,16 @@ impl PyStore {
         batch(py, r)
     }
 
+    /// Whether the store's index holds the block of the engine key `key` under `context`
+    /// (`engine_key(context, key)`), with no system call: a scheduler's lookup of one key in
+    /// one call, without building a key or a list in Python (`lookup_many(..., tree=False)`
+    /// of one folded key answers the same).
+    fn knows_engine_key(&self, context: &[u8], key: &[u8]) -> PyResult<bool> {
+        let store = self.store()?;
+        let k = BlockKey::new(self.worker.clone(), BlockHash::of_engine_key(context, key));
+        Ok(store.known_many(std::slice::from_ref(&k))[0])
+    }
+
     /// Makes `lookup_prefix` look at these keys in the tree again: one it found is checked now
     /// (forgotten if its file is gone), one it remembered as absent is forgotten as such.
     fn recheck_many(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {

@@ -20,6 +20,20 @@ def test_engine_key_is_the_rust_fold_with_its_known_answer():
     assert tierkv_g3.engine_key(b"ab", b"c") != tierkv_g3.engine_key(b"a", b"bc")
 
 
+def test_a_store_knows_an_engine_key_as_it_knows_its_fold(tmp_path):
+    """`Store.knows_engine_key` (the vLLM tier's one-call lookup) answers what
+    `lookup_many([engine_key(...)], tree=False)` answers, before and after the block is put."""
+    store = tierkv_g3.Store(str(tmp_path), "w0")
+    ctx, key = b"vllm.tier", bytes(range(36))
+    ours = tierkv_g3.engine_key(ctx, key)
+    assert store.knows_engine_key(ctx, key) is False
+    store.put_many([ours], [b"x" * 64])
+    assert store.knows_engine_key(ctx, key) is True
+    assert store.lookup_many([ours], tree=False) == [True]
+    assert store.knows_engine_key(b"vllm.other", key) is False
+    assert store.knows_engine_key(ctx, key[:-1]) is False
+
+
 def test_worker_id_hashes_the_canonical_description_whatever_its_order():
     a = {"model": "org/tiny", "tp": (0, 1), "dtype": "float16", "nested": {"b": 2, "a": "x"}}
     b = {"nested": {"a": "x", "b": 2}, "dtype": "float16", "tp": [0, 1], "model": "org/tiny"}

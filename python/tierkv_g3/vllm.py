@@ -329,10 +329,17 @@ class TierkvSecondaryTier(SecondaryTierManager):
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         if key in self._storing:
             return LookupResult.RETRY
-        if key in self._bad or self.store is None:
+        store = self.store
+        if key in self._bad or store is None:
             return LookupResult.MISS
-        if self._contains([key], "lookup", tree=False)[0]:
-            return LookupResult.HIT
+        try:
+            # One call: the fold and the index's answer, no system call (the scheduler's
+            # thread); a key the index lacks goes to the async lookup below when shared.
+            if store.knows_engine_key(self._prefix, key):
+                return LookupResult.HIT
+        except Exception as e:  # noqa: BLE001
+            self.failures.fail("lookup", e)
+            return LookupResult.MISS
         if self._async_lookup is not None:
             # Shared: the tree may hold what this store does not know of; asked on a thread.
             found = self._async_lookup.lookup(key, req_context)
