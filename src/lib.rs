@@ -74,4 +74,5 @@ pub use store::{
     DEFAULT_TEMP_LEASE, ErrorCounts, LatencySummary, Lookup, MIN_STATS_INTERVAL, PARALLEL_READ_MIN,
     Publish, Sharing, Store, StoreConfig, StoreStats, VerifyMode,
 };
+pub use store::{EventTail, TAIL_MAX_HELD};
 pub use transfer::{KvMemory, LoadOutcome, Region, SaveOutcome, Transfer, Transfers};

@@ -296,3 +296,64 @@ fn a_shared_stores_scan_tells_a_block_it_finds_gone() {
         "told missing once, by the scan"
     );
 }
+
+/// Takes from `tail` until `want` events came or 10 s passed; the events and whether any
+/// take said some were missed.
+fn take_until(tail: &tierkv::EventTail, want: usize) -> (Vec<tierkv::BlockEvent>, bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (mut got, mut missed) = (Vec::new(), false);
+    while got.len() < want && std::time::Instant::now() < deadline {
+        let (events, m) = tail.take();
+        got.extend(events);
+        missed |= m;
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    (got, missed)
+}
+
+/// The follower of a store's journal gives what another store of the worker appends after
+/// it started (not what was there before), in order, nothing missed; closing it stops its
+/// thread at once.
+#[test]
+fn an_event_tail_takes_what_is_appended_after_it_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = || quiet().with_sharing(Sharing::Shared).with_events(true);
+    let writer = Store::open(dir.path(), worker("w"), cfg()).unwrap();
+    let before = put_chains(&writer, 0..1, 2);
+    let reader = Store::open(dir.path(), worker("w"), cfg()).unwrap();
+    let tail = tierkv::EventTail::start(reader, std::time::Duration::from_millis(10)).unwrap();
+    let chain = put_chains(&writer, 1..2, 3).remove(0);
+    assert!(writer.remove_many(&chain[2..])[0].as_ref().unwrap());
+    let (got, missed) = take_until(&tail, 4);
+    let seen: Vec<(String, EventKind)> = got.iter().map(|e| (e.hash.to_hex(), e.kind)).collect();
+    let mut want: Vec<(String, EventKind)> = chain
+        .iter()
+        .map(|k| (k.hash.to_hex(), EventKind::Stored))
+        .collect();
+    want.push((chain[2].hash.to_hex(), EventKind::Removed));
+    assert_eq!(seen, want, "only what came after the start, in order");
+    assert!(!missed && !seen.iter().any(|(h, _)| *h == before[0][0].hash.to_hex()));
+    // Nothing more comes, and the thread, waiting for more, stops at once when closed.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(tail.take(), (Vec::new(), false));
+    let t0 = std::time::Instant::now();
+    tail.close();
+    assert!(t0.elapsed() < std::time::Duration::from_secs(1));
+    // The thread ended with it and let go of its store: with the writer gone too, nothing
+    // holds the worker, so an exclusive store opens.
+    drop(writer);
+    let cfg = quiet().with_sharing(Sharing::Exclusive);
+    Store::open(dir.path(), worker("w"), cfg).expect("the tail's store was closed");
+}
+
+/// Dropped without `close`, the follower stops its thread just the same.
+#[test]
+fn a_dropped_event_tail_stops_its_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = quiet().with_sharing(Sharing::Shared).with_events(true);
+    let reader = Store::open(dir.path(), worker("w"), cfg).unwrap();
+    let tail = tierkv::EventTail::start(reader, std::time::Duration::from_secs(3600)).unwrap();
+    drop(tail);
+    let cfg = quiet().with_sharing(Sharing::Exclusive);
+    Store::open(dir.path(), worker("w"), cfg).expect("the tail's store was closed");
+}

@@ -25,6 +25,7 @@ mod buffer;
 mod errors;
 mod lmcache;
 mod offload;
+mod tail;
 mod transfer;
 mod tree;
 
@@ -871,6 +872,7 @@ fn _tierkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<lmcache::LMCacheConnector>()?;
     m.add_class::<transfer::PyTransfers>()?;
     m.add_class::<offload::PyOffloader>()?;
+    m.add_class::<tail::PyEventTail>()?;
     m.add_function(wrap_pyfunction!(chain_hashes, m)?)?;
     m.add_function(wrap_pyfunction!(engine_key, m)?)?;
     m.add_function(wrap_pyfunction!(_worker_id, m)?)?;

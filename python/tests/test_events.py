@@ -41,3 +41,29 @@ def test_without_events_there_is_no_journal(tmp_path):
         s.put_many(_keys(2), [b"y" * 100] * 2)
         assert s.events_since(0) == ([], 0, 0, 0)
     assert not (tmp_path / "v1" / "w" / "EVENTS").exists()
+
+
+def test_an_event_tail_takes_what_another_store_appends_in_order(tmp_path):
+    """`EventTail` (the vLLM backends' follower of the journal, a Rust thread): only what is
+    appended after it started, in order, nothing missed; close() stops it, take() after it
+    is empty."""
+    import time
+
+    keys = _keys(4)
+    opts = dict(events=True, sharing="shared", stats_interval=None)
+    with tierkv_g3.Store(tmp_path, "w", **opts) as writer, tierkv_g3.Store(tmp_path, "w", **opts) as reader:
+        writer.put_many(keys[:1], [b"x" * 4096])
+        tail = tierkv_g3.EventTail(reader, interval=0.01)
+        writer.put_many(keys[1:], [b"y" * 4096] * 3)
+        assert writer.discard_many(keys[2:3]) == [True]
+        got, missed, deadline = [], False, time.monotonic() + 10
+        while len(got) < 4 and time.monotonic() < deadline:
+            events, m = tail.take()
+            got += events
+            missed |= m
+            time.sleep(0.005)
+        assert got == [("stored", k) for k in keys[1:]] + [("removed", keys[2])]
+        assert not missed
+        tail.close()
+        tail.close()
+        assert tail.take() == ([], False)

@@ -132,54 +132,6 @@ class FailureLog:
             return dict(self.counts)
 
 
-class JournalTail:
-    """Follows a store's event journal (docs/events.md) from where it ends now, on a thread
-    of its own, so that an engine's scheduler never reads the disk for it. `take()` returns
-    the events read since the last call, in journal order, each `(kind, key)` ("stored" or
-    "removed", the block's 32 bytes), and whether some were missed since (the ring went round,
-    or the journal was made again): the caller then checks what it told against the store."""
-
-    def __init__(self, store: Any, interval: float = 0.05) -> None:
-        self._store = store
-        self._interval = interval
-        self._next, self._id = store.events_end()
-        self._lock = threading.Lock()
-        self._events: list = []
-        self._missed = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tierkv-events", daemon=True)
-        self._thread.start()
-
-    def _read(self) -> bool:
-        """One read of what was appended; True if it read anything."""
-        events, nxt, missed, jid = self._store.events_since(self._next, 4096)
-        renewed = self._id not in (0, jid)
-        with self._lock:
-            self._events.extend((e[1], e[3]) for e in events)
-            self._missed |= bool(missed) or renewed
-        self._next, self._id = nxt, jid
-        return bool(events)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                if self._read():
-                    continue
-            except Exception as e:  # noqa: BLE001: a closed store, an unreadable journal
-                logger.debug("tierkv event journal: %s", e)
-            self._stop.wait(self._interval)
-
-    def take(self) -> Tuple[list, bool]:
-        with self._lock:
-            events, self._events = self._events, []
-            missed, self._missed = self._missed, False
-        return events, missed
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
 class Names:
     """Our key -> a block's name on the engine's side (its hash, ...), for the newest `limit`
     keys named: the oldest beyond it are forgotten."""

@@ -5,7 +5,8 @@ store published the block; removed by any store of the worker, in any process or
 
 The scheduler side knows each saved block's vLLM hash, parent, tokens and group when it plans
 the save (`note_save`); the journal, followed on a thread of its own, says when it was
-published and when it went (`take`, each step, on vLLM's scheduler thread, without I/O)."""
+published and when it went (`take`, each step, on vLLM's scheduler thread, without I/O;
+the journal is read by `EventTail`'s Rust thread)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from typing import Any, List, Optional
 from vllm.distributed.kv_events import MEDIUM_STORAGE, BlockRemoved, BlockStored, KVCacheEvent
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
-from . import kv_events
-from ._engines import JournalTail, ToldBlocks
+from . import EventTail, kv_events
+from ._engines import ToldBlocks
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ class StorageEvents:
         self.scale = max(block_size // max(hash_block_size, 1), 1)
         # Our key -> (vLLM hash, parent's, tokens, group, lora id, lora name).
         self._blocks = ToldBlocks()
-        self._tail: Optional[JournalTail] = None
+        self._tail: Optional[EventTail] = None
         self.where: Optional[str] = None  # LOCAL or REMOTE, from the store's filesystem
 
     def follow(self, store: Any) -> None:
@@ -38,7 +39,7 @@ class StorageEvents:
         read from its start)."""
         if self._tail is None and store is not None:
             self.where = kv_events.locality(store.dir)
-            self._tail = JournalTail(store)
+            self._tail = EventTail(store)
 
     def _hash(self, request: Any, block: int) -> Any:
         j = (block + 1) * self.scale - 1

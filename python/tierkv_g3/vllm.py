@@ -64,12 +64,11 @@ from vllm.v1.kv_offload.tiering.base import (
     TransferJob,
 )
 
-from . import Store, Transfers, engine_key, kv_events
+from . import EventTail, Store, Transfers, engine_key, kv_events
 from . import worker_id as worker_id_of
 from ._engines import (
     STORE_OPTIONS,
     FailureLog,
-    JournalTail,
     ToldBlocks,
     slug,
     store_options,
@@ -237,12 +236,12 @@ class TierkvSecondaryTier(SecondaryTierManager):
         self._events: List[OffloadingEvent] = []
         # Our key -> vLLM's, for the chunks this tier stores, and those told stored.
         self._known = ToldBlocks()
-        self._tail: Optional[JournalTail] = None
+        self._tail: Optional[EventTail] = None
         self.store: Optional[Store] = None
         try:
             self.store = Store(self.root, self.worker, **self.options)
             if self._events_on:
-                self._tail = JournalTail(self.store)
+                self._tail = EventTail(self.store)
             bs = self.block_size_bytes
             self._transfers = Transfers(
                 self.store, self._flat, [(0, bs, bs)], len(self._flat) // bs, threads=threads

@@ -39,6 +39,7 @@ mod shared;
 mod split;
 mod statsfile;
 pub mod sweep;
+mod tail;
 mod write;
 
 pub use crate::stats::{ErrorCounts, LatencySummary, StoreStats};
@@ -47,6 +48,7 @@ pub use config::{
     MIN_STATS_INTERVAL, PARALLEL_READ_MIN, Publish, Sharing, StoreConfig, VerifyMode,
 };
 pub use statsfile::LiveStats;
+pub use tail::{EventTail, TAIL_MAX_HELD};
 
 use crate::stats::Counters;
 use fdcache::FdCache;
