@@ -6,7 +6,8 @@
 #    (tools/vllm-tier-bench.py: store, load, lookup call; 2 and 8 MiB chunks).
 # 2. SGLang: our HiCache backend against `HiCacheFile` through HiCacheController's page
 #    functions (tools/engine-bench-sglang.py: set, get cold and warm, batch_exists, restart,
-#    full disk; 2 and 8 MiB pages).
+#    full disk; 2 and 8 MiB pages), and the backend's Python time per batch of 128 pages
+#    (tools/sglang-python-time.py).
 # 3. LMCache: the plugin against `LocalDiskBackend` through LMCacheEngine, page cache warm and
 #    cold (tools/lmcache-bench.py; 2 and 8 MiB chunks).
 # 4. LMCache MP: our L2 adapter against LMCache's C++ `fs_native` (tools/lmcache-mp-bench.py).
@@ -56,6 +57,9 @@ PYTHONPATH=python .venv-vllm/bin/python tools/vllm-tier-bench.py --dir "$DIR" \
 stage "SGLang: the HiCache backend against HiCacheFile"
 .venv-engines/bin/python tools/engine-bench-sglang.py --dir "$DIR/sglang" --page-mib 2 8 \
   --pages 32 --rounds "$ROUNDS" --full-mib 48
+
+stage "SGLang: the backend's Python time per batch of 128 pages (cProfile)"
+PYTHONPATH=python .venv-engines/bin/python tools/sglang-python-time.py 2>/dev/null
 
 stage "LMCache: the plugin against LocalDiskBackend, page cache warm"
 PYTHONPATH=python:python/tests .venv-engines/bin/python tools/lmcache-bench.py \

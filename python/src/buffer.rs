@@ -263,3 +263,65 @@ fn not_a_buffer(obj: &Bound<'_, PyAny>, what: &str, cause: PyErr) -> PyErr {
     e.set_cause(obj.py(), Some(cause));
     e
 }
+
+/// The regions `(addresses[i], sizes[i])` as spans of the buffers of `memory` (one buffer, or
+/// a list or tuple of them, exported here): each region must lie wholly inside one of them
+/// (`ValueError` naming it otherwise), so no byte outside memory the caller exported is ever
+/// touched. Returns the views (to be held for as long as the spans are used) and one span per
+/// region, in order. For an engine's pool whose pages' regions it gives as addresses (SGLang's
+/// `get_page_buffer_meta`): no Python object per region.
+pub fn region_spans(
+    memory: &Bound<'_, PyAny>,
+    addresses: &[usize],
+    sizes: &[usize],
+    writable: bool,
+) -> PyResult<(Vec<View>, Vec<Span>)> {
+    if addresses.len() != sizes.len() {
+        return Err(PyValueError::new_err(format!(
+            "{} addresses but {} sizes",
+            addresses.len(),
+            sizes.len()
+        )));
+    }
+    let views: Vec<View> = if memory.is_instance_of::<pyo3::types::PyList>()
+        || memory.is_instance_of::<pyo3::types::PyTuple>()
+    {
+        memory
+            .try_iter()?
+            .enumerate()
+            .map(|(i, b)| View::new(&b?, &format!("memory[{i}]"), writable))
+            .collect::<PyResult<_>>()?
+    } else {
+        vec![View::new(memory, "memory", writable)?]
+    };
+    // (first address, length, pointer) of each buffer, by address.
+    let mut bounds: Vec<(usize, usize, *mut u8)> = views
+        .iter()
+        .map(|v| (v.span().ptr as usize, v.span().len, v.span().ptr))
+        .collect();
+    bounds.sort_unstable_by_key(|b| b.0);
+    let spans = addresses
+        .iter()
+        .zip(sizes)
+        .enumerate()
+        .map(|(i, (&addr, &len))| {
+            // The last buffer starting at or before `addr` is the only one that can hold it.
+            let k = bounds.partition_point(|&(start, ..)| start <= addr);
+            match k.checked_sub(1).map(|k| bounds[k]) {
+                Some((start, blen, ptr))
+                    if addr.checked_add(len).is_some_and(|end| end <= start + blen) =>
+                {
+                    // From the buffer's own pointer, so the span keeps its provenance.
+                    Ok(Span {
+                        ptr: ptr.wrapping_add(addr - start),
+                        len,
+                    })
+                }
+                _ => Err(PyValueError::new_err(format!(
+                    "region {i} ({len} bytes at {addr:#x}) is not inside the memory given"
+                ))),
+            }
+        })
+        .collect::<PyResult<Vec<Span>>>()?;
+    Ok((views, spans))
+}

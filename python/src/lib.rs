@@ -149,6 +149,78 @@ fn part_views_of(
     Ok((views, ranges))
 }
 
+/// `n` keys' shares of `regions` regions: equal runs, in order.
+fn regions_per_key(n: usize, regions: usize) -> PyResult<Vec<std::ops::Range<usize>>> {
+    if n == 0 && regions == 0 {
+        return Ok(Vec::new());
+    }
+    if n == 0 || regions % n != 0 {
+        return Err(PyValueError::new_err(format!(
+            "{regions} regions for {n} keys: each key needs the same number"
+        )));
+    }
+    let r = regions / n;
+    Ok((0..n).map(|i| i * r..(i + 1) * r).collect())
+}
+
+/// Reads `keys[i]` into the spans of `ranges[i]`, the GIL released.
+///
+/// The spans must be writable, pairwise disjoint, and kept alive by views the caller holds
+/// until this returns.
+fn get_into_spans(
+    py: Python<'_>,
+    store: tierkv::Store,
+    keys: Vec<BlockKey>,
+    spans: Vec<Span>,
+    ranges: Vec<std::ops::Range<usize>>,
+) -> PyResult<Vec<Option<usize>>> {
+    let results = py.detach(move || {
+        // SAFETY: the caller's views stay alive (held by its frame, with the GIL) until after
+        // `detach` returns; the spans are writable and pairwise disjoint (its contract).
+        let mut slices: Vec<&mut [u8]> = spans
+            .into_iter()
+            .map(|s| unsafe { s.as_mut_slice() })
+            .collect();
+        let mut per_key: Vec<&mut [&mut [u8]]> = Vec::with_capacity(ranges.len());
+        let mut rest: &mut [&mut [u8]] = &mut slices;
+        for r in &ranges {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(r.len());
+            per_key.push(head);
+            rest = tail;
+        }
+        store.get_many_vectored(&keys, &mut per_key)
+    });
+    lengths(py, results)
+}
+
+/// Puts (`offer` None) or offers after `offer`'s parent `keys[i]` from the spans of
+/// `ranges[i]`, the GIL released. The spans must be kept alive by views the caller holds
+/// until this returns.
+fn put_from_spans(
+    py: Python<'_>,
+    store: tierkv::Store,
+    keys: Vec<BlockKey>,
+    spans: Vec<Span>,
+    ranges: Vec<std::ops::Range<usize>>,
+    offer: Option<Option<BlockKey>>,
+) -> PyResult<()> {
+    let results = py.detach(move || {
+        // SAFETY: the caller's views stay alive (held by its frame, with the GIL) until after
+        // `detach` returns; the store only reads them.
+        let slices: Vec<&[u8]> = spans.iter().map(|s| unsafe { s.as_slice() }).collect();
+        let items: Vec<(BlockKey, &[&[u8]])> = keys
+            .into_iter()
+            .zip(ranges)
+            .map(|(k, r)| (k, &slices[r]))
+            .collect();
+        match offer {
+            None => store.put_many_vectored(&items),
+            Some(parent) => store.offer_many_vectored_after(parent.as_ref(), &items),
+        }
+    });
+    batch(py, results).map(drop)
+}
+
 fn parse<T: FromStr<Err = tierkv::Error>>(py: Python<'_>, s: &str) -> PyResult<T> {
     py_result(py, s.parse())
 }
@@ -508,28 +580,70 @@ impl PyStore {
         let keys = keys_of(py, &self.worker, keys)?;
         let (views, ranges) = part_views_of(parts, keys.len(), true)?;
         let spans: Vec<Span> = views.iter().map(View::span).collect();
-        buffer::check_disjoint_by(&spans, &|flat| {
+        let names = |flat: usize| {
             let i = ranges.partition_point(|r| r.end <= flat);
             format!("parts[{i}][{}]", flat - ranges[i].start)
-        })?;
-        let results = py.detach(move || {
-            // SAFETY: the views stay alive (held by this frame, with the GIL) until after
-            // `detach` returns; the spans are writable and pairwise disjoint (checked above).
-            let mut slices: Vec<&mut [u8]> = spans
-                .into_iter()
-                .map(|s| unsafe { s.as_mut_slice() })
-                .collect();
-            let mut per_key: Vec<&mut [&mut [u8]]> = Vec::with_capacity(ranges.len());
-            let mut rest: &mut [&mut [u8]] = &mut slices;
-            for r in &ranges {
-                let (head, tail) = std::mem::take(&mut rest).split_at_mut(r.len());
-                per_key.push(head);
-                rest = tail;
-            }
-            store.get_many_vectored(&keys, &mut per_key)
-        });
+        };
+        buffer::check_disjoint_by(&spans, &names)?;
+        let r = get_into_spans(py, store, keys, spans, ranges.clone());
         drop(views);
-        lengths(py, results)
+        r
+    }
+
+    /// As `get_many_into_vectored`, the regions given as addresses inside `memory` (a
+    /// writable buffer, or a list or tuple of them: an engine's KV pool), exported once:
+    /// block `keys[i]` fills regions `i * r .. (i + 1) * r` of `(addresses, sizes)` in
+    /// order, `r = len(addresses) // len(keys)`. A region not wholly inside one buffer of
+    /// `memory` is a `ValueError` (nothing outside it is touched); no two regions may share
+    /// memory. No Python object per region: for SGLang's `get_page_buffer_meta`.
+    fn get_many_into_regions(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        memory: &Bound<'_, PyAny>,
+        addresses: Vec<usize>,
+        sizes: Vec<usize>,
+    ) -> PyResult<Vec<Option<usize>>> {
+        let store = self.store()?;
+        let keys = keys_of(py, &self.worker, keys)?;
+        let (views, spans) = buffer::region_spans(memory, &addresses, &sizes, true)?;
+        buffer::check_disjoint_by(&spans, &|i| format!("region {i}"))?;
+        let ranges = regions_per_key(keys.len(), spans.len())?;
+        let r = get_into_spans(py, store, keys, spans, ranges);
+        drop(views);
+        r
+    }
+
+    /// As `put_many_vectored`, the regions given as addresses inside `memory` (a buffer, or a
+    /// list or tuple of them), as `get_many_into_regions` takes them.
+    fn put_many_regions(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        memory: &Bound<'_, PyAny>,
+        addresses: Vec<usize>,
+        sizes: Vec<usize>,
+    ) -> PyResult<()> {
+        self.put_regions(py, keys, memory, (addresses, sizes), None)
+    }
+
+    /// As `offer_many_vectored` (`parent`: the stored key before `keys[0]`, None at a chain's
+    /// root), the regions given as addresses inside `memory`, as `get_many_into_regions`
+    /// takes them.
+    #[pyo3(signature = (keys, memory, addresses, sizes, parent=None))]
+    fn offer_many_regions(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        memory: &Bound<'_, PyAny>,
+        addresses: Vec<usize>,
+        sizes: Vec<usize>,
+        parent: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let parent = parent
+            .map(|p| hash_of(py, p).map(|h| BlockKey::new(self.worker.clone(), h)))
+            .transpose()?;
+        self.put_regions(py, keys, memory, (addresses, sizes), Some(parent))
     }
 
     /// How many leading keys of a chain are stored (stops at the first absent one): the
@@ -698,22 +812,27 @@ impl PyStore {
         let keys = keys_of(py, &self.worker, keys)?;
         let (views, ranges) = part_views_of(parts, keys.len(), false)?;
         let spans: Vec<Span> = views.iter().map(View::span).collect();
-        let results = py.detach(move || {
-            // SAFETY: the views stay alive (held by this frame, with the GIL) until after
-            // `detach` returns; the store only reads them.
-            let slices: Vec<&[u8]> = spans.iter().map(|s| unsafe { s.as_slice() }).collect();
-            let items: Vec<(BlockKey, &[&[u8]])> = keys
-                .into_iter()
-                .zip(ranges)
-                .map(|(k, r)| (k, &slices[r]))
-                .collect();
-            match offer {
-                None => store.put_many_vectored(&items),
-                Some(parent) => store.offer_many_vectored_after(parent.as_ref(), &items),
-            }
-        });
+        let r = put_from_spans(py, store, keys, spans, ranges, offer);
         drop(views);
-        batch(py, results).map(drop)
+        r
+    }
+
+    /// `put_many_regions` (`offer` None) or `offer_many_regions` (`offer`: the parent).
+    fn put_regions(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        memory: &Bound<'_, PyAny>,
+        (addresses, sizes): (Vec<usize>, Vec<usize>),
+        offer: Option<Option<BlockKey>>,
+    ) -> PyResult<()> {
+        let store = self.store()?;
+        let keys = keys_of(py, &self.worker, keys)?;
+        let (views, spans) = buffer::region_spans(memory, &addresses, &sizes, false)?;
+        let ranges = regions_per_key(keys.len(), spans.len())?;
+        let r = put_from_spans(py, store, keys, spans, ranges, offer);
+        drop(views);
+        r
     }
 
     /// put_many (`offer: None`) or offer_many (`offer: Some(parent)`).

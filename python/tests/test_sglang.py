@@ -99,6 +99,23 @@ def test_zero_copy_and_legacy_interfaces_round_trip(tmp_path, controllers):
         assert threads_alive(ctrl)
 
 
+def test_pages_go_by_address_in_the_pool_and_by_ctypes_where_it_cannot_hold_them(tmp_path, controllers):
+    """The zero-copy calls name each page's regions by address inside the host pool's
+    `kv_buffer` (no Python object per region). A pool whose regions that memory does not
+    hold (here a stand-in memory holding none of them) goes through ctypes buffers from the
+    first refusal on: the same pages, no failure."""
+    ctrl = controllers(tmp_path / "kv")
+    b = ctrl.storage_backend
+    pages = h.backup(ctrl, tokens(3))
+    assert b._memory[id(b.mem_pool_host)] is not None
+    b._memory[id(b.mem_pool_host)] = [torch.zeros(4096, dtype=torch.uint8).numpy()]
+    assert h.prefetch(ctrl, tokens(3)) == pages
+    assert b._memory[id(b.mem_pool_host)] is None
+    other = h.backup(ctrl, tokens(2, base=5000), seed=2)
+    assert h.prefetch(ctrl, tokens(2, base=5000)) == other
+    assert b.get_stats().tierkv["failures"] == {}
+
+
 DISK_CALLS = (
     "batch_get_v1", "batch_set_v1", "batch_exists", "batch_get", "batch_set", "get", "set",
     "exists",

@@ -101,3 +101,64 @@ def test_offer_many_vectored_hangs_a_chain_from_its_parent(store):
     out = [np.zeros(100, np.uint8), np.zeros(50, np.uint8)]
     assert store.get_many_into_vectored(k[:1], [out]) == [150]
     assert out[0][0] == 0 and out[1][0] == 100
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def test_regions_given_as_addresses_round_trip_in_a_pool_and_in_per_layer_buffers(store):
+    """`put_many_regions` / `get_many_into_regions`: a page's regions named by address inside
+    memory exported once (SGLang's get_page_buffer_meta gives addresses), one buffer or one
+    per layer; the same bytes as the vectored calls, no Python object per region."""
+    layers = [np.random.default_rng(i).integers(0, 256, (4, 1000), np.uint8) for i in range(3)]
+    k = keys(4, seed=11)
+    pages = [0, 2, 3, 1]
+    addrs = [_addr(layers[l][p]) for p in pages for l in range(3)]
+    sizes = [1000] * len(addrs)
+    store.put_many_regions(k, layers, addrs, sizes)
+    whole = [np.concatenate([layers[l][p] for l in range(3)]) for p in pages]
+    bufs = [np.zeros(3000, np.uint8) for _ in k]
+    assert store.get_many_into(k, bufs) == [3000] * 4
+    assert all(b.tobytes() == w.tobytes() for b, w in zip(bufs, whole))
+    # Read back into another pool, one buffer, pages in another order.
+    pool = np.zeros((4, 3000), np.uint8)
+    dst = [_addr(pool[p]) + 1000 * l for p in (3, 1, 0, 2) for l in range(3)]
+    assert store.get_many_into_regions(k, pool, dst, sizes) == [3000] * 4
+    for p, w in zip((3, 1, 0, 2), whole):
+        assert pool[p].tobytes() == w.tobytes()
+
+
+def test_regions_outside_the_memory_given_or_overlapping_are_refused(store):
+    k = keys(2, seed=21)
+    pool = np.zeros(4096, np.uint8)
+    store.put_many(k, [b"a" * 100, b"b" * 100])
+    base = _addr(pool)
+    with pytest.raises(ValueError, match="region 1 .* not inside the memory given"):
+        store.get_many_into_regions(k, pool, [base, base + 3997], [100, 100])  # 1 byte over
+    with pytest.raises(ValueError, match="region 1 .* not inside"):
+        store.put_many_regions(k, [pool], [base, base - 100], [100, 100])
+    with pytest.raises(ValueError, match="share memory"):
+        store.get_many_into_regions(k, pool, [base, base + 50], [100, 100])
+    with pytest.raises(ValueError, match="3 regions for 2 keys"):
+        store.get_many_into_regions(k, pool, [base, base + 100, base + 200], [100] * 3)
+    with pytest.raises(TypeError):
+        store.get_many_into_regions(k, b"\0" * 4096, [base, base + 100], [100, 100])
+    assert not pool.any(), "nothing was read into the pool by a refused call"
+    # A region that ends where the memory ends is inside it.
+    assert store.get_many_into_regions(k, pool, [base, base + 3996], [100, 100]) == [100, 100]
+    assert pool[3996:].tobytes() == b"b" * 100
+
+
+def test_offer_many_regions_hangs_the_chain_from_its_parent(store):
+    k = keys(3, seed=31)
+    pool = np.arange(3000, dtype=np.uint16).view(np.uint8)
+    addrs = [_addr(pool) + 2000 * i for i in range(3)]
+    # A parent that is not stored: nothing is.
+    store.offer_many_regions(k[1:], pool, addrs[1:], [2000, 2000], parent=k[0])
+    assert store.contains_many(k) == [False, False, False]
+    store.offer_many_regions(k[:1], pool, addrs[:1], [2000])
+    store.offer_many_regions(k[1:], pool, addrs[1:], [2000, 2000], parent=k[0])
+    out = [np.zeros(2000, np.uint8) for _ in k]
+    assert store.get_many_into(k, out) == [2000] * 3
+    assert b"".join(o.tobytes() for o in out) == pool.tobytes()

@@ -150,9 +150,24 @@ def _byte_view(t: Any) -> Any:
     return t
 
 
+def _pool_memory(pool: Any) -> Optional[List[Any]]:
+    """The host pool's memory as byte views of its `kv_buffer` (one tensor, or one per layer),
+    made once per pool: the store's region calls take the pages' addresses inside it, with
+    no Python object per region. None for a pool without one we can view (the ctypes path
+    of `_regions` then)."""
+    buf = getattr(pool, "kv_buffer", None)
+    if buf is None:
+        return None
+    try:
+        return [_byte_view(t) for t in (buf if isinstance(buf, (list, tuple)) else [buf])]
+    except Exception:  # noqa: BLE001: not contiguous CPU tensors
+        return None
+
+
 def _regions(ptrs: List[int], sizes: List[int], n: int) -> List[List[Any]]:
     """Per key, its page's regions as writable buffers over the host pool's memory (no copy):
-    `get_page_buffer_meta` gives the regions of `n` pages in page order."""
+    `get_page_buffer_meta` gives the regions of `n` pages in page order. Only for a pool whose
+    memory `_pool_memory` cannot view: a ctypes object per region."""
     if n == 0 or len(ptrs) % n or len(ptrs) != len(sizes):
         raise ValueError(f"{len(ptrs)} regions for {n} pages")
     r = len(ptrs) // n
@@ -209,6 +224,8 @@ class TierkvHiCacheStorage(HiCacheStorage):
         # v2: the host pool and the store of each pool name ("kv": the anchor pool's).
         self.pools: Dict[str, Any] = {}
         self.pool_stores: Dict[str, Optional[Store]] = {}
+        # id(pool) -> its memory for the region calls (`_pool_memory`), or None.
+        self._memory: Dict[int, Optional[List[Any]]] = {}
         self._metrics = _new_metrics()
 
     # -- setup -------------------------------------------------------------------------
@@ -312,9 +329,8 @@ class TierkvHiCacheStorage(HiCacheStorage):
         try:
             t0 = time.perf_counter()
             ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
-            parts = _regions(ptrs, sizes, len(keys))
             want = sum(sizes) // len(keys)
-            got = self._store().get_many_into_vectored(keys, parts)
+            got = self._get(self._store(), self.mem_pool_host, keys, ptrs, sizes)
             ok = [n == want for n in got]
             self._record("prefetch", sum(ok), sum(ok) * want, t0)
             return ok
@@ -338,18 +354,66 @@ class TierkvHiCacheStorage(HiCacheStorage):
             if have == len(keys):
                 return [True] * len(keys)
             ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
-            parts = _regions(ptrs, sizes, len(keys))
             # The chain hangs from the page before: the last stored one of this call, or the
             # last of the sequence's earlier pages (SGLang's prefix_keys). If that one is no
             # longer stored, nothing is: no lookup from the sequence start could reach it.
             prefix = getattr(extra_info, "prefix_keys", None) or []
             parent = keys[have - 1] if have else (prefix[-1] if prefix else None)
-            store.offer_many_vectored(keys[have:], parts[have:], parent=parent)
+            r = len(ptrs) // len(keys)
+            self._put(store, self.mem_pool_host, keys[have:], ptrs[have * r :], sizes[have * r :],
+                      parent=(parent,))
             self._record("backup", len(keys) - have, sum(sizes[have * len(ptrs) // len(keys):]), t0)
             return self._stored_prefix(keys)
         except Exception as e:  # noqa: BLE001
             self._fail("batch_set_v1", e)
             return self._stored_prefix(keys)
+
+    def _pool_memory(self, pool: Any) -> Optional[List[Any]]:
+        key = id(pool)
+        if key not in self._memory:
+            self._memory[key] = _pool_memory(pool)
+        return self._memory[key]
+
+    def _outside(self, pool: Any, e: ValueError) -> None:
+        """A region the pool's `kv_buffer` does not hold: this pool keeps its pages elsewhere,
+        so it goes by the ctypes path from now on. Any other refusal is raised."""
+        if "not inside the memory given" not in str(e):
+            raise e
+        logger.info("tierkv HiCache backend: %s; this pool's pages go through ctypes buffers", e)
+        self._memory[id(pool)] = None
+
+    def _get(self, store: Store, pool: Any, keys: List[str], ptrs: List[int], sizes: List[int]) -> List[Any]:
+        """Reads each page into its regions (`get_page_buffer_meta`'s, in page order): named
+        by address inside the pool's memory when it has one, else as ctypes buffers."""
+        memory = self._pool_memory(pool)
+        if memory is not None:
+            try:
+                return store.get_many_into_regions(keys, memory, ptrs, sizes)
+            except ValueError as e:
+                self._outside(pool, e)  # refused before any I/O
+        return store.get_many_into_vectored(keys, _regions(ptrs, sizes, len(keys)))
+
+    def _put(self, store: Store, pool: Any, keys: List[str], ptrs: List[int], sizes: List[int],
+             parent: Optional[tuple] = None) -> None:
+        """Writes each page from its regions, as `_get` reads them: `put_many` semantics, or
+        `offer_many` under `parent[0]` when `parent` is given."""
+        if not keys:
+            return
+        memory = self._pool_memory(pool)
+        if memory is not None:
+            try:
+                if parent is None:
+                    store.put_many_regions(keys, memory, ptrs, sizes)
+                else:
+                    store.offer_many_regions(keys, memory, ptrs, sizes, parent=parent[0])
+                return
+            except ValueError as e:
+                self._outside(pool, e)  # refused before any I/O
+        parts = _regions(ptrs, sizes, len(keys))
+        if parent is None:
+            store.put_many_vectored(keys, parts)
+        else:
+            store.offer_many_vectored(keys, parts, parent=parent[0])
 
     def _stored_prefix(self, keys: List[str]) -> List[bool]:
         """True for the leading pages that are stored (a put that fails part way keeps its
@@ -441,16 +505,15 @@ class TierkvHiCacheStorage(HiCacheStorage):
                 raise ValueError(f"pool {name}: {n} host indices for {len(keys)} pages")
             t0 = time.perf_counter()
             ptrs, sizes = pool.get_page_buffer_meta(t.host_indices)
-            parts = _regions(ptrs, sizes, len(keys))
             want = sum(sizes) // len(keys)
             if write:
                 try:
-                    store.put_many_vectored(keys, parts)
+                    self._put(store, pool, keys, ptrs, sizes)
                 except Exception as e:  # noqa: BLE001: some pages may have been stored
                     self._fail(op, e)
                 ok = list(store.contains_many(keys))
             else:
-                ok = [g == want for g in store.get_many_into_vectored(keys, parts)]
+                ok = [g == want for g in self._get(store, pool, keys, ptrs, sizes)]
             self._record("backup" if write else "prefetch", sum(ok), sum(ok) * want, t0)
             return ok
         except Exception as e:  # noqa: BLE001
