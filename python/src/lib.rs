@@ -496,9 +496,7 @@ impl PyStore {
         buffers: &Bound<'_, PyAny>,
         parent: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let parent = parent
-            .map(|p| hash_of(py, p).map(|h| BlockKey::new(self.worker.clone(), h)))
-            .transpose()?;
+        let parent = self.parent_key(py, parent)?;
         self.put(py, keys, buffers, Some(parent))
     }
 
@@ -559,9 +557,7 @@ impl PyStore {
         parts: &Bound<'_, PyAny>,
         parent: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let parent = parent
-            .map(|p| hash_of(py, p).map(|h| BlockKey::new(self.worker.clone(), h)))
-            .transpose()?;
+        let parent = self.parent_key(py, parent)?;
         self.put_vectored(py, keys, parts, Some(parent))
     }
 
@@ -640,9 +636,7 @@ impl PyStore {
         sizes: Vec<usize>,
         parent: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let parent = parent
-            .map(|p| hash_of(py, p).map(|h| BlockKey::new(self.worker.clone(), h)))
-            .transpose()?;
+        let parent = self.parent_key(py, parent)?;
         self.put_regions(py, keys, memory, (addresses, sizes), Some(parent))
     }
 
@@ -815,6 +809,17 @@ impl PyStore {
         let r = put_from_spans(py, store, keys, spans, ranges, offer);
         drop(views);
         r
+    }
+
+    /// An offer's `parent` argument as this worker's key (None: the chain's root).
+    fn parent_key(
+        &self,
+        py: Python<'_>,
+        parent: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<BlockKey>> {
+        parent
+            .map(|p| hash_of(py, p).map(|h| BlockKey::new(self.worker.clone(), h)))
+            .transpose()
     }
 
     /// `put_many_regions` (`offer` None) or `offer_many_regions` (`offer`: the parent).
