@@ -346,6 +346,24 @@ fn an_event_tail_takes_what_is_appended_after_it_started() {
     Store::open(dir.path(), worker("w"), cfg).expect("the tail's store was closed");
 }
 
+/// The follower looks at the journal every `interval` while it finds nothing (here an hour,
+/// starting from its start: what is appended meanwhile waits), and closing it wakes it at
+/// once.
+#[test]
+fn an_event_tail_looks_again_only_after_its_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = || quiet().with_sharing(Sharing::Shared).with_events(true);
+    let writer = Store::open(dir.path(), worker("w"), cfg()).unwrap();
+    let reader = Store::open(dir.path(), worker("w"), cfg()).unwrap();
+    let tail = tierkv::EventTail::start(reader, std::time::Duration::from_secs(3600)).unwrap();
+    put_chains(&writer, 0..1, 2);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(tail.take(), (Vec::new(), false), "read before its interval");
+    let t0 = std::time::Instant::now();
+    tail.close();
+    assert!(t0.elapsed() < std::time::Duration::from_secs(1));
+}
+
 /// Dropped without `close`, the follower stops its thread just the same.
 #[test]
 fn a_dropped_event_tail_stops_its_thread() {

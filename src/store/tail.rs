@@ -69,7 +69,7 @@ impl EventTail {
         let s = Arc::clone(&shared);
         let dir = store.dir().to_path_buf();
         let thread = Thread::spawn("tierkv-events".into(), move || {
-            follow(&store, &s, end.next, end.journal_id, interval)
+            follow(&store, &s, end.next, interval)
         })
         .map_err(|e| Error::Io {
             path: dir,
@@ -112,9 +112,24 @@ impl Drop for EventTail {
     }
 }
 
-/// The thread: reads from `next` of journal `id` until told to stop.
-fn follow(store: &Store, shared: &Shared, mut next: u64, mut id: u64, interval: Duration) {
+/// The thread: reads from `next` until told to stop. (The store reads the journal it opened,
+/// so its identity never changes under the follower: only the ring going round is missed.)
+fn follow(store: &Store, shared: &Shared, mut next: u64, interval: Duration) {
+    // Whether the last read found events: then read again at once, else after `interval`
+    // (the journal was at its end when the follower started, so it waits first).
+    let mut got = false;
     loop {
+        if !got {
+            let held = shared.held();
+            // Nothing new: look again after `interval`, or at once when told to stop.
+            let (h, _) = shared
+                .wake
+                .wait_timeout_while(held, interval, |h| !h.stop)
+                .unwrap_or_else(|e| e.into_inner());
+            if h.stop {
+                return;
+            }
+        }
         let read = match store.events_since(next, READ_BATCH) {
             Ok(r) => Some(r),
             Err(e) => {
@@ -126,28 +141,16 @@ fn follow(store: &Store, shared: &Shared, mut next: u64, mut id: u64, interval: 
         if held.stop {
             return;
         }
-        let got = read.as_ref().is_some_and(|r| !r.events.is_empty());
+        got = read.as_ref().is_some_and(|r| !r.events.is_empty());
         if let Some(r) = read {
-            // Another journal (made again, `seq` from 0) than the one followed: missed.
-            let renewed = id != 0 && r.journal_id != id;
-            held.missed |= r.missed > 0 || renewed;
+            held.missed |= r.missed > 0;
             held.events.extend(r.events);
             let over = held.events.len().saturating_sub(TAIL_MAX_HELD);
             if over > 0 {
                 held.events.drain(..over);
                 held.missed = true;
             }
-            (next, id) = (r.next, r.journal_id);
-        }
-        if !got {
-            // Nothing new: look again after `interval`, or at once when told to stop.
-            let (h, _) = shared
-                .wake
-                .wait_timeout_while(held, interval, |h| !h.stop)
-                .unwrap_or_else(|e| e.into_inner());
-            if h.stop {
-                return;
-            }
+            next = r.next;
         }
     }
 }
