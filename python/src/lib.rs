@@ -581,7 +581,7 @@ impl PyStore {
             format!("parts[{i}][{}]", flat - ranges[i].start)
         };
         buffer::check_disjoint_by(&spans, &names)?;
-        let r = get_into_spans(py, store, keys, spans, ranges.clone());
+        let r = get_into_spans(py, store, keys, spans, ranges);
         drop(views);
         r
     }

@@ -51,14 +51,7 @@ impl PyEventTail {
         let (events, missed) = tail.take();
         let events = events
             .into_iter()
-            .map(|e| {
-                let kind = if e.kind == tierkv::EventKind::Stored {
-                    "stored"
-                } else {
-                    "removed"
-                };
-                (kind, e.hash.0)
-            })
+            .map(|e| (e.kind.name(), e.hash.0))
             .collect();
         (events, missed)
     }

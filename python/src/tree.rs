@@ -21,14 +21,9 @@ pub(crate) fn events_tuple(read: tierkv::EventsRead) -> EventsTuple {
         .events
         .iter()
         .map(|e| {
-            let kind = if e.kind == tierkv::EventKind::Stored {
-                "stored"
-            } else {
-                "removed"
-            };
             (
                 e.seq,
-                kind,
+                e.kind.name(),
                 e.cause.name(),
                 e.hash.0,
                 e.node,

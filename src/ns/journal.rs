@@ -53,6 +53,14 @@ pub enum EventCause {
 }
 
 impl EventKind {
+    /// The kind's name, as docs/events.md and the Python package spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::Stored => "stored",
+            EventKind::Removed => "removed",
+        }
+    }
+
     fn code(self) -> u8 {
         match self {
             EventKind::Stored => 1,
