@@ -361,8 +361,8 @@ class TierkvHiCacheStorage(HiCacheStorage):
             parent = keys[have - 1] if have else (prefix[-1] if prefix else None)
             r = len(ptrs) // len(keys)
             self._put(store, self.mem_pool_host, keys[have:], ptrs[have * r :], sizes[have * r :],
-                      parent=(parent,))
-            self._record("backup", len(keys) - have, sum(sizes[have * len(ptrs) // len(keys):]), t0)
+                      offer=True, parent=parent)
+            self._record("backup", len(keys) - have, sum(sizes[have * r :]), t0)
             return self._stored_prefix(keys)
         except Exception as e:  # noqa: BLE001
             self._fail("batch_set_v1", e)
@@ -394,26 +394,26 @@ class TierkvHiCacheStorage(HiCacheStorage):
         return store.get_many_into_vectored(keys, _regions(ptrs, sizes, len(keys)))
 
     def _put(self, store: Store, pool: Any, keys: List[str], ptrs: List[int], sizes: List[int],
-             parent: Optional[tuple] = None) -> None:
+             offer: bool = False, parent: Optional[str] = None) -> None:
         """Writes each page from its regions, as `_get` reads them: `put_many` semantics, or
-        `offer_many` under `parent[0]` when `parent` is given."""
+        with `offer`, `offer_many` under `parent` (None: the chain's root)."""
         if not keys:
             return
         memory = self._pool_memory(pool)
         if memory is not None:
             try:
-                if parent is None:
-                    store.put_many_regions(keys, memory, ptrs, sizes)
+                if offer:
+                    store.offer_many_regions(keys, memory, ptrs, sizes, parent=parent)
                 else:
-                    store.offer_many_regions(keys, memory, ptrs, sizes, parent=parent[0])
+                    store.put_many_regions(keys, memory, ptrs, sizes)
                 return
             except ValueError as e:
                 self._outside(pool, e)  # refused before any I/O
         parts = _regions(ptrs, sizes, len(keys))
-        if parent is None:
-            store.put_many_vectored(keys, parts)
+        if offer:
+            store.offer_many_vectored(keys, parts, parent=parent)
         else:
-            store.offer_many_vectored(keys, parts, parent=parent[0])
+            store.put_many_vectored(keys, parts)
 
     def _stored_prefix(self, keys: List[str]) -> List[bool]:
         """True for the leading pages that are stored (a put that fails part way keeps its
